@@ -1,0 +1,195 @@
+#include "models/model.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+#include "ops/cpu/attention.h"
+#include "ops/cpu/gated_delta_net.h"
+#include "ops/cpu/linear.h"
+#include "ops/cpu/moe.h"
+#include "ops/cpu/norm.h"
+#include "ops/cpu/rope.h"
+
+namespace moefold {
+
+using namespace cpu;
+
+namespace {
+void project(const Linear& l, const float* x, float* y, int64_t T) {
+  linear(x, l.w.data(), l.b.empty() ? nullptr : l.b.data(), y, T, l.in, l.out);
+}
+}  // namespace
+
+Model::Model(ModelConfig cfg, ModelWeights weights) : cfg_(std::move(cfg)), w_(std::move(weights)) {
+  inv_freq_ = rope_inv_freq(cfg_.rotary_dim, cfg_.rope_theta, cfg_.rope_llama3_factor, cfg_.rope_llama3_low_freq,
+                            cfg_.rope_llama3_high_freq, cfg_.rope_llama3_original_max);
+}
+
+void Model::forward(const ForwardBatch& b, KvCache& kv, StatePool& st, std::vector<float>& logits) const {
+  const int64_t T = b.num_rows(), H = cfg_.hidden_size, V = cfg_.vocab_size;
+  MOEFOLD_CHECK(b.cu_seqlens.size() == size_t(b.num_seqs() + 1) && b.cu_seqlens.back() == T &&
+                    b.positions.size() == size_t(T) && b.state_slots.size() == size_t(b.num_seqs()),
+                "ForwardBatch is inconsistent: {} rows, {} sequences", T, b.num_seqs());
+  const NormKind nk = cfg_.norm_zero_centred ? NormKind::ZeroCentred : NormKind::Plain;
+  const float eps = float(cfg_.rms_norm_eps);
+
+  // h = embed(tokens)
+  std::vector<float> h(static_cast<size_t>(T * H)), x(static_cast<size_t>(T * H)), y(static_cast<size_t>(T * H));
+  for (int64_t t = 0; t < T; ++t) {
+    const int32_t id = b.token_ids[size_t(t)];
+    MOEFOLD_CHECK(id >= 0 && id < V, "token id {} is outside the vocabulary [0, {})", id, V);
+    std::memcpy(&h[size_t(t * H)], &w_.embed[size_t(id) * size_t(H)], size_t(H) * 4);
+  }
+
+  for (size_t l = 0; l < w_.layers.size(); ++l) {
+    const LayerWeights& L = w_.layers[l];
+    // h = h + Mixer(RMSNorm_in(h))
+    rms_norm(h.data(), L.input_norm.data(), x.data(), T, H, eps, nk);
+    if (cfg_.layer_types[l] == LayerType::FullAttention) attention(l, b, x.data(), y.data(), kv);
+    else deltanet(l, b, x.data(), y.data(), st);
+    for (size_t i = 0; i < h.size(); ++i) h[i] += y[i];
+    // h = h + FFN(RMSNorm_post(h))
+    rms_norm(h.data(), L.post_attention_norm.data(), x.data(), T, H, eps, nk);
+    if (cfg_.layer_is_moe[l]) moe(l, x.data(), y.data(), T);
+    else mlp(l, x.data(), y.data(), T);
+    for (size_t i = 0; i < h.size(); ++i) h[i] += y[i];
+  }
+
+  // logits = lm_head(RMSNorm_final(h[logits_rows]))
+  const int64_t R = int64_t(b.logits_rows.size());
+  std::vector<float> hr(static_cast<size_t>(R * H));
+  for (int64_t r = 0; r < R; ++r) {
+    const int32_t row = b.logits_rows[size_t(r)];
+    MOEFOLD_CHECK(row >= 0 && row < T, "logits row {} outside the batch's {} rows", row, T);
+    rms_norm(&h[size_t(row) * size_t(H)], w_.final_norm.data(), &hr[size_t(r * H)], 1, H, eps, nk);
+  }
+  logits.resize(size_t(R * V));
+  linear(hr.data(), w_.lm_head_ptr(), nullptr, logits.data(), R, H, V);
+}
+
+// Gated softmax attention (transformers Qwen3_5MoeAttention; Qwen3Attention and LlamaAttention are the
+// special cases without output gate, and without q/k norm for Llama):
+//   [q | gate] = q_proj(x), k = k_proj(x), v = v_proj(x); q, k = RMSNorm(q), RMSNorm(k) per head;
+//   q, k = RoPE(q, k); o = softmax(q k^T / sqrt(D) + causal) v; o = o * sigmoid(gate); out = o_proj(o)
+void Model::attention(size_t l, const ForwardBatch& b, const float* x, float* out, KvCache& kv) const {
+  const AttentionWeights& a = w_.layers[l].attn;
+  const int64_t T = b.num_rows(), Hq = cfg_.num_heads, Hkv = cfg_.num_kv_heads, D = cfg_.head_dim;
+  const NormKind nk = cfg_.norm_zero_centred ? NormKind::ZeroCentred : NormKind::Plain;
+  std::vector<float> qg(static_cast<size_t>(T * a.q_proj.out)), q(static_cast<size_t>(T * Hq * D)), gate, k(static_cast<size_t>(T * Hkv * D)),
+      v(static_cast<size_t>(T * Hkv * D)), o(static_cast<size_t>(T * Hq * D));
+  project(a.q_proj, x, qg.data(), T);
+  project(a.k_proj, x, k.data(), T);
+  project(a.v_proj, x, v.data(), T);
+  if (cfg_.attn_output_gate) {  // per head: [query D | gate D]
+    gate.resize(size_t(T * Hq * D));
+    for (int64_t r = 0; r < T * Hq; ++r) {
+      std::memcpy(&q[size_t(r * D)], &qg[size_t(r * 2 * D)], size_t(D) * 4);
+      std::memcpy(&gate[size_t(r * D)], &qg[size_t(r * 2 * D + D)], size_t(D) * 4);
+    }
+  } else {
+    q.swap(qg);
+  }
+  if (cfg_.qk_norm) {
+    rms_norm(q.data(), a.q_norm.data(), q.data(), T * Hq, D, float(cfg_.rms_norm_eps), nk);
+    rms_norm(k.data(), a.k_norm.data(), k.data(), T * Hkv, D, float(cfg_.rms_norm_eps), nk);
+  }
+  apply_rope(q.data(), b.positions.data(), T, Hq, D, cfg_.rotary_dim, inv_freq_.data());
+  apply_rope(k.data(), b.positions.data(), T, Hkv, D, cfg_.rotary_dim, inv_freq_.data());
+  const float scale = float(1.0 / std::sqrt(double(D)));
+  for (int32_t s = 0; s < b.num_seqs(); ++s) {
+    const int64_t r0 = b.cu_seqlens[size_t(s)], n = b.cu_seqlens[size_t(s + 1)] - r0, start = b.context_lens[size_t(s)];
+    if (n == 0) continue;
+    MOEFOLD_CHECK((start + n + kv.block_size - 1) / kv.block_size <= b.max_blocks_per_seq,
+                  "sequence {} needs more KV blocks than its block table holds", s);
+    kv_cache_write(&k[size_t(r0 * Hkv * D)], &v[size_t(r0 * Hkv * D)], kv.k[l].data(), kv.v[l].data(),
+                   b.block_table(s), start, n, kv.block_size, kv.kv_dim);
+    paged_attention(&q[size_t(r0 * Hq * D)], kv.k[l].data(), kv.v[l].data(), b.block_table(s), start, n, Hq, Hkv, D,
+                    kv.block_size, scale, &o[size_t(r0 * Hq * D)]);
+  }
+  if (cfg_.attn_output_gate)
+    for (size_t i = 0; i < o.size(); ++i) o[i] *= sigmoid(gate[i]);
+  project(a.o_proj, o.data(), out, T);
+}
+
+// Gated DeltaNet (transformers Qwen3_5MoeGatedDeltaNet; design doc section 4.4):
+//   qkv = conv1d_silu(in_proj_qkv(x)); q, k, v = split(qkv); z = in_proj_z(x);
+//   beta = sigmoid(in_proj_b(x)); g = -exp(A_log) softplus(in_proj_a(x) + dt_bias);
+//   o = delta_rule(q, k, v, g, beta; S); out = out_proj(GatedRMSNorm(o, z))
+// A decode row (one token) takes the recurrent step; a prefill chunk the chunked form.
+void Model::deltanet(size_t l, const ForwardBatch& b, const float* x, float* out, StatePool& st) const {
+  const DeltaNetWeights& g = w_.layers[l].gdn;
+  const int64_t T = b.num_rows(), C = cfg_.conv_dim(), K = cfg_.linear_conv_kernel_dim;
+  const int64_t Hk = cfg_.linear_num_key_heads, Hv = cfg_.linear_num_value_heads;
+  const int64_t dk = cfg_.linear_key_head_dim, dv = cfg_.linear_value_head_dim, kd = cfg_.key_dim();
+  const GdnShape shape{Hk, Hv, dk, dv};
+  std::vector<float> mixed(static_cast<size_t>(T * C)), conv(static_cast<size_t>(T * C)), z(static_cast<size_t>(T * Hv * dv)), braw(static_cast<size_t>(T * Hv)),
+      araw(static_cast<size_t>(T * Hv)), gl(static_cast<size_t>(T * Hv)), beta(static_cast<size_t>(T * Hv)), o(static_cast<size_t>(T * Hv * dv));
+  project(g.in_proj_qkv, x, mixed.data(), T);
+  project(g.in_proj_z, x, z.data(), T);
+  project(g.in_proj_b, x, braw.data(), T);
+  project(g.in_proj_a, x, araw.data(), T);
+  gdn_gating(araw.data(), braw.data(), g.A_log.data(), g.dt_bias.data(), gl.data(), beta.data(), T, Hv);
+  std::vector<float> q, k, v;
+  for (int32_t s = 0; s < b.num_seqs(); ++s) {
+    const int64_t r0 = b.cu_seqlens[size_t(s)], n = b.cu_seqlens[size_t(s + 1)] - r0;
+    if (n == 0) continue;
+    const int32_t slot = b.state_slots[size_t(s)];
+    MOEFOLD_CHECK(slot >= 0 && slot < st.num_slots, "sequence {} has state slot {} outside [0, {})", s, slot, st.num_slots);
+    causal_conv1d_silu(&mixed[size_t(r0 * C)], g.conv1d.data(), st.conv_state(l, slot), &conv[size_t(r0 * C)], n, C, K);
+    q.resize(size_t(n * kd));
+    k.resize(size_t(n * kd));
+    v.resize(size_t(n * Hv * dv));
+    for (int64_t t = 0; t < n; ++t) {
+      const float* c = &conv[size_t((r0 + t) * C)];
+      std::memcpy(&q[size_t(t * kd)], c, size_t(kd) * 4);
+      std::memcpy(&k[size_t(t * kd)], c + kd, size_t(kd) * 4);
+      std::memcpy(&v[size_t(t * Hv * dv)], c + 2 * kd, size_t(Hv * dv) * 4);
+    }
+    float* S = st.recurrent_state(l, slot);
+    const float* gs = &gl[size_t(r0 * Hv)];
+    const float* bs = &beta[size_t(r0 * Hv)];
+    float* os = &o[size_t(r0 * Hv * dv)];
+    if (n == 1) gated_delta_rule_recurrent(q.data(), k.data(), v.data(), gs, bs, S, os, n, shape);
+    else gated_delta_rule_chunked(q.data(), k.data(), v.data(), gs, bs, S, os, n, shape);
+  }
+  gated_rms_norm(o.data(), z.data(), g.norm.data(), o.data(), T * Hv, dv, float(cfg_.rms_norm_eps));
+  project(g.out_proj, o.data(), out, T);
+}
+
+// MoE (transformers Qwen3_5MoeSparseMoeBlock): p = softmax(router(x)); top-k (renormalised);
+//   out = sum_k w_k E_k(x) + sigmoid(shared_expert_gate(x)) * SharedExpert(x)
+void Model::moe(size_t l, const float* x, float* out, int64_t T) const {
+  const MoeWeights& m = w_.layers[l].moe;
+  const int64_t H = cfg_.hidden_size, E = cfg_.num_experts, k = cfg_.num_experts_per_tok;
+  std::vector<float> rl(static_cast<size_t>(T * E)), wts(static_cast<size_t>(T * k));
+  std::vector<int32_t> ids(static_cast<size_t>(T * k));
+  project(m.router, x, rl.data(), T);
+  router_topk(rl.data(), T, E, k, cfg_.norm_topk_prob, ids.data(), wts.data());
+  std::fill_n(out, T * H, 0.0f);
+  moe_experts(x, m.gate_up.data(), m.down.data(), ids.data(), wts.data(), out, T, H, cfg_.moe_intermediate_size, E, k);
+  if (cfg_.shared_expert_intermediate_size > 0) {
+    const int64_t Is = cfg_.shared_expert_intermediate_size;
+    std::vector<float> gu(static_cast<size_t>(T * 2 * Is)), act(static_cast<size_t>(T * Is)), ys(static_cast<size_t>(T * H)), sg(static_cast<size_t>(T));
+    project(m.shared_gate_up, x, gu.data(), T);
+    swiglu(gu.data(), act.data(), T, Is);
+    project(m.shared_down, act.data(), ys.data(), T);
+    project(m.shared_expert_gate, x, sg.data(), T);
+    for (int64_t t = 0; t < T; ++t) {
+      const float s = sigmoid(sg[size_t(t)]);
+      for (int64_t i = 0; i < H; ++i) out[t * H + i] += s * ys[size_t(t * H + i)];
+    }
+  }
+}
+
+// Dense SwiGLU MLP: out = down(silu(gate(x)) * up(x)).
+void Model::mlp(size_t l, const float* x, float* out, int64_t T) const {
+  const MlpWeights& m = w_.layers[l].mlp;
+  const int64_t I = m.down.in;
+  std::vector<float> gu(static_cast<size_t>(T * 2 * I)), act(static_cast<size_t>(T * I));
+  project(m.gate_up, x, gu.data(), T);
+  swiglu(gu.data(), act.data(), T, I);
+  project(m.down, act.data(), out, T);
+}
+
+}  // namespace moefold

@@ -1,0 +1,39 @@
+// The decoder forward of every supported family on the CPU (fp32), one code path for prefill and decode.
+// Per layer (pre-norm, two residuals; transformers Qwen3_5MoeDecoderLayer and siblings):
+//   h = h + Mixer(RMSNorm_in(h));  h = h + FFN(RMSNorm_post(h))
+// Mixer is gated softmax attention or Gated DeltaNet by layer type; FFN is the MoE block or a dense
+// SwiGLU MLP. logits = lm_head(RMSNorm_final(h)).
+#pragma once
+#include <vector>
+
+#include "io/model_config.h"
+#include "models/weights.h"
+#include "runtime/forward_batch.h"
+#include "runtime/kv_cache.h"
+
+namespace moefold {
+
+class Model {
+ public:
+  Model(ModelConfig cfg, ModelWeights weights);
+
+  /// Runs one step. Writes K/V of every row into the KV cache and advances each sequence's DeltaNet
+  /// state in `states`. logits: resized to [batch.logits_rows.size(), vocab_size], fp32.
+  /// Preconditions: block tables cover every position; state slots hold the state after
+  /// context_lens[s] tokens (zero for a new sequence). Throws Error on an inconsistent batch.
+  void forward(const ForwardBatch& batch, KvCache& kv, StatePool& states, std::vector<float>& logits) const;
+
+  const ModelConfig& config() const { return cfg_; }
+
+ private:
+  void attention(size_t layer, const ForwardBatch& b, const float* x, float* out, KvCache& kv) const;
+  void deltanet(size_t layer, const ForwardBatch& b, const float* x, float* out, StatePool& st) const;
+  void moe(size_t layer, const float* x, float* out, int64_t T) const;
+  void mlp(size_t layer, const float* x, float* out, int64_t T) const;
+
+  ModelConfig cfg_;
+  ModelWeights w_;
+  std::vector<double> inv_freq_;
+};
+
+}  // namespace moefold

@@ -1,0 +1,255 @@
+#include "models/weight_loader.h"
+
+#include <cmath>
+#include <cstring>
+#include <set>
+
+#include "core/error.h"
+#include "io/safetensors.h"
+
+namespace moefold {
+
+namespace {
+
+class CheckpointSource : public WeightSource {
+ public:
+  explicit CheckpointSource(const std::string& dir) : dir_(dir), ckpt_(dir) {}
+  bool has(const std::string& name) const override { return ckpt_.has(name); }
+  std::vector<float> load(const TensorSpec& spec) override {
+    if (!ckpt_.has(spec.name))
+      fail("tensor '{}' (shape {} implied by config.json) is missing from the checkpoint in '{}'", spec.name,
+           shape_str(spec.shape), dir_);
+    const TensorView& t = ckpt_.get(spec.name);
+    if (t.shape != spec.shape)
+      fail("tensor '{}' has shape {} in the checkpoint but config.json implies {}", spec.name, shape_str(t.shape),
+           shape_str(spec.shape));
+    if (t.dtype != DType::F32 && t.dtype != DType::BF16 && t.dtype != DType::F16 && t.dtype != DType::F8_E4M3)
+      fail("tensor '{}' has dtype {}; weights must be F32, BF16, F16 or F8_E4M3", spec.name, dtype_name(t.dtype));
+    if (t.dtype == DType::F8_E4M3 && ckpt_.has(spec.name + "_scale_inv"))
+      fail("tensor '{}' is block-quantised FP8 (has {}_scale_inv); FP8 checkpoints are not supported yet", spec.name,
+           spec.name);
+    used_.insert(spec.name);
+    return t.to_f32();
+  }
+  /// Throws if the checkpoint holds language-model tensors the config does not account for.
+  void check_all_used() const {
+    std::vector<std::string> extra;
+    for (auto& n : ckpt_.names()) {
+      if (used_.count(n) || n.rfind("model.visual.", 0) == 0 || n.rfind("mtp.", 0) == 0 ||
+          n.find("rotary_emb.inv_freq") != std::string::npos)
+        continue;
+      extra.push_back(n);
+    }
+    if (!extra.empty())
+      fail("checkpoint in '{}' has {} tensor(s) that config.json does not account for, e.g. '{}'", dir_, extra.size(),
+           extra.front());
+  }
+
+ private:
+  std::string dir_;
+  Checkpoint ckpt_;
+  std::set<std::string> used_;
+};
+
+uint64_t splitmix64(uint64_t& s) {
+  uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+class DummySource : public WeightSource {
+ public:
+  DummySource(uint64_t seed, bool fused) : seed_(seed), fused_(fused) {}
+  bool has(const std::string& name) const override {
+    return name.find("mlp.experts.gate_up_proj") == std::string::npos || fused_;
+  }
+  std::vector<float> load(const TensorSpec& spec) override {
+    int64_t n = 1;
+    for (auto d : spec.shape) n *= d;
+    uint64_t s = seed_;
+    for (char c : spec.name) s = (s ^ uint64_t(uint8_t(c))) * 0x100000001b3ull;  // FNV-1a over the name
+    const int64_t fan_in = spec.shape.back();
+    std::vector<float> out(static_cast<size_t>(n));
+    // Uniform(-1, 1) has std 1/sqrt(3): scale by sqrt(3) * std.
+    auto uni = [&] { return float(double(splitmix64(s) >> 11) * 0x1.0p-53 * 2.0 - 1.0); };
+    const float r3 = std::sqrt(3.0f);
+    for (auto& v : out) {
+      const float u = uni();
+      switch (spec.role) {
+        case TensorRole::Embedding: v = r3 * u; break;
+        case TensorRole::LmHead:
+        case TensorRole::Linear:
+        case TensorRole::RoutedExpert: v = r3 * u / std::sqrt(float(fan_in)); break;
+        case TensorRole::Router: v = 4.0f * r3 * u / std::sqrt(float(fan_in)); break;
+        case TensorRole::NormZeroCentred: v = 0.1f * r3 * u; break;
+        case TensorRole::NormPlain: v = 1.0f + 0.1f * r3 * u; break;
+        case TensorRole::Conv: v = 0.5f * r3 * u; break;
+        case TensorRole::ALog: v = std::log(1.0f + 7.5f * (u + 1.0f)); break;  // A in [1, 16]
+        case TensorRole::DtBias: v = u; break;
+        case TensorRole::Bias: v = 0.02f * r3 * u; break;
+      }
+    }
+    return out;
+  }
+
+ private:
+  uint64_t seed_;
+  bool fused_;
+};
+
+Linear make_linear(WeightSource& src, const std::string& name, int64_t out, int64_t in, bool bias,
+                   TensorRole role = TensorRole::Linear) {
+  Linear l;
+  l.out = out;
+  l.in = in;
+  l.w = src.load({name + ".weight", {out, in}, role});
+  if (bias) l.b = src.load({name + ".bias", {out}, TensorRole::Bias});
+  return l;
+}
+
+std::vector<float> concat_rows(std::vector<float> a, const std::vector<float>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+// Qwen3-Next: per key-head group g, in_proj_qkvz rows are [q_g dk | k_g dk | v_g r*dv | z_g r*dv] and
+// in_proj_ba rows are [b_g r | a_g r]; regroup them into Qwen3.5's [Q | K | V], Z, B, A.
+void split_interleaved(const ModelConfig& c, const std::vector<float>& qkvz, const std::vector<float>& ba,
+                       DeltaNetWeights& g) {
+  const int64_t H = c.hidden_size, Hk = c.linear_num_key_heads, dk = c.linear_key_head_dim;
+  const int64_t r = c.linear_num_value_heads / Hk, dv = c.linear_value_head_dim, grp = 2 * dk + 2 * r * dv;
+  g.in_proj_qkv = {c.conv_dim(), H, std::vector<float>(size_t(c.conv_dim() * H)), {}};
+  g.in_proj_z = {c.value_dim(), H, std::vector<float>(size_t(c.value_dim() * H)), {}};
+  g.in_proj_b = {c.linear_num_value_heads, H, std::vector<float>(size_t(c.linear_num_value_heads * H)), {}};
+  g.in_proj_a = g.in_proj_b;
+  if (qkvz.empty()) return;
+  auto copy_rows = [&](const std::vector<float>& src, int64_t src_row, std::vector<float>& dst, int64_t dst_row,
+                       int64_t rows) {
+    std::memcpy(&dst[size_t(dst_row * H)], &src[size_t(src_row * H)], size_t(rows * H) * 4);
+  };
+  for (int64_t k = 0; k < Hk; ++k) {
+    const int64_t base = k * grp;
+    copy_rows(qkvz, base, g.in_proj_qkv.w, k * dk, dk);
+    copy_rows(qkvz, base + dk, g.in_proj_qkv.w, c.key_dim() + k * dk, dk);
+    copy_rows(qkvz, base + 2 * dk, g.in_proj_qkv.w, 2 * c.key_dim() + k * r * dv, r * dv);
+    copy_rows(qkvz, base + 2 * dk + r * dv, g.in_proj_z.w, k * r * dv, r * dv);
+    copy_rows(ba, k * 2 * r, g.in_proj_b.w, k * r, r);
+    copy_rows(ba, k * 2 * r + r, g.in_proj_a.w, k * r, r);
+  }
+}
+
+}  // namespace
+
+bool CountingSource::has(const std::string& name) const {
+  return name.find("mlp.experts.gate_up_proj") == std::string::npos || fused_;
+}
+
+std::unique_ptr<WeightSource> checkpoint_source(const std::string& dir) { return std::make_unique<CheckpointSource>(dir); }
+std::unique_ptr<WeightSource> dummy_source(uint64_t seed, bool fused_experts) {
+  return std::make_unique<DummySource>(seed, fused_experts);
+}
+
+ModelWeights load_weights(const ModelConfig& c, WeightSource& src) {
+  const std::string P = c.tensor_prefix;
+  const int64_t H = c.hidden_size, V = c.vocab_size;
+  const TensorRole norm_role = c.norm_zero_centred ? TensorRole::NormZeroCentred : TensorRole::NormPlain;
+  ModelWeights w;
+  w.embed = src.load({P + "embed_tokens.weight", {V, H}, TensorRole::Embedding});
+  w.final_norm = src.load({P + "norm.weight", {H}, norm_role});
+  if (!c.tie_word_embeddings) w.lm_head = src.load({"lm_head.weight", {V, H}, TensorRole::LmHead});
+  w.layers.resize(size_t(c.num_layers));
+  for (int64_t i = 0; i < c.num_layers; ++i) {
+    LayerWeights& L = w.layers[size_t(i)];
+    const std::string lp = P + "layers." + std::to_string(i) + ".";
+    L.input_norm = src.load({lp + "input_layernorm.weight", {H}, norm_role});
+    L.post_attention_norm = src.load({lp + "post_attention_layernorm.weight", {H}, norm_role});
+    if (c.layer_types[size_t(i)] == LayerType::LinearAttention) {
+      DeltaNetWeights& g = L.gdn;
+      const std::string ap = lp + "linear_attn.";
+      const int64_t Hv = c.linear_num_value_heads;
+      if (c.linear_fused_interleaved) {
+        auto qkvz = src.load({ap + "in_proj_qkvz.weight", {c.conv_dim() + c.value_dim(), H}, TensorRole::Linear});
+        auto ba = src.load({ap + "in_proj_ba.weight", {2 * Hv, H}, TensorRole::Linear});
+        split_interleaved(c, qkvz, ba, g);
+      } else {
+        g.in_proj_qkv = make_linear(src, ap + "in_proj_qkv", c.conv_dim(), H, false);
+        g.in_proj_z = make_linear(src, ap + "in_proj_z", c.value_dim(), H, false);
+        g.in_proj_b = make_linear(src, ap + "in_proj_b", Hv, H, false);
+        g.in_proj_a = make_linear(src, ap + "in_proj_a", Hv, H, false);
+      }
+      g.conv1d = src.load({ap + "conv1d.weight", {c.conv_dim(), 1, c.linear_conv_kernel_dim}, TensorRole::Conv});
+      g.dt_bias = src.load({ap + "dt_bias", {Hv}, TensorRole::DtBias});
+      g.A_log = src.load({ap + "A_log", {Hv}, TensorRole::ALog});
+      g.norm = src.load({ap + "norm.weight", {c.linear_value_head_dim}, TensorRole::NormPlain});
+      g.out_proj = make_linear(src, ap + "out_proj", H, c.value_dim(), false);
+    } else {
+      AttentionWeights& a = L.attn;
+      const std::string ap = lp + "self_attn.";
+      const int64_t kv = c.num_kv_heads * c.head_dim;
+      a.q_proj = make_linear(src, ap + "q_proj", c.q_proj_rows(), H, c.attention_bias);
+      a.k_proj = make_linear(src, ap + "k_proj", kv, H, c.attention_bias);
+      a.v_proj = make_linear(src, ap + "v_proj", kv, H, c.attention_bias);
+      a.o_proj = make_linear(src, ap + "o_proj", H, c.num_heads * c.head_dim, c.attention_bias);
+      if (c.qk_norm) {
+        a.q_norm = src.load({ap + "q_norm.weight", {c.head_dim}, norm_role});
+        a.k_norm = src.load({ap + "k_norm.weight", {c.head_dim}, norm_role});
+      }
+    }
+    const std::string mp = lp + "mlp.";
+    if (c.layer_is_moe[size_t(i)]) {
+      MoeWeights& m = L.moe;
+      const int64_t E = c.num_experts, I = c.moe_intermediate_size;
+      m.router = make_linear(src, mp + "gate", E, H, false, TensorRole::Router);
+      if (src.has(mp + "experts.gate_up_proj")) {
+        m.gate_up = src.load({mp + "experts.gate_up_proj", {E, 2 * I, H}, TensorRole::RoutedExpert});
+        m.down = src.load({mp + "experts.down_proj", {E, H, I}, TensorRole::RoutedExpert});
+      } else {
+        for (int64_t e = 0; e < E; ++e) {
+          const std::string ep = mp + "experts." + std::to_string(e) + ".";
+          auto gp = src.load({ep + "gate_proj.weight", {I, H}, TensorRole::RoutedExpert});
+          auto up = src.load({ep + "up_proj.weight", {I, H}, TensorRole::RoutedExpert});
+          auto dp = src.load({ep + "down_proj.weight", {H, I}, TensorRole::RoutedExpert});
+          m.gate_up.insert(m.gate_up.end(), gp.begin(), gp.end());
+          m.gate_up.insert(m.gate_up.end(), up.begin(), up.end());
+          m.down.insert(m.down.end(), dp.begin(), dp.end());
+        }
+      }
+      if (const int64_t Is = c.shared_expert_intermediate_size; Is > 0) {
+        auto gp = make_linear(src, mp + "shared_expert.gate_proj", Is, H, false);
+        auto up = make_linear(src, mp + "shared_expert.up_proj", Is, H, false);
+        m.shared_gate_up = {2 * Is, H, concat_rows(std::move(gp.w), up.w), {}};
+        m.shared_down = make_linear(src, mp + "shared_expert.down_proj", H, Is, false);
+        m.shared_expert_gate = make_linear(src, mp + "shared_expert_gate", 1, H, false);
+      }
+    } else {
+      const int64_t I = c.intermediate_size;
+      auto gp = make_linear(src, mp + "gate_proj", I, H, c.mlp_bias);
+      auto up = make_linear(src, mp + "up_proj", I, H, c.mlp_bias);
+      L.mlp.gate_up = {2 * I, H, concat_rows(std::move(gp.w), up.w), concat_rows(std::move(gp.b), up.b)};
+      L.mlp.down = make_linear(src, mp + "down_proj", H, I, c.mlp_bias);
+    }
+  }
+  if (auto* cs = dynamic_cast<CheckpointSource*>(&src)) cs->check_all_used();
+  return w;
+}
+
+ParamCounts count_params(const ModelConfig& cfg) {
+  CountingSource src(cfg.family == Family::Qwen3_5Moe);
+  load_weights(cfg, src);
+  ParamCounts p;
+  for (auto& s : src.specs) {
+    int64_t n = 1;
+    for (auto d : s.shape) n *= d;
+    p.total += n;
+    if (s.role == TensorRole::RoutedExpert) p.routed_expert += n;
+    if (s.role == TensorRole::Embedding) p.embedding += n;
+  }
+  const double active_frac = cfg.num_experts ? double(cfg.num_experts_per_tok) / double(cfg.num_experts) : 1.0;
+  p.active_per_token = p.total - p.embedding - p.routed_expert + int64_t(double(p.routed_expert) * active_frac);
+  // A tied lm_head reuses the embedding matrix, which is then read for every token.
+  if (cfg.tie_word_embeddings) p.active_per_token += p.embedding;
+  return p;
+}
+
+}  // namespace moefold

@@ -1,0 +1,63 @@
+// Reads a model's weights from a checkpoint, or fills the same layout with seeded random values
+// (--load-format dummy), or only counts them (inspect). One walk over the tensors the config implies
+// serves all three, so the three can never disagree about names or shapes.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "io/model_config.h"
+#include "models/weights.h"
+
+namespace moefold {
+
+/// What a tensor is for: decides its dummy initialisation and whether it counts as active per token.
+enum class TensorRole { Embedding, LmHead, Linear, Router, RoutedExpert, NormZeroCentred, NormPlain, Conv, ALog, DtBias, Bias };
+
+struct TensorSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+  TensorRole role;
+};
+
+/// Where tensors come from. load() returns the tensor as fp32 (empty for the counting source).
+class WeightSource {
+ public:
+  virtual ~WeightSource() = default;
+  virtual bool has(const std::string& name) const = 0;
+  virtual std::vector<float> load(const TensorSpec& spec) = 0;
+};
+
+/// Reads from a checkpoint directory; a missing or mis-shaped tensor throws one Error naming the tensor
+/// and both shapes.
+std::unique_ptr<WeightSource> checkpoint_source(const std::string& dir);
+/// Seeded random values, scaled per role so activations stay finite and routing is not degenerate.
+/// `fused_experts` picks which expert layout `has` reports (the layout of the family's release).
+std::unique_ptr<WeightSource> dummy_source(uint64_t seed, bool fused_experts);
+/// Records every spec and allocates nothing.
+class CountingSource : public WeightSource {
+ public:
+  explicit CountingSource(bool fused_experts) : fused_(fused_experts) {}
+  bool has(const std::string& name) const override;
+  std::vector<float> load(const TensorSpec& spec) override {
+    specs.push_back(spec);
+    return {};
+  }
+  std::vector<TensorSpec> specs;
+
+ private:
+  bool fused_;
+};
+
+/// Walks every tensor `cfg` implies (names as released for its family) and loads it from `src`.
+ModelWeights load_weights(const ModelConfig& cfg, WeightSource& src);
+
+/// Parameter counts from the specs (no allocation). Active per token counts every tensor except the
+/// input embedding, with routed experts counted top_k / num_experts.
+struct ParamCounts {
+  int64_t total = 0, active_per_token = 0, routed_expert = 0, embedding = 0;
+};
+ParamCounts count_params(const ModelConfig& cfg);
+
+}  // namespace moefold

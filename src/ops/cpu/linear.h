@@ -1,0 +1,17 @@
+// Dense projections on the CPU through OpenBLAS (fp32).
+#pragma once
+#include <cstdint>
+
+namespace moefold::cpu {
+
+/// y[T, out] = x[T, in] . W[out, in]^T (+ b[out] if b != nullptr). Row-major, fp32, sgemm.
+void linear(const float* x, const float* w, const float* b, float* y, int64_t T, int64_t in, int64_t out);
+
+/// SwiGLU on a fused [T, 2I] row of [gate | up]: y[T, I] = silu(gate) * up.
+void swiglu(const float* gate_up, float* y, int64_t T, int64_t I);
+
+/// Numerically stable silu(x) = x * sigmoid(x) and sigmoid(x).
+float silu(float x);
+float sigmoid(float x);
+
+}  // namespace moefold::cpu
