@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Builds the CUDA backend and its GPU tests here (no GPU needed) into BUILD (default build-cuda), for
+# carrying to the GPU machine: sm_90a code, static libstdc++, and the non-system shared libraries the
+# binaries need copied into BUILD/lib (run there with LD_LIBRARY_PATH=BUILD/lib).
+# Usage: scripts/gpu/build.sh [BUILD] [targets...]
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+build=${1:-build-cuda}; shift || true
+cmake -S "$root" -B "$root/$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOEFOLD_PORTABLE=ON \
+  -DCMAKE_CUDA_ARCHITECTURES=90a >/dev/null
+cmake --build "$root/$build" -j2 ${@:+--target "$@"}
+mkdir -p "$root/$build/lib"
+for bin in "$root/$build"/moefold "$root/$build"/tests/*_test; do
+  [ -x "$bin" ] || continue
+  ldd "$bin" | awk '/=> \// {print $3}' | while read -r lib; do
+    case "$(basename "$lib")" in
+      libc.so*|libm.so*|libpthread.so*|libdl.so*|librt.so*|ld-linux*|libcuda.so*|libgcc_s*|libstdc++*) ;;
+      *) cp -Lu "$lib" "$root/$build/lib/" ;;
+    esac
+  done
+done
+du -sh "$root/$build/lib"
