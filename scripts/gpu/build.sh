@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the CUDA backend and its GPU tests here (no GPU needed) into BUILD (default build-cuda), for
 # carrying to the GPU machine: sm_90a code, static libstdc++, and the non-system shared libraries the
-# binaries need copied into BUILD/lib (run there with LD_LIBRARY_PATH=BUILD/lib).
+# binaries need packed into BUILD/lib.tar.xz (cuBLASLt and the CUDA runtime are on that machine already).
+# On the GPU machine: scripts/gpu/env.sh BUILD unpacks them and sets LD_LIBRARY_PATH.
 # Usage: scripts/gpu/build.sh [BUILD] [targets...]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -14,9 +15,10 @@ for bin in "$root/$build"/moefold "$root/$build"/tests/*_test; do
   [ -x "$bin" ] || continue
   ldd "$bin" | awk '/=> \// {print $3}' | while read -r lib; do
     case "$(basename "$lib")" in
-      libc.so*|libm.so*|libpthread.so*|libdl.so*|librt.so*|ld-linux*|libcuda.so*|libgcc_s*|libstdc++*) ;;
+      libc.so*|libm.so*|libpthread.so*|libdl.so*|librt.so*|ld-linux*|libcuda.so*|libgcc_s*|libstdc++*|libcublas*|libcudart*) ;;
       *) cp -Lu "$lib" "$root/$build/lib/" ;;
     esac
   done
 done
-du -sh "$root/$build/lib"
+tar cJf "$root/$build/lib.tar.xz" -C "$root/$build/lib" .
+du -sh "$root/$build/lib.tar.xz"
