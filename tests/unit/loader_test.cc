@@ -1,0 +1,196 @@
+// Checkpoint loading: every way a model directory can be wrong gives one clear Error (and a non-zero
+// exit from the CLI), never a crash; dummy weights and checkpoints share one layout.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "io/model_config.h"
+#include "io/safetensors.h"
+#include "models/load_model.h"
+#include "models/weight_loader.h"
+
+using namespace moefold;
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+json llama_config() {
+  return {{"model_type", "llama"},  {"vocab_size", 11},          {"hidden_size", 8},  {"num_hidden_layers", 1},
+          {"num_attention_heads", 2}, {"num_key_value_heads", 1}, {"intermediate_size", 12}, {"tie_word_embeddings", true}};
+}
+
+struct Dir {
+  fs::path path;
+  explicit Dir(const std::string& name) : path(fs::temp_directory_path() / ("moefold_loader_" + name)) {
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  void write_config(const json& j) const { std::ofstream(path / "config.json") << j.dump(); }
+};
+
+// Writes every tensor the config implies (bf16 ones), optionally dropping or reshaping one.
+void write_checkpoint(const Dir& d, const ModelConfig& cfg, const std::string& drop = "",
+                      const std::string& reshape = "", DType dtype = DType::BF16) {
+  CountingSource counter(false);
+  load_weights(cfg, counter);
+  std::vector<std::vector<uint8_t>> storage;
+  std::vector<TensorView> views;
+  for (auto& s : counter.specs) {
+    if (s.name == drop) continue;
+    TensorView v;
+    v.name = s.name;
+    v.dtype = dtype;
+    v.shape = s.shape;
+    if (s.name == reshape) v.shape.back() += 1;
+    storage.emplace_back(size_t(v.numel()) * dtype_size(dtype), uint8_t(0x3c));
+    v.data = storage.back().data();
+    v.nbytes = storage.back().size();
+    views.push_back(v);
+  }
+  write_safetensors((d.path / "model.safetensors").string(), views);
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Loader, LoadsAWellFormedCheckpoint) {
+  Dir d("ok");
+  d.write_config(llama_config());
+  auto cfg = ModelConfig::from_dir(d.path.string());
+  write_checkpoint(d, cfg);
+  auto m = load_model(d.path.string(), LoadFormat::Safetensors);
+  EXPECT_EQ(m->config().vocab_size, 11);
+}
+
+TEST(Loader, MissingTensorNamesItAndItsShape) {
+  Dir d("missing");
+  d.write_config(llama_config());
+  auto cfg = ModelConfig::from_dir(d.path.string());
+  write_checkpoint(d, cfg, "model.layers.0.mlp.up_proj.weight");
+  auto msg = error_of([&] { load_model(d.path.string(), LoadFormat::Safetensors); });
+  EXPECT_NE(msg.find("model.layers.0.mlp.up_proj.weight"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("[12, 8]"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("missing"), std::string::npos) << msg;
+}
+
+TEST(Loader, MisShapedTensorNamesBothShapes) {
+  Dir d("shape");
+  d.write_config(llama_config());
+  auto cfg = ModelConfig::from_dir(d.path.string());
+  write_checkpoint(d, cfg, "", "model.layers.0.self_attn.k_proj.weight");
+  auto msg = error_of([&] { load_model(d.path.string(), LoadFormat::Safetensors); });
+  EXPECT_NE(msg.find("model.layers.0.self_attn.k_proj.weight"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("[4, 9]"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("[4, 8]"), std::string::npos) << msg;
+}
+
+TEST(Loader, WrongDtypeIsRejected) {
+  Dir d("dtype");
+  d.write_config(llama_config());
+  auto cfg = ModelConfig::from_dir(d.path.string());
+  write_checkpoint(d, cfg, "", "", DType::I32);
+  auto msg = error_of([&] { load_model(d.path.string(), LoadFormat::Safetensors); });
+  EXPECT_NE(msg.find("dtype I32"), std::string::npos) << msg;
+  // A dtype safetensors knows but moefold does not.
+  std::ofstream(d.path / "model.safetensors", std::ios::binary | std::ios::trunc);
+  std::string h = R"({"a":{"dtype":"F64","shape":[1],"data_offsets":[0,8]}})";
+  uint64_t n = h.size();
+  std::ofstream f(d.path / "model.safetensors", std::ios::binary);
+  f.write(reinterpret_cast<char*>(&n), 8);
+  f << h << std::string(8, '\0');
+  f.close();
+  msg = error_of([&] { Checkpoint c(d.path.string()); });
+  EXPECT_NE(msg.find("unsupported safetensors dtype 'F64'"), std::string::npos) << msg;
+}
+
+TEST(Loader, TruncatedAndMalformedFilesAreRejected) {
+  Dir d("trunc");
+  d.write_config(llama_config());
+  auto cfg = ModelConfig::from_dir(d.path.string());
+  write_checkpoint(d, cfg);
+  auto file = d.path / "model.safetensors";
+  auto size = fs::file_size(file);
+  // Truncated header: keep only a part of the JSON.
+  fs::resize_file(file, 40);
+  auto msg = error_of([&] { Checkpoint c(d.path.string()); });
+  EXPECT_NE(msg.find("truncated safetensors header"), std::string::npos) << msg;
+  // Truncated data: header intact, tensor bytes cut.
+  write_checkpoint(d, cfg);
+  fs::resize_file(file, size - 10);
+  msg = error_of([&] { Checkpoint c(d.path.string()); });
+  EXPECT_NE(msg.find("out of range"), std::string::npos) << msg;
+  // Too short for the length field; garbage JSON.
+  fs::resize_file(file, 3);
+  EXPECT_NE(error_of([&] { Checkpoint c(d.path.string()); }).find("too short"), std::string::npos);
+  {
+    std::ofstream f(file, std::ios::binary | std::ios::trunc);
+    uint64_t n = 5;
+    f.write(reinterpret_cast<char*>(&n), 8);
+    f << "{bad}";
+  }
+  EXPECT_NE(error_of([&] { Checkpoint c(d.path.string()); }).find("malformed"), std::string::npos);
+}
+
+TEST(Loader, ConfigErrors) {
+  auto msg = error_of([] { ModelConfig::from_json({{"model_type", "gpt_oss"}}); });
+  EXPECT_NE(msg.find("unknown model_type 'gpt_oss'"), std::string::npos) << msg;
+  json c = llama_config();
+  c.erase("hidden_size");
+  msg = error_of([&] { ModelConfig::from_json(c); });
+  EXPECT_NE(msg.find("'hidden_size'"), std::string::npos) << msg;
+  c = llama_config();
+  c["num_hidden_layers"] = "two";
+  msg = error_of([&] { ModelConfig::from_json(c); });
+  EXPECT_NE(msg.find("wrong type"), std::string::npos) << msg;
+  EXPECT_NE(error_of([] { ModelConfig::from_dir("/nonexistent/dir"); }).find("no config.json"), std::string::npos);
+}
+
+TEST(Loader, Qwen36ShapeFacts) {
+  auto cfg = ModelConfig::from_dir(std::string(MOEFOLD_SOURCE_DIR) + "/../shared/models/qwen3.6-35b-a3b");
+  EXPECT_EQ(cfg.family, Family::Qwen3_5Moe);
+  EXPECT_EQ(cfg.tensor_prefix, "model.language_model.");
+  EXPECT_EQ(cfg.num_layers_of(LayerType::FullAttention), 10);
+  EXPECT_EQ(cfg.rotary_dim, 64);
+  EXPECT_EQ(cfg.eos_token_ids, (std::vector<int32_t>{248046, 248044}));
+  auto p = count_params(cfg);
+  EXPECT_NEAR(double(p.total) / 1e9, 34.66, 0.005);
+  EXPECT_NEAR(double(p.active_per_token) / 1e9, 2.95, 0.01);
+  EXPECT_EQ(cfg.kv_bytes_per_token(2), 20 * 1024);
+  EXPECT_EQ(cfg.deltanet_state_bytes_per_seq(2), 30 * (3 * 8192 * 2 + 32 * 128 * 128 * 4));
+}
+
+int run(const std::string& args, std::string* err) {
+  std::string cmd = std::string(MOEFOLD_BINARY) + " " + args + " 2>/tmp/moefold_cli_err";
+  int rc = std::system(cmd.c_str());
+  std::ifstream f("/tmp/moefold_cli_err");
+  err->assign(std::istreambuf_iterator<char>(f), {});
+  return rc;
+}
+
+TEST(Cli, ErrorsExitNonZeroWithOneMessage) {
+  Dir d("cli");
+  d.write_config(llama_config());
+  auto cfg = ModelConfig::from_dir(d.path.string());
+  write_checkpoint(d, cfg, "model.norm.weight");
+  std::string err;
+  EXPECT_NE(run("generate --model " + d.path.string() + " --prompt-ids 1,2", &err), 0);
+  EXPECT_NE(err.find("error: tensor 'model.norm.weight'"), std::string::npos) << err;
+  d.write_config({{"model_type", "mamba"}});
+  EXPECT_NE(run("inspect --model " + d.path.string(), &err), 0);
+  EXPECT_NE(err.find("unknown model_type 'mamba'"), std::string::npos) << err;
+  EXPECT_NE(run("logits --model " + d.path.string() + " --prompt-ids 1,x --out /tmp/x.npy", &err), 0);
+  EXPECT_NE(err.find("error:"), std::string::npos) << err;
+}
+
+}  // namespace
