@@ -25,11 +25,32 @@ class CheckpointSource : public WeightSource {
            shape_str(spec.shape));
     if (t.dtype != DType::F32 && t.dtype != DType::BF16 && t.dtype != DType::F16 && t.dtype != DType::F8_E4M3)
       fail("tensor '{}' has dtype {}; weights must be F32, BF16, F16 or F8_E4M3", spec.name, dtype_name(t.dtype));
-    if (t.dtype == DType::F8_E4M3 && ckpt_.has(spec.name + "_scale_inv"))
-      fail("tensor '{}' is block-quantised FP8 (has {}_scale_inv); FP8 checkpoints are not supported yet", spec.name,
-           spec.name);
     used_.insert(spec.name);
-    return t.to_f32();
+    std::vector<float> w = t.to_f32();
+    if (t.dtype == DType::F8_E4M3 && ckpt_.has(spec.name + "_scale_inv")) dequantize_block_fp8(t, w);
+    return w;
+  }
+  /// FP8 with block scales (HF FineGrainedFP8 / Qwen FP8 release): W[i, j] = W8[i, j] * scale_inv[i / 128, j / 128]
+  /// over the last two dims; scale_inv has shape [..., ceil(rows / 128), ceil(cols / 128)].
+  void dequantize_block_fp8(const TensorView& t, std::vector<float>& w) {
+    const std::string sname = t.name + "_scale_inv";
+    const TensorView& sc = ckpt_.get(sname);
+    used_.insert(sname);
+    MOEFOLD_CHECK(t.shape.size() >= 2, "tensor '{}': block-scaled FP8 needs at least 2 dims, has {}", t.name,
+                  shape_str(t.shape));
+    const int64_t rows = t.shape[t.shape.size() - 2], cols = t.shape.back(), blk = 128;
+    const int64_t mats = t.numel() / (rows * cols), br = (rows + blk - 1) / blk, bc = (cols + blk - 1) / blk;
+    std::vector<int64_t> want(t.shape.begin(), t.shape.end() - 2);
+    want.push_back(br);
+    want.push_back(bc);
+    if (sc.shape != want)
+      fail("tensor '{}' has shape {} but block size 128 over {} implies {}", sname, shape_str(sc.shape),
+           shape_str(t.shape), shape_str(want));
+    std::vector<float> s = sc.to_f32();
+    for (int64_t m = 0; m < mats; ++m)
+      for (int64_t i = 0; i < rows; ++i)
+        for (int64_t j = 0; j < cols; ++j)
+          w[size_t((m * rows + i) * cols + j)] *= s[size_t((m * br + i / blk) * bc + j / blk)];
   }
   /// Throws if the checkpoint holds language-model tensors the config does not account for.
   void check_all_used() const {

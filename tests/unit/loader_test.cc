@@ -194,3 +194,53 @@ TEST(Cli, ErrorsExitNonZeroWithOneMessage) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(Loader, BlockScaledFp8IsDequantised) {
+  Dir d("fp8");
+  json c = llama_config();
+  c["hidden_size"] = 130;  // two column blocks of 128, a partial last one
+  c["head_dim"] = 16;
+  c["intermediate_size"] = 260;
+  c["num_attention_heads"] = 2;
+  c["num_key_value_heads"] = 2;
+  d.write_config(c);
+  auto cfg = ModelConfig::from_dir(d.path.string());
+  CountingSource counter(false);
+  load_weights(cfg, counter);
+  std::vector<std::vector<uint8_t>> storage;
+  std::vector<TensorView> views;
+  std::vector<float> expected_gate;
+  for (auto& s : counter.specs) {
+    TensorView v;
+    v.name = s.name;
+    v.shape = s.shape;
+    const bool quant = s.name.find("mlp.gate_proj") != std::string::npos;
+    v.dtype = quant ? DType::F8_E4M3 : DType::BF16;
+    storage.emplace_back(size_t(v.numel()) * dtype_size(v.dtype));
+    for (size_t i = 0; i < storage.back().size(); ++i) storage.back()[i] = quant ? uint8_t(0x30 + i % 7) : 0x3c;
+    v.data = storage.back().data();
+    v.nbytes = storage.back().size();
+    views.push_back(v);
+    if (quant) {
+      // scale_inv [ceil(260/128), ceil(130/128)] = [3, 2], bf16
+      TensorView sc{s.name.substr(0, s.name.size()) + "_scale_inv", DType::BF16, {3, 2}, nullptr, 12};
+      storage.emplace_back(12);
+      auto* p = reinterpret_cast<uint16_t*>(storage.back().data());
+      for (int i = 0; i < 6; ++i) p[i] = f32_to_bf16(0.5f * float(i + 1));
+      sc.data = storage.back().data();
+      views.push_back(sc);
+      for (int64_t i = 0; i < 260; ++i)
+        for (int64_t j = 0; j < 130; ++j)
+          expected_gate.push_back(f8e4m3_to_f32(uint8_t(0x30 + (i * 130 + j) % 7)) * 0.5f * float((i / 128) * 2 + j / 128 + 1));
+    }
+  }
+  write_safetensors((d.path / "model.safetensors").string(), views);
+  auto src = checkpoint_source(d.path.string());
+  auto w = load_weights(cfg, *src);
+  std::vector<float> gate(w.layers[0].mlp.gate_up.w.begin(), w.layers[0].mlp.gate_up.w.begin() + 260 * 130);
+  EXPECT_EQ(gate, expected_gate);
+}
+
+}  // namespace
