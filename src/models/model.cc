@@ -39,7 +39,7 @@ void Model::forward(const ForwardBatch& b, KvCache& kv, StatePool& st, std::vect
   for (int64_t t = 0; t < T; ++t) {
     const int32_t id = b.token_ids[size_t(t)];
     MOEFOLD_CHECK(id >= 0 && id < V, "token id {} is outside the vocabulary [0, {})", id, V);
-    std::memcpy(&h[size_t(t * H)], &w_.embed[size_t(id) * size_t(H)], size_t(H) * 4);
+    std::memcpy(&h[size_t(t * H)], w_.embed.data() + size_t(id) * size_t(H), size_t(H) * 4);
   }
 
   for (size_t l = 0; l < w_.layers.size(); ++l) {
@@ -65,7 +65,7 @@ void Model::forward(const ForwardBatch& b, KvCache& kv, StatePool& st, std::vect
     rms_norm(&h[size_t(row) * size_t(H)], w_.final_norm.data(), &hr[size_t(r * H)], 1, H, eps, nk);
   }
   logits.resize(size_t(R * V));
-  linear(hr.data(), w_.lm_head_ptr(), nullptr, logits.data(), R, H, V);
+  linear(hr.data(), w_.lm_head_param().data(), nullptr, logits.data(), R, H, V);
 }
 
 // Gated softmax attention (transformers Qwen3_5MoeAttention; Qwen3Attention and LlamaAttention are the

@@ -140,23 +140,27 @@ void split_interleaved(const ModelConfig& c, const std::vector<float>& qkvz, con
                        DeltaNetWeights& g) {
   const int64_t H = c.hidden_size, Hk = c.linear_num_key_heads, dk = c.linear_key_head_dim;
   const int64_t r = c.linear_num_value_heads / Hk, dv = c.linear_value_head_dim, grp = 2 * dk + 2 * r * dv;
-  g.in_proj_qkv = {c.conv_dim(), H, std::vector<float>(size_t(c.conv_dim() * H)), {}};
-  g.in_proj_z = {c.value_dim(), H, std::vector<float>(size_t(c.value_dim() * H)), {}};
-  g.in_proj_b = {c.linear_num_value_heads, H, std::vector<float>(size_t(c.linear_num_value_heads * H)), {}};
+  g.in_proj_qkv = {c.conv_dim(), H, {}, {}};
+  g.in_proj_z = {c.value_dim(), H, {}, {}};
+  g.in_proj_b = {c.linear_num_value_heads, H, {}, {}};
   g.in_proj_a = g.in_proj_b;
-  if (qkvz.empty()) return;
+  if (qkvz.empty()) return;  // counting only
+  g.in_proj_qkv.w = std::vector<float>(size_t(c.conv_dim() * H));
+  g.in_proj_z.w = std::vector<float>(size_t(c.value_dim() * H));
+  g.in_proj_b.w = std::vector<float>(size_t(c.linear_num_value_heads * H));
+  g.in_proj_a.w = g.in_proj_b.w;
   auto copy_rows = [&](const std::vector<float>& src, int64_t src_row, std::vector<float>& dst, int64_t dst_row,
                        int64_t rows) {
     std::memcpy(&dst[size_t(dst_row * H)], &src[size_t(src_row * H)], size_t(rows * H) * 4);
   };
   for (int64_t k = 0; k < Hk; ++k) {
     const int64_t base = k * grp;
-    copy_rows(qkvz, base, g.in_proj_qkv.w, k * dk, dk);
-    copy_rows(qkvz, base + dk, g.in_proj_qkv.w, c.key_dim() + k * dk, dk);
-    copy_rows(qkvz, base + 2 * dk, g.in_proj_qkv.w, 2 * c.key_dim() + k * r * dv, r * dv);
-    copy_rows(qkvz, base + 2 * dk + r * dv, g.in_proj_z.w, k * r * dv, r * dv);
-    copy_rows(ba, k * 2 * r, g.in_proj_b.w, k * r, r);
-    copy_rows(ba, k * 2 * r + r, g.in_proj_a.w, k * r, r);
+    copy_rows(qkvz, base, g.in_proj_qkv.w.host, k * dk, dk);
+    copy_rows(qkvz, base + dk, g.in_proj_qkv.w.host, c.key_dim() + k * dk, dk);
+    copy_rows(qkvz, base + 2 * dk, g.in_proj_qkv.w.host, 2 * c.key_dim() + k * r * dv, r * dv);
+    copy_rows(qkvz, base + 2 * dk + r * dv, g.in_proj_z.w.host, k * r * dv, r * dv);
+    copy_rows(ba, k * 2 * r, g.in_proj_b.w.host, k * r, r);
+    copy_rows(ba, k * 2 * r + r, g.in_proj_a.w.host, k * r, r);
   }
 }
 
@@ -171,7 +175,7 @@ std::unique_ptr<WeightSource> dummy_source(uint64_t seed, bool fused_experts) {
   return std::make_unique<DummySource>(seed, fused_experts);
 }
 
-ModelWeights load_weights(const ModelConfig& c, WeightSource& src) {
+ModelWeights load_weights(const ModelConfig& c, WeightSource& src, const std::function<void(Param&)>& place) {
   const std::string P = c.tensor_prefix;
   const int64_t H = c.hidden_size, V = c.vocab_size;
   const TensorRole norm_role = c.norm_zero_centred ? TensorRole::NormZeroCentred : TensorRole::NormPlain;
@@ -218,6 +222,13 @@ ModelWeights load_weights(const ModelConfig& c, WeightSource& src) {
       }
     }
     const std::string mp = lp + "mlp.";
+    struct PlaceLayer {  // hands the finished layer to `place` before the next one is read
+      const std::function<void(Param&)>& place;
+      LayerWeights& layer;
+      ~PlaceLayer() {
+        if (place) for_each_param(layer, place);
+      }
+    } placer{place, L};
     if (c.layer_is_moe[size_t(i)]) {
       MoeWeights& m = L.moe;
       const int64_t E = c.num_experts, I = c.moe_intermediate_size;
@@ -226,20 +237,23 @@ ModelWeights load_weights(const ModelConfig& c, WeightSource& src) {
         m.gate_up = src.load({mp + "experts.gate_up_proj", {E, 2 * I, H}, TensorRole::RoutedExpert});
         m.down = src.load({mp + "experts.down_proj", {E, H, I}, TensorRole::RoutedExpert});
       } else {
+        std::vector<float> gate_up, down;
         for (int64_t e = 0; e < E; ++e) {
           const std::string ep = mp + "experts." + std::to_string(e) + ".";
           auto gp = src.load({ep + "gate_proj.weight", {I, H}, TensorRole::RoutedExpert});
           auto up = src.load({ep + "up_proj.weight", {I, H}, TensorRole::RoutedExpert});
           auto dp = src.load({ep + "down_proj.weight", {H, I}, TensorRole::RoutedExpert});
-          m.gate_up.insert(m.gate_up.end(), gp.begin(), gp.end());
-          m.gate_up.insert(m.gate_up.end(), up.begin(), up.end());
-          m.down.insert(m.down.end(), dp.begin(), dp.end());
+          gate_up.insert(gate_up.end(), gp.begin(), gp.end());
+          gate_up.insert(gate_up.end(), up.begin(), up.end());
+          down.insert(down.end(), dp.begin(), dp.end());
         }
+        m.gate_up = std::move(gate_up);
+        m.down = std::move(down);
       }
       if (const int64_t Is = c.shared_expert_intermediate_size; Is > 0) {
         auto gp = make_linear(src, mp + "shared_expert.gate_proj", Is, H, false);
         auto up = make_linear(src, mp + "shared_expert.up_proj", Is, H, false);
-        m.shared_gate_up = {2 * Is, H, concat_rows(std::move(gp.w), up.w), {}};
+        m.shared_gate_up = {2 * Is, H, concat_rows(std::move(gp.w.host), up.w.host), {}};
         m.shared_down = make_linear(src, mp + "shared_expert.down_proj", H, Is, false);
         m.shared_expert_gate = make_linear(src, mp + "shared_expert_gate", 1, H, false);
       }
@@ -247,12 +261,33 @@ ModelWeights load_weights(const ModelConfig& c, WeightSource& src) {
       const int64_t I = c.intermediate_size;
       auto gp = make_linear(src, mp + "gate_proj", I, H, c.mlp_bias);
       auto up = make_linear(src, mp + "up_proj", I, H, c.mlp_bias);
-      L.mlp.gate_up = {2 * I, H, concat_rows(std::move(gp.w), up.w), concat_rows(std::move(gp.b), up.b)};
+      L.mlp.gate_up = {2 * I, H, concat_rows(std::move(gp.w.host), up.w.host), concat_rows(std::move(gp.b.host), up.b.host)};
       L.mlp.down = make_linear(src, mp + "down_proj", H, I, c.mlp_bias);
     }
   }
   if (auto* cs = dynamic_cast<CheckpointSource*>(&src)) cs->check_all_used();
+  if (place) {
+    place(w.embed);
+    place(w.final_norm);
+    if (!w.lm_head.empty()) place(w.lm_head);
+  }
   return w;
+}
+
+void for_each_param(LayerWeights& L, const std::function<void(Param&)>& fn) {
+  for (Param* p : {&L.input_norm, &L.post_attention_norm, &L.attn.q_proj.w, &L.attn.q_proj.b, &L.attn.k_proj.w,
+                   &L.attn.k_proj.b, &L.attn.v_proj.w, &L.attn.v_proj.b, &L.attn.o_proj.w, &L.attn.o_proj.b,
+                   &L.attn.q_norm, &L.attn.k_norm, &L.gdn.in_proj_qkv.w, &L.gdn.in_proj_z.w, &L.gdn.in_proj_b.w,
+                   &L.gdn.in_proj_a.w, &L.gdn.conv1d, &L.gdn.dt_bias, &L.gdn.A_log, &L.gdn.norm, &L.gdn.out_proj.w,
+                   &L.moe.router.w, &L.moe.gate_up, &L.moe.down, &L.moe.shared_gate_up.w, &L.moe.shared_down.w,
+                   &L.moe.shared_expert_gate.w, &L.mlp.gate_up.w, &L.mlp.gate_up.b, &L.mlp.down.w, &L.mlp.down.b})
+    if (!p->empty()) fn(*p);
+}
+
+void for_each_param(ModelWeights& w, const std::function<void(Param&)>& fn) {
+  for (auto& L : w.layers) for_each_param(L, fn);
+  for (Param* p : {&w.embed, &w.final_norm, &w.lm_head})
+    if (!p->empty()) fn(*p);
 }
 
 ParamCounts count_params(const ModelConfig& cfg) {

@@ -3,6 +3,7 @@
 // serves all three, so the three can never disagree about names or shapes.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -51,7 +52,9 @@ class CountingSource : public WeightSource {
 };
 
 /// Walks every tensor `cfg` implies (names as released for its family) and loads it from `src`.
-ModelWeights load_weights(const ModelConfig& cfg, WeightSource& src);
+/// `place`, if given, is called on every finished Param, layer by layer (so a GPU executor can upload
+/// each layer and drop its host copy before the next is read), then on embed, final_norm, lm_head.
+ModelWeights load_weights(const ModelConfig& cfg, WeightSource& src, const std::function<void(Param&)>& place = {});
 
 /// Parameter counts from the specs (no allocation). Active per token counts every tensor except the
 /// input embedding, with routed experts counted top_k / num_experts.

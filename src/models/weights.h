@@ -3,21 +3,34 @@
 // Qwen3-Next's group-interleaved in_proj_qkvz / in_proj_ba are split into Qwen3.5's qkv / z / b / a.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "io/model_config.h"
 
 namespace moefold {
 
+/// One weight tensor: an fp32 host copy (what the CPU backend computes with) and, once an executor has
+/// placed it on a GPU, a device copy it owns (`device`); a GPU executor may drop the host copy then.
+struct Param {
+  std::vector<float> host;
+  int64_t numel = 0;
+  void* device = nullptr;
+  Param() = default;
+  Param(std::vector<float> v) : host(std::move(v)), numel(int64_t(host.size())) {}  // NOLINT: implicit by design
+  const float* data() const { return host.data(); }
+  bool empty() const { return numel == 0; }
+};
+
 /// y = x W^T (+ b): W [out, in] row-major; b empty when the layer has no bias.
 struct Linear {
   int64_t out = 0, in = 0;
-  std::vector<float> w, b;
+  Param w, b;
 };
 
 struct AttentionWeights {
   Linear q_proj, k_proj, v_proj, o_proj;  ///< q_proj rows: per head [query D | gate D] when gated
-  std::vector<float> q_norm, k_norm;     ///< [head_dim]; empty without q/k norm
+  Param q_norm, k_norm;     ///< [head_dim]; empty without q/k norm
 };
 
 struct DeltaNetWeights {
@@ -25,17 +38,17 @@ struct DeltaNetWeights {
   Linear in_proj_z;    ///< [value_dim, H]
   Linear in_proj_b;    ///< [Hv, H]
   Linear in_proj_a;    ///< [Hv, H]
-  std::vector<float> conv1d;   ///< [conv_dim, K] depthwise
-  std::vector<float> dt_bias;  ///< [Hv]
-  std::vector<float> A_log;    ///< [Hv]
-  std::vector<float> norm;     ///< [v_dim], plain scale of the gated RMSNorm
+  Param conv1d;   ///< [conv_dim, K] depthwise
+  Param dt_bias;  ///< [Hv]
+  Param A_log;    ///< [Hv]
+  Param norm;     ///< [v_dim], plain scale of the gated RMSNorm
   Linear out_proj;             ///< [H, value_dim]
 };
 
 struct MoeWeights {
   Linear router;                 ///< [E, H]
-  std::vector<float> gate_up;    ///< [E, 2I, H]
-  std::vector<float> down;       ///< [E, H, I]
+  Param gate_up;    ///< [E, 2I, H]
+  Param down;       ///< [E, H, I]
   Linear shared_gate_up;         ///< [2 Is, H] (gate rows then up rows); empty without a shared expert
   Linear shared_down;            ///< [H, Is]
   Linear shared_expert_gate;     ///< [1, H]
@@ -47,7 +60,7 @@ struct MlpWeights {
 };
 
 struct LayerWeights {
-  std::vector<float> input_norm, post_attention_norm;  ///< [H]
+  Param input_norm, post_attention_norm;  ///< [H]
   AttentionWeights attn;                               ///< full-attention layers
   DeltaNetWeights gdn;                                 ///< linear-attention layers
   MoeWeights moe;                                      ///< MoE layers
@@ -55,11 +68,15 @@ struct LayerWeights {
 };
 
 struct ModelWeights {
-  std::vector<float> embed;  ///< [V, H]
-  std::vector<float> final_norm;
-  std::vector<float> lm_head;  ///< [V, H]; empty when tied (use embed)
+  Param embed;  ///< [V, H]
+  Param final_norm;
+  Param lm_head;  ///< [V, H]; empty when tied (use embed)
   std::vector<LayerWeights> layers;
-  const float* lm_head_ptr() const { return lm_head.empty() ? embed.data() : lm_head.data(); }
+  const Param& lm_head_param() const { return lm_head.empty() ? embed : lm_head; }
 };
+
+/// Calls fn on every Param of one layer / of the whole model (embedding, final norm and lm_head last).
+void for_each_param(LayerWeights& layer, const std::function<void(Param&)>& fn);
+void for_each_param(ModelWeights& weights, const std::function<void(Param&)>& fn);
 
 }  // namespace moefold
