@@ -7,11 +7,10 @@
 namespace moefold {
 
 ModelRunner::ModelRunner(const Model& model, RunnerOptions opt)
-    : model_(model),
-      opt_(opt),
-      kv_(model.config(), opt.num_blocks, opt.block_size),
-      states_(model.config(), opt.max_seqs),
-      blocks_(opt.num_blocks) {
+    : ModelRunner(make_cpu_executor(model, opt.num_blocks, opt.block_size, opt.max_seqs), opt) {}
+
+ModelRunner::ModelRunner(std::unique_ptr<Executor> executor, RunnerOptions opt)
+    : exec_(std::move(executor)), opt_(opt), blocks_(opt.num_blocks) {
   for (int32_t s = opt.max_seqs - 1; s >= 0; --s) free_slots_.push_back(s);
 }
 
@@ -22,7 +21,7 @@ int32_t ModelRunner::add_sequence(std::vector<int32_t> prompt) {
   s.tokens = std::move(prompt);
   s.slot = free_slots_.back();
   free_slots_.pop_back();
-  states_.reset(s.slot);
+  exec_->reset_slot(s.slot);
   seqs_[next_id_] = std::move(s);
   return next_id_++;
 }
@@ -88,9 +87,9 @@ std::vector<std::vector<float>> ModelRunner::step(const std::vector<Work>& work)
     b.block_tables.insert(b.block_tables.end(), row.begin(), row.end());
   }
   std::vector<float> logits;
-  model_.forward(b, kv_, states_, logits);
+  exec_->forward(b, logits);
 
-  const int64_t V = model_.config().vocab_size;
+  const int64_t V = exec_->config().vocab_size;
   std::vector<std::vector<float>> out;
   size_t r = 0;
   for (auto& w : work) {

@@ -5,7 +5,10 @@
 #include <map>
 #include <vector>
 
+#include <memory>
+
 #include "models/model.h"
+#include "runtime/executor.h"
 #include "runtime/forward_batch.h"
 #include "runtime/kv_cache.h"
 
@@ -26,7 +29,10 @@ struct SequenceState {
 
 class ModelRunner {
  public:
+  /// Runs on the CPU reference executor over `model` (which must outlive the runner).
   ModelRunner(const Model& model, RunnerOptions opt);
+  /// Runs on `executor`, whose pages and slots must match `opt`.
+  ModelRunner(std::unique_ptr<Executor> executor, RunnerOptions opt);
 
   /// Registers a sequence with its prompt; takes a state slot (zeroed). Throws Error when no slot is
   /// free or the prompt is empty. Returns its id.
@@ -51,14 +57,13 @@ class ModelRunner {
   int32_t free_blocks() const { return blocks_.num_free(); }
   int32_t free_slots() const { return int32_t(free_slots_.size()); }
   const RunnerOptions& options() const { return opt_; }
-  const Model& model() const { return model_; }
+  const ModelConfig& config() const { return exec_->config(); }
+  Executor& executor() { return *exec_; }
 
  private:
   SequenceState& seq_ref(int32_t seq);
-  const Model& model_;
+  std::unique_ptr<Executor> exec_;
   RunnerOptions opt_;
-  KvCache kv_;
-  StatePool states_;
   BlockAllocator blocks_;
   std::vector<int32_t> free_slots_;
   std::map<int32_t, SequenceState> seqs_;
