@@ -1,0 +1,228 @@
+// Continuous-batching scheduler (contract: scheduler.h).
+#include "runtime/scheduler.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "core/error.h"
+
+namespace moefold {
+
+Scheduler::Scheduler(ModelRunner& runner, SchedulerOptions opt)
+    : runner_(runner), opt_(opt), eos_(runner.config().eos_token_ids),
+      vocab_(runner.config().vocab_size) {
+  const RunnerOptions& r = runner.options();
+  MOEFOLD_CHECK(opt_.max_num_seqs >= 1, "max_num_seqs must be at least 1, got {}", opt_.max_num_seqs);
+  MOEFOLD_CHECK(opt_.max_num_batched_tokens >= 1, "max_num_batched_tokens must be at least 1, got {}",
+                opt_.max_num_batched_tokens);
+  MOEFOLD_CHECK(opt_.max_prefill_chunk >= 0, "max_prefill_chunk must be >= 0, got {}", opt_.max_prefill_chunk);
+  MOEFOLD_CHECK(opt_.max_model_len >= 2, "max_model_len must be at least 2, got {}", opt_.max_model_len);
+  MOEFOLD_CHECK(opt_.max_num_seqs <= r.max_seqs, "max_num_seqs {} exceeds the runner's {} state slots",
+                opt_.max_num_seqs, r.max_seqs);
+  const int64_t capacity = int64_t(r.num_blocks) * r.block_size;
+  MOEFOLD_CHECK(opt_.max_model_len <= capacity,
+                "max_model_len {} exceeds the KV cache ({} pages of {} tokens = {} tokens)", opt_.max_model_len,
+                r.num_blocks, r.block_size, capacity);
+}
+
+RequestId Scheduler::add(std::vector<int32_t> prompt, const SamplingParams& params) {
+  MOEFOLD_CHECK(!prompt.empty(), "the prompt is empty");
+  MOEFOLD_CHECK(int64_t(prompt.size()) < opt_.max_model_len,
+                "the prompt has {} tokens; the context holds {} (at least one must remain for output)",
+                prompt.size(), opt_.max_model_len);
+  for (int32_t t : prompt)
+    MOEFOLD_CHECK(t >= 0 && t < vocab_, "token id {} is outside the vocabulary [0, {})", t, vocab_);
+  SamplingParams p = params;
+  const int32_t room = opt_.max_model_len - int32_t(prompt.size());
+  p.max_tokens = std::min(p.max_tokens.value_or(room), room);
+  Sampler sampler(p);  // validates
+  const RequestId id = next_id_++;
+  requests_.emplace(id, Request{id, std::move(prompt), {}, std::move(sampler), *p.max_tokens});
+  waiting_.push_back(id);
+  return id;
+}
+
+Scheduler::Request& Scheduler::get(RequestId id) {
+  auto it = requests_.find(id);
+  MOEFOLD_CHECK(it != requests_.end(), "unknown request id {}", id);
+  return it->second;
+}
+
+const std::vector<int32_t>& Scheduler::output(RequestId id) const {
+  auto it = requests_.find(id);
+  MOEFOLD_CHECK(it != requests_.end(), "unknown request id {}", id);
+  return it->second.output;
+}
+
+int32_t Scheduler::max_tokens(RequestId id) const {
+  auto it = requests_.find(id);
+  MOEFOLD_CHECK(it != requests_.end(), "unknown request id {}", id);
+  return it->second.max_tokens;
+}
+
+int32_t Scheduler::uncomputed(const Request& r) const {
+  const int32_t total = int32_t(r.prompt.size() + r.output.size());
+  if (r.seq < 0) return total;
+  return total - runner_.sequence(r.seq).num_computed;
+}
+
+void Scheduler::remove(RequestId id) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return;
+  if (it->second.seq >= 0) {
+    runner_.release(it->second.seq);
+    running_.erase(std::find(running_.begin(), running_.end(), id));
+  } else {
+    auto w = std::find(waiting_.begin(), waiting_.end(), id);
+    if (w != waiting_.end()) waiting_.erase(w);
+  }
+  requests_.erase(it);
+}
+
+bool Scheduler::abort(RequestId id) {
+  if (!requests_.count(id)) return false;
+  remove(id);
+  return true;
+}
+
+void Scheduler::preempt(RequestId id) {
+  Request& r = get(id);
+  runner_.release(r.seq);
+  r.seq = -1;
+  running_.erase(std::find(running_.begin(), running_.end(), id));
+  waiting_.push_front(id);
+  ++num_preemptions_;
+}
+
+void Scheduler::plan_running(std::vector<Planned>& plan, int32_t& budget, int32_t& reserved) {
+  const int32_t chunk_cap = opt_.max_prefill_chunk > 0 ? opt_.max_prefill_chunk : std::numeric_limits<int32_t>::max();
+  for (;;) {  // restarts after each preemption, which frees pages
+    plan.clear();
+    budget = opt_.max_num_batched_tokens;
+    reserved = 0;
+    const int32_t free = runner_.free_blocks();
+    bool preempted = false;
+    for (int pass = 0; pass < 2 && !preempted; ++pass) {
+      const bool decode_pass = pass == 0;
+      for (RequestId id : running_) {
+        if (budget == 0) break;
+        const Request& r = requests_.at(id);
+        const int32_t left = uncomputed(r);
+        if (left <= 0 || (left == 1) != decode_pass) continue;
+        const int32_t n = std::min({left, budget, decode_pass ? 1 : chunk_cap});
+        const int32_t need = runner_.blocks_needed(r.seq, n);
+        if (reserved + need > free) {
+          preempt(running_.back());
+          preempted = true;
+          break;
+        }
+        plan.push_back({id, n, !decode_pass});
+        reserved += need;
+        budget -= n;
+      }
+    }
+    if (!preempted) return;
+  }
+}
+
+void Scheduler::plan_admissions(std::vector<Planned>& plan, int32_t& budget, int32_t& reserved) {
+  const int32_t chunk_cap = opt_.max_prefill_chunk > 0 ? opt_.max_prefill_chunk : std::numeric_limits<int32_t>::max();
+  const int32_t bs = runner_.options().block_size;
+  while (!waiting_.empty() && budget > 0 && int32_t(running_.size()) < opt_.max_num_seqs &&
+         runner_.free_slots() > 0) {
+    Request& r = requests_.at(waiting_.front());
+    const int32_t n = std::min({uncomputed(r), budget, chunk_cap});
+    const int32_t need = (n + bs - 1) / bs;
+    if (reserved + need > runner_.free_blocks()) break;  // FIFO: later requests wait behind it
+    std::vector<int32_t> tokens = r.prompt;
+    tokens.insert(tokens.end(), r.output.begin(), r.output.end());
+    r.seq = runner_.add_sequence(std::move(tokens));
+    running_.push_back(r.id);
+    waiting_.pop_front();
+    plan.push_back({r.id, n, true});
+    reserved += need;
+    budget -= n;
+  }
+}
+
+FinishReason Scheduler::finish_reason(const Request& r, int32_t token) const {
+  const SamplingParams& p = r.sampler.params();
+  if (!p.ignore_eos && std::find(eos_.begin(), eos_.end(), token) != eos_.end()) return FinishReason::kStop;
+  if (std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), token) != p.stop_token_ids.end())
+    return FinishReason::kStop;
+  if (int32_t(r.output.size()) >= r.max_tokens) return FinishReason::kLength;
+  if (int64_t(r.prompt.size() + r.output.size()) >= opt_.max_model_len) return FinishReason::kLength;
+  return FinishReason::kNone;
+}
+
+std::vector<TokenOutput> Scheduler::step() {
+  last_step_.clear();
+  std::vector<TokenOutput> outs;
+  std::vector<Planned> plan;
+  int32_t budget = 0, reserved = 0;
+  plan_running(plan, budget, reserved);
+  plan_admissions(plan, budget, reserved);
+  if (plan.empty()) return outs;
+
+  std::vector<ModelRunner::Work> work;
+  for (const Planned& p : plan) {
+    work.push_back({requests_.at(p.id).seq, p.num_tokens, false});
+    last_step_.push_back({p.id, p.num_tokens, p.prefill});
+  }
+  std::vector<std::vector<float>> logits;
+  try {
+    logits = runner_.step(work);
+  } catch (const std::exception& e) {
+    // The runner changed nothing; fail the requests of this batch so that the rest can go on.
+    for (const Planned& p : plan) {
+      TokenOutput o;
+      o.id = p.id;
+      o.error = std::string("model step failed: ") + e.what();
+      outs.push_back(std::move(o));
+      remove(p.id);
+    }
+    return outs;
+  }
+
+  for (size_t i = 0; i < plan.size(); ++i) {
+    Request& r = requests_.at(plan[i].id);
+    if (uncomputed(r) > 0) continue;  // partial prefill chunk: nothing to sample yet
+    TokenOutput o;
+    o.id = r.id;
+    try {
+      SampleResult s = r.sampler.sample(logits[i], r.prompt, r.output);
+      o.token = s.token;
+      o.logprob = s.logprob;
+      o.top_logprobs = std::move(s.top_logprobs);
+    } catch (const std::exception& e) {
+      o.error = std::string("sampling failed: ") + e.what();
+      outs.push_back(std::move(o));
+      remove(r.id);
+      continue;
+    }
+    r.output.push_back(o.token);
+    o.finish = finish_reason(r, o.token);
+    if (o.finish == FinishReason::kNone) {
+      runner_.append_token(r.seq, o.token);
+    } else {
+      remove(r.id);
+    }
+    outs.push_back(std::move(o));
+  }
+  return outs;
+}
+
+SchedulerStats Scheduler::stats() const {
+  SchedulerStats s;
+  const RunnerOptions& r = runner_.options();
+  s.num_running = int32_t(running_.size());
+  s.num_waiting = int32_t(waiting_.size());
+  s.kv_blocks_total = r.num_blocks;
+  s.kv_blocks_used = r.num_blocks - runner_.free_blocks();
+  s.state_slots_total = r.max_seqs;
+  s.state_slots_used = r.max_seqs - runner_.free_slots();
+  s.num_preemptions = num_preemptions_;
+  return s;
+}
+
+}  // namespace moefold

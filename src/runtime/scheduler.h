@@ -1,0 +1,146 @@
+// Scheduler: iteration-level continuous batching over a ModelRunner.
+//
+// Requests wait in a FIFO queue and run in a set of at most max_num_seqs sequences. Every step():
+//   1. fills a token budget (max_num_batched_tokens) with, in this order,
+//        decode rows (one token) of running requests, oldest first,
+//        prefill chunks of running requests whose prompt is not yet fully computed, oldest first,
+//        prefill chunks of waiting requests admitted now (FIFO), while a DeltaNet state slot,
+//        a running place and the KV pages of their first chunk are free (admission control);
+//      a prompt longer than the budget or than max_prefill_chunk is split over several steps
+//      (chunked prefill);
+//   2. when the running requests' KV pages do not fit, preempts the youngest running request by
+//      recompute: its pages and state slot are released and it goes back to the front of the
+//      queue with prompt + generated tokens as its new prompt, so its state is rebuilt later;
+//   3. runs one ModelRunner::step over all chunks and samples a token for every request whose
+//      known tokens are now all computed (a partial prefill chunk samples nothing);
+//   4. ends requests on EOS (unless ignore_eos), a stop_token_ids entry, max_tokens or the
+//      context limit (max_model_len), releasing their pages and slot at once.
+//
+// A request's tokens never depend on the rest of the batch: every token is fed exactly once per
+// residency, the sampler draws from (seed, position) only, and the model computes each sequence
+// independently. Stop strings are text and are handled above (the server calls finish()).
+//
+// Not thread-safe: one thread (the engine loop, or a test) drives add/abort/step.
+#pragma once
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "runtime/model_runner.h"
+#include "runtime/sampler.h"
+#include "runtime/sampling_params.h"
+#include "runtime/stop_checker.h"
+
+namespace moefold {
+
+using RequestId = int64_t;
+
+struct SchedulerOptions {
+  int32_t max_num_seqs = 32;             ///< running requests at once; <= the runner's state slots
+  int32_t max_num_batched_tokens = 2048; ///< token rows per step (decode rows + prefill chunks)
+  int32_t max_prefill_chunk = 0;         ///< most prompt tokens of one request per step; 0 = budget
+  int32_t max_model_len = 4096;          ///< prompt + generated tokens; <= the KV pool's capacity
+};
+
+/// One sampled token of one request, as step() reports it.
+struct TokenOutput {
+  RequestId id = -1;
+  int32_t token = -1;
+  float logprob = 0.0f;                     ///< raw log-softmax of the sampled token
+  std::vector<TokenLogprob> top_logprobs;   ///< when params.logprobs && top_logprobs > 0
+  FinishReason finish = FinishReason::kNone; ///< set when the request ended at this token
+  std::string error;                         ///< non-empty: the request failed and was removed
+};
+
+/// One chunk of the last step (for tests and metrics).
+struct ScheduledChunk {
+  RequestId id;
+  int32_t num_tokens;
+  bool prefill;  ///< false for a one-token decode row
+};
+
+/// Pool usage and queue sizes at a point in time.
+struct SchedulerStats {
+  int32_t num_running = 0, num_waiting = 0;
+  int32_t kv_blocks_used = 0, kv_blocks_total = 0;
+  int32_t state_slots_used = 0, state_slots_total = 0;
+  int64_t num_preemptions = 0;
+};
+
+class Scheduler {
+ public:
+  /// `runner` must outlive the scheduler and be driven only through it. Throws Error if an option
+  /// is out of range, max_num_seqs exceeds the runner's state slots, or max_model_len exceeds the
+  /// KV pool (a lone request must always fit, so preemption always makes progress).
+  Scheduler(ModelRunner& runner, SchedulerOptions opt);
+
+  /// Queues a request. `params.max_tokens` is capped by the context (max_model_len - prompt).
+  /// Throws Error (nothing queued) for an empty prompt, a prompt of max_model_len tokens or more,
+  /// a token id outside the vocabulary, or invalid sampling parameters.
+  RequestId add(std::vector<int32_t> prompt, const SamplingParams& params);
+
+  /// Removes a waiting or running request (client gone, or a stop string found above) and frees
+  /// its KV pages and state slot. Returns false for an unknown (e.g. already finished) id.
+  bool abort(RequestId id);
+
+  /// Runs one iteration (see the file comment) and returns the tokens sampled in it, in the
+  /// order of the batch. Empty when there is nothing to do. A model or sampler failure fails
+  /// the requests concerned (TokenOutput::error) and never leaves pages or slots behind.
+  std::vector<TokenOutput> step();
+
+  /// True while a request is waiting or running.
+  bool has_work() const { return !waiting_.empty() || !running_.empty(); }
+  int32_t num_waiting() const { return int32_t(waiting_.size()); }
+  int32_t num_running() const { return int32_t(running_.size()); }
+  SchedulerStats stats() const;
+  /// The chunks of the most recent step().
+  const std::vector<ScheduledChunk>& last_step() const { return last_step_; }
+  /// Tokens generated so far by a live request (throws Error for an unknown id).
+  const std::vector<int32_t>& output(RequestId id) const;
+  /// The effective max_tokens of a live request after the context cap.
+  int32_t max_tokens(RequestId id) const;
+  const SchedulerOptions& options() const { return opt_; }
+
+ private:
+  struct Request {
+    RequestId id;
+    std::vector<int32_t> prompt;
+    std::vector<int32_t> output;
+    Sampler sampler;
+    int32_t max_tokens;
+    int32_t seq = -1;  ///< runner sequence while running
+  };
+  struct Planned {
+    RequestId id;
+    int32_t num_tokens;
+    bool prefill;
+  };
+
+  Request& get(RequestId id);
+  /// Tokens of `r` not yet in the cache (all of prompt + output when waiting).
+  int32_t uncomputed(const Request& r) const;
+  /// Plans running requests' chunks; preempts the youngest until their pages fit.
+  void plan_running(std::vector<Planned>& plan, int32_t& budget, int32_t& reserved);
+  /// Admits waiting requests into the remaining budget.
+  void plan_admissions(std::vector<Planned>& plan, int32_t& budget, int32_t& reserved);
+  void preempt(RequestId id);
+  /// Releases the request's runner sequence (if any) and forgets it.
+  void remove(RequestId id);
+  /// Finish reason after `r` produced `token`, or kNone.
+  FinishReason finish_reason(const Request& r, int32_t token) const;
+
+  ModelRunner& runner_;
+  SchedulerOptions opt_;
+  std::vector<int32_t> eos_;
+  int64_t vocab_;
+  std::map<RequestId, Request> requests_;
+  std::deque<RequestId> waiting_;
+  std::vector<RequestId> running_;  ///< admission order: front is the oldest
+  std::vector<ScheduledChunk> last_step_;
+  RequestId next_id_ = 0;
+  int64_t num_preemptions_ = 0;
+};
+
+}  // namespace moefold
