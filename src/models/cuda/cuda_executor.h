@@ -1,0 +1,33 @@
+// The CUDA executor: the decoder forward of every family on one GPU in bf16 (fp32 accumulation and
+// DeltaNet state), over device-resident weights, paged KV cache and state pool. Computes the same
+// function as the CPU reference Model::forward (src/models/model.cc), layer for layer.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "models/load_model.h"
+#include "runtime/executor.h"
+
+namespace moefold {
+
+struct CudaExecutorOptions {
+  int device = 0;
+  int32_t num_blocks = 256;   ///< KV pages
+  int32_t block_size = 16;    ///< tokens per page
+  int32_t num_slots = 8;      ///< DeltaNet state slots = most sequences per step
+  int32_t max_rows = 8192;    ///< most token rows per step (activation buffers are sized for it)
+  int32_t max_blocks_per_seq = 0;  ///< 0 = num_blocks
+  int32_t max_logits_rows = 256;   ///< logits computed per lm_head pass (larger requests loop)
+};
+
+/// Loads the model in `dir` straight onto the GPU (each layer uploaded as bf16 as soon as it is read;
+/// the host copy is dropped) and returns its executor. Throws Error if there is no usable GPU, the
+/// model does not fit, or a kernel does not support the model's shapes.
+std::unique_ptr<Executor> make_cuda_executor(const std::string& dir, LoadFormat format, uint64_t seed,
+                                             const CudaExecutorOptions& opt);
+
+/// True when a CUDA device is present and usable.
+bool cuda_available();
+
+}  // namespace moefold
