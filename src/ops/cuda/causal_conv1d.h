@@ -1,0 +1,41 @@
+// CUDA causal depthwise conv1d + SiLU of the Gated DeltaNet layers (the qkv projection's short conv),
+// with the per-sequence conv state kept in a slot pool. Math: src/ops/cpu/gated_delta_net.h
+// causal_conv1d_silu.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace moefold::cuda {
+
+/// Largest conv kernel width the kernels support (Qwen3.5/3.6 and Qwen3-Next use 4).
+inline constexpr int kMaxConvKernel = 8;
+
+/// Varlen prefill: y = silu(causal depthwise conv(x)) for several sequences in one launch.
+/// x, y: bf16 [rows, C] row-major (row stride C); sequence s owns rows [cu_seqlens[s], cu_seqlens[s+1]).
+/// w: bf16 [C, K] (w[c, K-1] multiplies the current token). conv_state_pool: bf16 [num_slots, C, K-1],
+/// per channel the previous K-1 inputs, oldest first (zeros for a new sequence: the caller zeroes a slot
+/// at allocation); sequence s reads its initial state from slot state_slots[s] and the slot is
+/// overwritten with the last K-1 inputs of [state, x_s] (a zero-length sequence leaves it unchanged).
+/// The state is kept in bf16: it holds copies of bf16 inputs, so this is lossless.
+/// Device pointers: cu_seqlens [max_seqs + 1], state_slots [max_seqs], num_seqs (one int32, the live
+/// sequence count <= max_seqs). Rows >= cu_seqlens[*num_seqs] are neither read nor written, nor are
+/// slots of sequences >= *num_seqs. max_rows (host) sizes the grid: cu_seqlens[*num_seqs] <= max_rows.
+/// Preconditions: live sequences use distinct slots; 1 <= K <= kMaxConvKernel; x and y do not alias.
+/// Throws moefold::Error on bad arguments or a launch error. Asynchronous on `stream`.
+void causal_conv1d_silu_prefill(const __nv_bfloat16* x, const __nv_bfloat16* w, const int32_t* cu_seqlens,
+                                const int32_t* state_slots, const int32_t* num_seqs, int max_rows,
+                                __nv_bfloat16* conv_state_pool, __nv_bfloat16* y, int C, int K,
+                                cudaStream_t stream);
+
+/// Decode: one new token per sequence. x, y: bf16 [max_seqs, C] (row s = sequence s); w, conv_state_pool
+/// as in causal_conv1d_silu_prefill; the slot state_slots[s] is read and shifted in place (oldest value
+/// dropped, x[s] appended). Device pointers state_slots [max_seqs], num_seqs (one int32 <= max_seqs);
+/// rows and slots of sequences >= *num_seqs are untouched. Throws moefold::Error on bad arguments or a
+/// launch error. Asynchronous on `stream`.
+void causal_conv1d_silu_decode(const __nv_bfloat16* x, const __nv_bfloat16* w, const int32_t* state_slots,
+                               const int32_t* num_seqs, int max_seqs, __nv_bfloat16* conv_state_pool,
+                               __nv_bfloat16* y, int C, int K, cudaStream_t stream);
+
+}  // namespace moefold::cuda

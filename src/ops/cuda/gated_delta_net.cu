@@ -1,0 +1,361 @@
+// Gated DeltaNet delta-rule kernels: chunked varlen prefill and one-token recurrent decode, with the
+// gating (g, beta from raw a, b) and the q/k L2 norm fused in; fp32 state and fp32 math.
+//
+// Prefill: one block per (value tile of kBV columns, value head, sequence). The state columns are
+// independent, so a block owns S[:, tile] (dk x kBV, fp32, shared memory) and walks its sequence chunk by
+// chunk (kGdnChunk rows): normalised q/k of the chunk, the 64x64 decay-masked matrices A (beta k k^T) and
+// M (q k^T), the UT transform by forward substitution (I + A) [W | U] = [beta k exp(G) | beta v],
+// V' = U - W S, O = exp(G) q S + M V', S = exp(G_last) S + (k exp(G_last - G))^T V'. Blocks of one key
+// head recompute A and W (cheap next to the rest); tensor cores can replace the inner products later.
+// Decode: one block per (value tile of 32 columns, value head, sequence); a warp per row slice of the
+// tile, the state in registers, the two reductions over dk through shared memory.
+// Math: src/ops/cpu/gated_delta_net.cc.
+#include "ops/cuda/gated_delta_net.h"
+
+#include "ops/cuda/cuda_check.h"
+
+namespace moefold::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kC = kGdnChunk;  // 64: the warp scan below assumes 2 entries per lane
+constexpr int kBV = 32;        // prefill value columns per block
+constexpr int kMaxDk = 256;    // decode register tile bound (dk / kWarps values per thread)
+
+// Argument checks (fmt's compile-time format check does not build under nvcc: runtime format strings).
+#define GDN_REQUIRE(cond, f, ...)                                \
+  do {                                                           \
+    if (!(cond)) ::moefold::fail(fmt::runtime(f), __VA_ARGS__); \
+  } while (0)
+
+__device__ __forceinline__ float bf(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+__device__ __forceinline__ float softplus_f(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+__device__ __forceinline__ float sigmoid_f(float x) {
+  if (x >= 0.0f) return 1.0f / (1.0f + expf(-x));
+  const float e = expf(x);
+  return e / (1.0f + e);
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Loads row `row` of q and k (key head kh) into qdst/kdst (fp32) L2-normalised, q also scaled by
+// dk^-0.5. Called by one whole warp.
+__device__ __forceinline__ void load_qk_normalised(const GdnArgs& p, int64_t row, int kh, int dk, float qscale,
+                                                   float* qdst, float* kdst, int lane) {
+  const __nv_bfloat16* qr = p.q + row * p.row_stride + int64_t(kh) * dk;
+  const __nv_bfloat16* kr = p.k + row * p.row_stride + int64_t(kh) * dk;
+  float sq = 0.0f, sk = 0.0f;
+  for (int x = lane; x < dk; x += 32) {
+    const float qv = bf(qr[x]), kv = bf(kr[x]);
+    qdst[x] = qv;
+    kdst[x] = kv;
+    sq += qv * qv;
+    sk += kv * kv;
+  }
+  sq = warp_sum(sq);
+  sk = warp_sum(sk);
+  const float iq = rsqrtf(sq + 1e-6f) * qscale, ik = rsqrtf(sk + 1e-6f);
+  for (int x = lane; x < dk; x += 32) {  // each lane rescales only the entries it wrote
+    qdst[x] *= iq;
+    kdst[x] *= ik;
+  }
+}
+
+// g (log-decay) and beta of row `row`, value head h.
+__device__ __forceinline__ void gating(const GdnArgs& p, int64_t row, int h, float& g, float& beta) {
+  const float a = bf(p.a[row * p.ab_stride + h]), b = bf(p.b[row * p.ab_stride + h]);
+  g = -expf(p.A_log[h]) * softplus_f(a + p.dt_bias[h]);
+  beta = sigmoid_f(b);
+}
+
+// Shared memory of the prefill kernel, in floats (KS = dk + 1 pads rows against bank conflicts).
+struct PrefillSmem {
+  int ks, S, Kc, Qc, W, U, A, M, G, B, E, total;
+  __host__ __device__ PrefillSmem(int dk, int bv) {
+    ks = dk + 1;
+    S = 0;
+    Kc = S + dk * bv;
+    Qc = Kc + kC * ks;
+    W = Qc + kC * ks;
+    U = W + kC * ks;
+    A = U + kC * bv;
+    M = A + kC * kC;
+    G = M + kC * kC;
+    B = G + kC;
+    E = B + kC;
+    total = E + kC;
+  }
+};
+
+__global__ void __launch_bounds__(kThreads)
+    gdn_prefill_kernel(GdnArgs p, const int32_t* __restrict__ cu_seqlens, const GdnSnapshot* __restrict__ snaps,
+                       const int32_t* __restrict__ num_snaps_p, int max_snaps, int Hk, int Hv, int dk, int dv,
+                       int BV) {
+  const int s = blockIdx.z;
+  if (s >= *p.num_seqs) return;
+  const int bos = cu_seqlens[s], len = cu_seqlens[s + 1] - bos;
+  if (len <= 0) return;
+  const int h = blockIdx.y, kh = h / (Hv / Hk);
+  const int v0 = blockIdx.x * BV;
+  const int bv = min(BV, dv - v0);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int slot = p.state_slots[s];
+  const float qscale = rsqrtf(float(dk));
+  const int num_snaps = (snaps != nullptr && num_snaps_p != nullptr) ? min(*num_snaps_p, max_snaps) : 0;
+
+  extern __shared__ float smem[];
+  const PrefillSmem L(dk, BV);
+  const int KS = L.ks;
+  float* Ss = smem + L.S;  // [dk][BV]
+  float* Kc = smem + L.Kc;  // [kC][KS]
+  float* Qc = smem + L.Qc;
+  float* Wm = smem + L.W;  // [kC][KS]
+  float* U = smem + L.U;   // [kC][BV]: U, then V'
+  float* A = smem + L.A;   // [kC][kC]
+  float* M = smem + L.M;
+  float* Gs = smem + L.G;
+  float* Bs = smem + L.B;
+  float* Es = smem + L.E;
+
+  const size_t head_elems = size_t(dk) * dv;
+  float* Sg = p.state_pool + (size_t(slot) * Hv + h) * head_elems + v0;
+  for (int e = tid; e < dk * bv; e += kThreads) {
+    const int x = e / bv, y = e % bv;
+    Ss[x * BV + y] = Sg[size_t(x) * dv + y];
+  }
+
+  for (int c0 = 0, chunk = 0; c0 < len; c0 += kC, ++chunk) {
+    const int Lc = min(kC, len - c0);
+    const int64_t row0 = int64_t(bos) + c0;
+    // 1. Gating and normalised q/k of the chunk's rows.
+    if (tid < Lc) gating(p, row0 + tid, h, Gs[tid], Bs[tid]);
+    for (int i = warp; i < Lc; i += kWarps)
+      load_qk_normalised(p, row0 + i, kh, dk, qscale, Qc + i * KS, Kc + i * KS, lane);
+    __syncthreads();
+    // 2. Cumulative log-decay within the chunk (warp 0, two entries per lane).
+    if (warp == 0) {
+      float ga = lane < Lc ? Gs[lane] : 0.0f, gb = lane + 32 < Lc ? Gs[lane + 32] : 0.0f;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const float ta = __shfl_up_sync(0xffffffffu, ga, o), tb = __shfl_up_sync(0xffffffffu, gb, o);
+        if (lane >= o) {
+          ga += ta;
+          gb += tb;
+        }
+      }
+      gb += __shfl_sync(0xffffffffu, ga, 31);
+      if (lane < Lc) Gs[lane] = ga;
+      if (lane + 32 < Lc) Gs[lane + 32] = gb;
+    }
+    __syncthreads();
+    // 3. A[i][j] = beta_i (k_i . k_j) exp(G_i - G_j) (j < i); M[i][j] = (q_i . k_j) exp(G_i - G_j) (j <= i);
+    //    right-hand sides W = beta k exp(G), U = beta v.
+    for (int e = tid; e < Lc * Lc; e += kThreads) {
+      const int i = e / Lc, j = e % Lc;
+      float a = 0.0f, m = 0.0f;
+      if (j <= i) {
+        const float* ki = Kc + i * KS;
+        const float* qi = Qc + i * KS;
+        const float* kj = Kc + j * KS;
+        float dkk = 0.0f, dqk = 0.0f;
+        for (int x = 0; x < dk; ++x) {
+          dkk += ki[x] * kj[x];
+          dqk += qi[x] * kj[x];
+        }
+        const float dec = expf(Gs[i] - Gs[j]);
+        if (j < i) a = Bs[i] * dkk * dec;
+        m = dqk * dec;
+      }
+      A[i * kC + j] = a;
+      M[i * kC + j] = m;
+    }
+    for (int e = tid; e < Lc * dk; e += kThreads) {
+      const int i = e / dk, x = e % dk;
+      Wm[i * KS + x] = Bs[i] * Kc[i * KS + x] * expf(Gs[i]);
+    }
+    for (int e = tid; e < Lc * bv; e += kThreads) {
+      const int i = e / bv, y = e % bv;
+      U[i * BV + y] = Bs[i] * bf(p.v[(row0 + i) * p.row_stride + int64_t(h) * dv + v0 + y]);
+    }
+    __syncthreads();
+    // 4. Forward substitution (I + A) X = X0, one column of [W | U] per thread (rows in order).
+    for (int col = tid; col < dk + bv; col += kThreads) {
+      float* X;
+      int st;
+      if (col < dk) {
+        X = Wm + col;
+        st = KS;
+      } else {
+        X = U + (col - dk);
+        st = BV;
+      }
+      for (int i = 1; i < Lc; ++i) {
+        float acc = X[i * st];
+        const float* Ai = A + i * kC;
+        for (int j = 0; j < i; ++j) acc -= Ai[j] * X[j * st];
+        X[i * st] = acc;
+      }
+    }
+    __syncthreads();
+    // 5. V' = U - W S (in place in U).
+    for (int e = tid; e < Lc * bv; e += kThreads) {
+      const int i = e / bv, y = e % bv;
+      const float* wi = Wm + i * KS;
+      float m = 0.0f;
+      for (int x = 0; x < dk; ++x) m += wi[x] * Ss[x * BV + y];
+      U[i * BV + y] -= m;
+    }
+    __syncthreads();
+    // 6. O_i = exp(G_i) q_i S + sum_{j <= i} M[i][j] V'_j, and the factors exp(G_last - G_j).
+    for (int e = tid; e < Lc * bv; e += kThreads) {
+      const int i = e / bv, y = e % bv;
+      const float* qi = Qc + i * KS;
+      float qs = 0.0f;
+      for (int x = 0; x < dk; ++x) qs += qi[x] * Ss[x * BV + y];
+      float o = expf(Gs[i]) * qs;
+      const float* Mi = M + i * kC;
+      for (int j = 0; j <= i; ++j) o += Mi[j] * U[j * BV + y];
+      p.out[((row0 + i) * Hv + h) * dv + v0 + y] = __float2bfloat16(o);
+    }
+    if (tid < Lc) Es[tid] = expf(Gs[Lc - 1] - Gs[tid]);
+    __syncthreads();
+    // 7. S = exp(G_last) S + sum_j exp(G_last - G_j) k_j V'_j^T.
+    const float dlast = expf(Gs[Lc - 1]);
+    for (int e = tid; e < dk * bv; e += kThreads) {
+      const int x = e / bv, y = e % bv;
+      float acc = dlast * Ss[x * BV + y];
+      for (int j = 0; j < Lc; ++j) acc += Es[j] * Kc[j * KS + x] * U[j * BV + y];
+      Ss[x * BV + y] = acc;
+    }
+    __syncthreads();
+    // 8. Snapshots of the state after this chunk.
+    for (int n = 0; n < num_snaps; ++n) {
+      const GdnSnapshot sn = snaps[n];
+      if (sn.seq != s || sn.chunk != chunk) continue;
+      float* D = p.state_pool + (size_t(sn.dst_slot) * Hv + h) * head_elems + v0;
+      for (int e = tid; e < dk * bv; e += kThreads) {
+        const int x = e / bv, y = e % bv;
+        D[size_t(x) * dv + y] = Ss[x * BV + y];
+      }
+    }
+  }
+  for (int e = tid; e < dk * bv; e += kThreads) {
+    const int x = e / bv, y = e % bv;
+    Sg[size_t(x) * dv + y] = Ss[x * BV + y];
+  }
+}
+
+__global__ void __launch_bounds__(kThreads)
+    gdn_decode_kernel(GdnArgs p, int Hk, int Hv, int dk, int dv) {
+  const int s = blockIdx.z;
+  if (s >= *p.num_seqs) return;
+  const int h = blockIdx.y, kh = h / (Hv / Hk);
+  const int tid = threadIdx.x, lane = tid & 31, part = tid >> 5;
+  const int j = blockIdx.x * 32 + lane;
+  const bool col_ok = j < dv;
+  __shared__ float qn[kMaxDk], kn[kMaxDk], red_m[kWarps][32], red_o[kWarps][32], gb[2];
+  const int64_t row = s;
+  if (part == 0) load_qk_normalised(p, row, kh, dk, rsqrtf(float(dk)), qn, kn, lane);
+  if (part == 1 && lane == 0) {
+    float g, beta;
+    gating(p, row, h, g, beta);
+    gb[0] = expf(g);
+    gb[1] = beta;
+  }
+  __syncthreads();
+  const float decay = gb[0], beta = gb[1];
+  float* S = p.state_pool + (size_t(p.state_slots[s]) * Hv + h) * size_t(dk) * dv + j;
+  constexpr int kR = kMaxDk / kWarps;
+  float st[kR];
+  float m = 0.0f;
+#pragma unroll
+  for (int r = 0; r < kR; ++r) {
+    const int i = part + kWarps * r;
+    st[r] = 0.0f;
+    if (i < dk && col_ok) {
+      st[r] = S[size_t(i) * dv] * decay;
+      m += st[r] * kn[i];
+    }
+  }
+  red_m[part][lane] = m;
+  __syncthreads();
+  float mt = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) mt += red_m[w][lane];
+  const float vj = col_ok ? bf(p.v[row * p.row_stride + int64_t(h) * dv + j]) : 0.0f;
+  const float d = beta * (vj - mt);
+  float o = 0.0f;
+#pragma unroll
+  for (int r = 0; r < kR; ++r) {
+    const int i = part + kWarps * r;
+    if (i < dk && col_ok) {
+      st[r] += kn[i] * d;
+      o += st[r] * qn[i];
+      S[size_t(i) * dv] = st[r];
+    }
+  }
+  red_o[part][lane] = o;
+  __syncthreads();
+  if (part == 0 && col_ok) {
+    float ot = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) ot += red_o[w][lane];
+    p.out[(row * Hv + h) * dv + j] = __float2bfloat16(ot);
+  }
+}
+
+void check_common(const GdnArgs& a, int max_seqs, const GdnDims& d, const char* fn) {
+  GDN_REQUIRE(a.q && a.k && a.v && a.a && a.b && a.A_log && a.dt_bias && a.state_pool && a.state_slots &&
+                  a.num_seqs && a.out,
+              "{}: null pointer argument", fn);
+  GDN_REQUIRE(d.num_k_heads > 0 && d.num_v_heads > 0 && d.num_v_heads % d.num_k_heads == 0,
+              "{}: Hv = {} must be a positive multiple of Hk = {}", fn, d.num_v_heads, d.num_k_heads);
+  GDN_REQUIRE(d.num_v_heads <= 65535, "{}: Hv = {} exceeds 65535", fn, d.num_v_heads);
+  GDN_REQUIRE(d.k_dim >= 1 && d.k_dim <= kMaxDk && d.v_dim >= 1, "{}: bad head sizes dk = {}, dv = {}", fn,
+              d.k_dim, d.v_dim);
+  GDN_REQUIRE(max_seqs >= 0 && max_seqs <= 65535, "{}: max_seqs = {} must be in [0, 65535]", fn, max_seqs);
+  GDN_REQUIRE(a.row_stride > 0 && a.ab_stride >= d.num_v_heads, "{}: bad row strides {} / {}", fn, a.row_stride,
+              a.ab_stride);
+}
+
+}  // namespace
+
+void gdn_chunked_prefill(const GdnArgs& args, const int32_t* cu_seqlens, int max_seqs, const GdnSnapshot* snapshots,
+                         const int32_t* num_snapshots, int max_snapshots, const GdnDims& dims, cudaStream_t stream) {
+  check_common(args, max_seqs, dims, "gdn_chunked_prefill");
+  GDN_REQUIRE(cu_seqlens != nullptr, "{}: null cu_seqlens", "gdn_chunked_prefill");
+  GDN_REQUIRE(max_snapshots == 0 || (snapshots != nullptr && num_snapshots != nullptr),
+              "gdn_chunked_prefill: max_snapshots = {} but no snapshot list", max_snapshots);
+  if (max_seqs == 0) return;
+  const int bv = dims.v_dim < kBV ? dims.v_dim : kBV;
+  const size_t smem = size_t(PrefillSmem(dims.k_dim, bv).total) * sizeof(float);
+  int dev = 0, max_smem = 0;
+  MOEFOLD_CUDA_CHECK(cudaGetDevice(&dev));
+  MOEFOLD_CUDA_CHECK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  GDN_REQUIRE(smem <= size_t(max_smem), "gdn_chunked_prefill: dk = {} needs {} bytes of shared memory, device has {}",
+              dims.k_dim, smem, max_smem);
+  MOEFOLD_CUDA_CHECK(cudaFuncSetAttribute(gdn_prefill_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  const dim3 grid(unsigned((dims.v_dim + bv - 1) / bv), unsigned(dims.num_v_heads), unsigned(max_seqs));
+  gdn_prefill_kernel<<<grid, kThreads, smem, stream>>>(args, cu_seqlens, max_snapshots > 0 ? snapshots : nullptr,
+                                                       max_snapshots > 0 ? num_snapshots : nullptr, max_snapshots,
+                                                       dims.num_k_heads, dims.num_v_heads, dims.k_dim, dims.v_dim, bv);
+  MOEFOLD_CUDA_CHECK_LAUNCH();
+}
+
+void gdn_recurrent_decode(const GdnArgs& args, int max_seqs, const GdnDims& dims, cudaStream_t stream) {
+  check_common(args, max_seqs, dims, "gdn_recurrent_decode");
+  if (max_seqs == 0) return;
+  const dim3 grid(unsigned((dims.v_dim + 31) / 32), unsigned(dims.num_v_heads), unsigned(max_seqs));
+  gdn_decode_kernel<<<grid, kThreads, 0, stream>>>(args, dims.num_k_heads, dims.num_v_heads, dims.k_dim,
+                                                   dims.v_dim);
+  MOEFOLD_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace moefold::cuda
