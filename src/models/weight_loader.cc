@@ -4,6 +4,8 @@
 #include <cstring>
 #include <set>
 
+#include "core/parallel.h"
+
 #include "core/error.h"
 #include "io/safetensors.h"
 
@@ -92,25 +94,31 @@ class DummySource : public WeightSource {
     for (char c : spec.name) s = (s ^ uint64_t(uint8_t(c))) * 0x100000001b3ull;  // FNV-1a over the name
     const int64_t fan_in = spec.shape.back();
     std::vector<float> out(static_cast<size_t>(n));
+    // Element i is a pure function of (seed, name, i), so chunks fill in parallel and reproducibly.
     // Uniform(-1, 1) has std 1/sqrt(3): scale by sqrt(3) * std.
-    auto uni = [&] { return float(double(splitmix64(s) >> 11) * 0x1.0p-53 * 2.0 - 1.0); };
-    const float r3 = std::sqrt(3.0f);
-    for (auto& v : out) {
-      const float u = uni();
-      switch (spec.role) {
-        case TensorRole::Embedding: v = r3 * u; break;
-        case TensorRole::LmHead:
-        case TensorRole::Linear:
-        case TensorRole::RoutedExpert: v = r3 * u / std::sqrt(float(fan_in)); break;
-        case TensorRole::Router: v = 4.0f * r3 * u / std::sqrt(float(fan_in)); break;
-        case TensorRole::NormZeroCentred: v = 0.1f * r3 * u; break;
-        case TensorRole::NormPlain: v = 1.0f + 0.1f * r3 * u; break;
-        case TensorRole::Conv: v = 0.5f * r3 * u; break;
-        case TensorRole::ALog: v = std::log(1.0f + 7.5f * (u + 1.0f)); break;  // A in [1, 16]
-        case TensorRole::DtBias: v = u; break;
-        case TensorRole::Bias: v = 0.02f * r3 * u; break;
+    const float r3 = std::sqrt(3.0f), inv_fan = 1.0f / std::sqrt(float(fan_in));
+    const TensorRole role = spec.role;
+    auto fill = [&, s](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) {
+        uint64_t st = s + uint64_t(i) * 0x9e3779b97f4a7c15ull;
+        const float u = float(double(splitmix64(st) >> 11) * 0x1.0p-53 * 2.0 - 1.0);
+        float& v = out[size_t(i)];
+        switch (role) {
+          case TensorRole::Embedding: v = r3 * u; break;
+          case TensorRole::LmHead:
+          case TensorRole::Linear:
+          case TensorRole::RoutedExpert: v = r3 * u * inv_fan; break;
+          case TensorRole::Router: v = 4.0f * r3 * u * inv_fan; break;
+          case TensorRole::NormZeroCentred: v = 0.1f * r3 * u; break;
+          case TensorRole::NormPlain: v = 1.0f + 0.1f * r3 * u; break;
+          case TensorRole::Conv: v = 0.5f * r3 * u; break;
+          case TensorRole::ALog: v = std::log(1.0f + 7.5f * (u + 1.0f)); break;  // A in [1, 16]
+          case TensorRole::DtBias: v = u; break;
+          case TensorRole::Bias: v = 0.02f * r3 * u; break;
+        }
       }
-    }
+    };
+    parallel_for(n, fill);
     return out;
   }
 

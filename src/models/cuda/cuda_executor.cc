@@ -4,7 +4,9 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/dtype.h"
 #include "core/error.h"
+#include "core/parallel.h"
 #include "models/weight_loader.h"
 #include "ops/cpu/rope.h"
 #include "ops/cuda/attention.h"
@@ -46,7 +48,12 @@ class CudaExecutor : public Executor {
   /// Uploads one finished Param as bf16 and drops its host copy (small ones are kept: the fp32
   /// DeltaNet parameters are uploaded again as fp32 from them).
   void place(Param& p) {
-    weights_store_.push_back(cuda::to_device_bf16(p.host));
+    std::vector<uint16_t> bits(p.host.size());
+    parallel_for(int64_t(bits.size()), [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) bits[size_t(i)] = f32_to_bf16(p.host[size_t(i)]);
+    });
+    weights_store_.emplace_back(bits.size());
+    weights_store_.back().upload(reinterpret_cast<const bf16*>(bits.data()), bits.size());
     p.device = weights_store_.back().data();
     if (p.numel > 65536) {
       p.host.clear();

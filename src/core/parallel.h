@@ -1,0 +1,12 @@
+// A minimal parallel loop for host-side bulk work (dummy weights, dtype conversion at load).
+#pragma once
+#include <cstdint>
+#include <functional>
+
+namespace moefold {
+
+/// Runs fn(lo, hi) over [0, n) split into contiguous ranges across the machine's cores (serially
+/// when n is small). fn must be safe to run concurrently on disjoint ranges.
+void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn);
+
+}  // namespace moefold
