@@ -1,0 +1,462 @@
+// Paged attention kernels (see attention.h for the contract).
+//
+// One kernel body serves prefill and decode. A block owns one KV head of one sequence, a tile of
+// TB query tokens x HB query heads of that KV head's group (up to 32 "rows", 4 per warp), and a KV
+// range: the whole causal range (prefill), or one split of it (decode; partial results go to a
+// workspace and a combine kernel merges them by log-sum-exp). Per 32-key tile the block stages K
+// and V in shared memory (rows padded by 16 bytes so that lane-per-key 16-byte reads are
+// conflict-free); each lane scores one key against the warp's 4 rows (q kept in shared memory in
+// fp32, pre-scaled by scale * log2(e)), the warp does the online-softmax update with shuffles, then
+// each lane accumulates head_dim/32 output dims over the tile's keys.
+#include "ops/cuda/cuda_check.h"
+// (cuda_check.h first: see its note on fmt under nvcc)
+#include <mutex>
+
+#include "core/error.h"
+#include "ops/cuda/attention.h"
+#include "ops/cuda/kernel_util.cuh"
+
+namespace moefold::cuda {
+using namespace detail;
+namespace {
+
+constexpr int kR = 4;          // query rows per warp
+constexpr int kBN = 32;        // keys per tile (one per lane)
+constexpr int kMaxWarps = 8;   // rows per block <= 32
+constexpr float kLog2e = 1.4426950408889634f;
+
+struct Args {
+  const bf16* q;
+  int64_t q_ts, q_hs;
+  const bf16* gate;
+  int64_t g_ts, g_hs;
+  const bf16* kc;
+  const bf16* vc;
+  const int32_t* bt;
+  int max_blocks;
+  const int32_t* cu;  // nullptr: decode (row s = sequence s, one row)
+  const int32_t* ctx_lens;
+  bf16* out;  // dense [rows, Hq, D]
+  float* part_o;
+  float* part_ml;
+  int max_splits, split_size;  // split_size 0: no split, direct output
+  int Hq, Hkv, G, HB, TB, head_chunks, block_size, qtiles;
+  float scale_log2;
+};
+
+template <int D>
+constexpr int kv_stride() { return D + 8; }
+
+template <int D>
+size_t smem_bytes(int nwarps) {
+  return size_t(2 * kBN * kv_stride<D>()) * sizeof(bf16) + size_t(nwarps * kR * D) * sizeof(float);
+}
+
+template <int D>
+__global__ void __launch_bounds__(kMaxWarps * 32) attn_kernel(const Args a) {
+  constexpr int DPL = D / 32;  // output dims per lane
+  constexpr int KS = kv_stride<D>();
+  constexpr int CH = D / 8;  // 16-byte chunks per row
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  bf16* Ks = reinterpret_cast<bf16*>(smem_raw);
+  bf16* Vs = Ks + kBN * KS;
+  float* Qs = reinterpret_cast<float*>(Vs + kBN * KS);
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int s = blockIdx.z;
+  const int qtile = int(blockIdx.x) % a.qtiles, split = int(blockIdx.x) / a.qtiles;
+  const int kvh = int(blockIdx.y) / a.head_chunks, hchunk = int(blockIdx.y) % a.head_chunks;
+  int row0, n;
+  if (a.cu) {
+    row0 = a.cu[s];
+    n = a.cu[s + 1] - row0;
+  } else {
+    row0 = s;
+    n = 1;
+  }
+  const int ctx = a.ctx_lens[s];
+  if (ctx < 0) return;
+  const int t0 = qtile * a.TB;
+  if (t0 >= n) return;
+  const int kv_end = ctx + min(t0 + a.TB, n);
+  int kv_lo = 0, kv_hi = kv_end;
+  if (a.split_size > 0) {
+    kv_lo = split * a.split_size;
+    if (kv_lo >= kv_end) return;
+    if (split < a.max_splits - 1) kv_hi = min(kv_lo + a.split_size, kv_end);
+  }
+
+  // This warp's rows: (token, q head) pairs; q rows staged in shared memory as scaled fp32.
+  int lim[kR], tok[kR], head[kR];
+  bool valid[kR];
+  float* Qw = Qs + warp * kR * D;
+#pragma unroll
+  for (int r = 0; r < kR; ++r) {
+    const int rb = warp * kR + r, tb = rb / a.HB, hh = rb % a.HB, hg = hchunk * a.HB + hh;
+    valid[r] = tb < a.TB && t0 + tb < n && hg < a.G;
+    tok[r] = t0 + tb;
+    head[r] = kvh * a.G + hg;
+    lim[r] = valid[r] ? ctx + tok[r] : kv_end - 1;
+    const bf16* qr = a.q + int64_t(row0 + tok[r]) * a.q_ts + int64_t(head[r]) * a.q_hs;
+    for (int c = lane; c < CH; c += 32) {
+      float f[8];
+      if (valid[r]) {
+        load_bf16<8>(qr + c * 8, f);
+      } else {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) f[i] = 0.0f;
+      }
+#pragma unroll
+      for (int i = 0; i < 8; ++i) Qw[r * D + c * 8 + i] = f[i] * a.scale_log2;
+    }
+  }
+  __syncwarp();
+
+  float m[kR], l[kR], o[kR][DPL];
+#pragma unroll
+  for (int r = 0; r < kR; ++r) {
+    m[r] = -INFINITY;
+    l[r] = 0.0f;
+#pragma unroll
+    for (int d = 0; d < DPL; ++d) o[r][d] = 0.0f;
+  }
+  const int32_t* bt = a.bt + int64_t(s) * a.max_blocks;
+
+  for (int kb = kv_lo; kb < kv_hi; kb += kBN) {
+    __syncthreads();  // the previous tile is consumed
+    for (int idx = threadIdx.x; idx < kBN * CH; idx += blockDim.x) {
+      const int rr = idx / CH, c = idx % CH, key = kb + rr;
+      uint4 kv4 = make_uint4(0, 0, 0, 0), vv4 = kv4;
+      if (key < kv_hi) {
+        const int64_t page = bt[key / a.block_size];
+        const int64_t off = ((page * a.block_size + key % a.block_size) * a.Hkv + kvh) * D + c * 8;
+        kv4 = *reinterpret_cast<const uint4*>(a.kc + off);
+        vv4 = *reinterpret_cast<const uint4*>(a.vc + off);
+      }
+      *reinterpret_cast<uint4*>(Ks + rr * KS + c * 8) = kv4;
+      *reinterpret_cast<uint4*>(Vs + rr * KS + c * 8) = vv4;
+    }
+    __syncthreads();
+
+    // Scores: lane = key.
+    float sc[kR];
+#pragma unroll
+    for (int r = 0; r < kR; ++r) sc[r] = 0.0f;
+    const bf16* krow = Ks + lane * KS;
+#pragma unroll 4
+    for (int c = 0; c < CH; ++c) {
+      float kf[8];
+      load_bf16<8>(krow + c * 8, kf);
+#pragma unroll
+      for (int r = 0; r < kR; ++r) {
+        const float4 qa = *reinterpret_cast<const float4*>(Qw + r * D + c * 8);
+        const float4 qb = *reinterpret_cast<const float4*>(Qw + r * D + c * 8 + 4);
+        sc[r] += qa.x * kf[0] + qa.y * kf[1] + qa.z * kf[2] + qa.w * kf[3] + qb.x * kf[4] + qb.y * kf[5] +
+                 qb.z * kf[6] + qb.w * kf[7];
+      }
+    }
+    const int key = kb + lane;
+    float p[kR];
+#pragma unroll
+    for (int r = 0; r < kR; ++r) {
+      const float sr = (key < kv_hi && key <= lim[r]) ? sc[r] : -INFINITY;
+      const float mn = fmaxf(m[r], warp_max(sr));
+      const float mu = mn == -INFINITY ? 0.0f : mn;
+      const float alpha = exp2f(m[r] - mu);
+      p[r] = exp2f(sr - mu);
+      l[r] = l[r] * alpha + warp_sum(p[r]);
+      m[r] = mn;
+#pragma unroll
+      for (int d = 0; d < DPL; ++d) o[r][d] *= alpha;
+    }
+    // p . V: lane owns dims [lane * DPL, lane * DPL + DPL).
+    const int jn = min(kBN, kv_hi - kb);
+    for (int j = 0; j < jn; ++j) {
+      float vf[DPL];
+      load_bf16<DPL>(Vs + j * KS + lane * DPL, vf);
+#pragma unroll
+      for (int r = 0; r < kR; ++r) {
+        const float pj = __shfl_sync(0xffffffffu, p[r], j);
+#pragma unroll
+        for (int d = 0; d < DPL; ++d) o[r][d] = fmaf(pj, vf[d], o[r][d]);
+      }
+    }
+  }
+
+#pragma unroll
+  for (int r = 0; r < kR; ++r) {
+    if (!valid[r]) continue;
+    const int64_t grow = row0 + tok[r];
+    if (a.split_size == 0) {
+      const float inv = 1.0f / l[r];
+      float ov[DPL];
+#pragma unroll
+      for (int d = 0; d < DPL; ++d) ov[d] = o[r][d] * inv;
+      if (a.gate) {
+        float gf[DPL];
+        load_bf16<DPL>(a.gate + grow * a.g_ts + int64_t(head[r]) * a.g_hs + lane * DPL, gf);
+#pragma unroll
+        for (int d = 0; d < DPL; ++d) ov[d] *= sigmoidf_(gf[d]);
+      }
+      store_bf16<DPL>(a.out + (grow * a.Hq + head[r]) * D + lane * DPL, ov);
+    } else {
+      const int64_t pi = (grow * a.Hq + head[r]) * a.max_splits + split;
+#pragma unroll
+      for (int d = 0; d < DPL; ++d) a.part_o[pi * D + lane * DPL + d] = o[r][d];
+      if (lane == 0) {
+        a.part_ml[2 * pi] = m[r];
+        a.part_ml[2 * pi + 1] = l[r];
+      }
+    }
+  }
+}
+
+// Merges the splits of one (row, q head): grid (max rows per sequence, Hq, S), D threads.
+template <int D>
+__global__ void combine_kernel(const Args a) {
+  const int t = blockIdx.x, h = blockIdx.y, s = blockIdx.z, d = threadIdx.x;
+  int row0, n;
+  if (a.cu) {
+    row0 = a.cu[s];
+    n = a.cu[s + 1] - row0;
+  } else {
+    row0 = s;
+    n = 1;
+  }
+  const int ctx = a.ctx_lens[s];
+  if (ctx < 0 || t >= n) return;
+  const int kv_end = ctx + t + 1;
+  const int nsp = min((kv_end + a.split_size - 1) / a.split_size, a.max_splits);
+  const int64_t grow = row0 + t, base = (grow * a.Hq + h) * a.max_splits;
+  float M = -INFINITY;
+  for (int sp = 0; sp < nsp; ++sp) M = fmaxf(M, a.part_ml[2 * (base + sp)]);
+  float L = 0.0f, acc = 0.0f;
+  for (int sp = 0; sp < nsp; ++sp) {
+    const float lsp = a.part_ml[2 * (base + sp) + 1];
+    if (lsp == 0.0f) continue;
+    const float w = exp2f(a.part_ml[2 * (base + sp)] - M);
+    L += lsp * w;
+    acc += a.part_o[(base + sp) * D + d] * w;
+  }
+  float ov = acc / L;
+  if (a.gate) ov *= sigmoidf_(__bfloat162float(a.gate[grow * a.g_ts + int64_t(h) * a.g_hs + d]));
+  a.out[(grow * a.Hq + h) * D + d] = __float2bfloat16_rn(ov);
+}
+
+template <int D>
+void launch_attn(const Args& a, dim3 grid, int nwarps, cudaStream_t stream) {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    MOEFOLD_CUDA_CHECK(cudaFuncSetAttribute(attn_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            int(smem_bytes<D>(kMaxWarps))));
+  });
+  attn_kernel<D><<<grid, nwarps * 32, smem_bytes<D>(nwarps), stream>>>(a);
+  MOEFOLD_CUDA_CHECK_LAUNCH();
+}
+
+template <class F>
+void dispatch_head_dim(int D, F&& f) {
+  switch (D) {
+    case 32: f(std::integral_constant<int, 32>{}); break;
+    case 64: f(std::integral_constant<int, 64>{}); break;
+    case 128: f(std::integral_constant<int, 128>{}); break;
+    case 256: f(std::integral_constant<int, 256>{}); break;
+    default: fail("attention: head_dim {} not supported (32, 64, 128, 256)", D);
+  }
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+/// Fills the shape-derived fields of Args and checks the preconditions.
+Args make_args(const bf16* q, const bf16* k_cache, const bf16* v_cache, const int32_t* block_tables,
+               int max_blocks_per_seq, const int32_t* context_lens, bf16* out, const AttentionShape& sh,
+               int nwarps) {
+  const int D = sh.head_dim;
+  MOEFOLD_CHECK(sh.num_heads > 0 && sh.num_kv_heads > 0 && sh.num_heads % sh.num_kv_heads == 0,
+                "attention: {} query heads is not a multiple of {} KV heads", sh.num_heads, sh.num_kv_heads);
+  MOEFOLD_CHECK(sh.block_size > 0 && max_blocks_per_seq > 0, "attention: bad block_size {} / max_blocks {}",
+                sh.block_size, max_blocks_per_seq);
+  Args a{};
+  a.q = q;
+  a.q_hs = sh.q_head_stride ? sh.q_head_stride : D;
+  a.q_ts = sh.q_token_stride ? sh.q_token_stride : sh.num_heads * a.q_hs;
+  a.gate = sh.gate;
+  a.g_hs = sh.gate_head_stride ? sh.gate_head_stride : D;
+  a.g_ts = sh.gate_token_stride ? sh.gate_token_stride : sh.num_heads * a.g_hs;
+  MOEFOLD_CHECK(aligned16(q) && aligned16(out) && aligned16(k_cache) && aligned16(v_cache) &&
+                    (!sh.gate || aligned16(sh.gate)) && a.q_hs % 8 == 0 && a.q_ts % 8 == 0 && a.g_hs % 8 == 0 &&
+                    a.g_ts % 8 == 0,
+                "attention: q / gate / out / caches must be 16-byte aligned with strides multiple of 8");
+  a.kc = k_cache;
+  a.vc = v_cache;
+  a.bt = block_tables;
+  a.max_blocks = max_blocks_per_seq;
+  a.ctx_lens = context_lens;
+  a.out = out;
+  a.Hq = sh.num_heads;
+  a.Hkv = sh.num_kv_heads;
+  a.G = sh.num_heads / sh.num_kv_heads;
+  const int rows = nwarps * kR;
+  a.HB = std::min(a.G, rows);
+  a.TB = rows / a.HB;
+  a.head_chunks = (a.G + a.HB - 1) / a.HB;
+  a.block_size = sh.block_size;
+  const float scale = sh.scale > 0 ? sh.scale : float(1.0 / std::sqrt(double(D)));
+  a.scale_log2 = scale * kLog2e;
+  return a;
+}
+
+int num_sms() {
+  static int n = [] {
+    int dev = 0, v = 0;
+    MOEFOLD_CUDA_CHECK(cudaGetDevice(&dev));
+    MOEFOLD_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
+    return v;
+  }();
+  return n;
+}
+
+struct DecodePlan {
+  int nwarps, head_chunks, split_size, max_splits;
+};
+
+DecodePlan plan_decode(int num_seqs, const AttentionShape& sh, int64_t max_kv_len) {
+  DecodePlan p{};
+  const int G = sh.num_kv_heads > 0 ? sh.num_heads / sh.num_kv_heads : 1;
+  p.nwarps = std::max(1, (std::min(G, kMaxWarps * kR) + kR - 1) / kR);
+  const int HB = std::min(G, p.nwarps * kR);
+  p.head_chunks = (G + HB - 1) / HB;
+  const int64_t base = int64_t(std::max(num_seqs, 1)) * std::max(sh.num_kv_heads, 1) * p.head_chunks;
+  const int64_t want = std::max<int64_t>(1, (2 * int64_t(num_sms()) + base - 1) / base);
+  int64_t split = (std::max<int64_t>(max_kv_len, 1) + want - 1) / want;
+  split = std::max<int64_t>(128, (split + kBN - 1) / kBN * kBN);
+  const int64_t splits = (std::max<int64_t>(max_kv_len, 1) + split - 1) / split;
+  if (splits <= 1) {
+    p.split_size = 0;
+    p.max_splits = 1;
+  } else {
+    MOEFOLD_CHECK(split < (int64_t(1) << 30), "attention_decode: max_kv_len {} too large", max_kv_len);
+    p.split_size = int(split);
+    p.max_splits = int(splits);
+  }
+  return p;
+}
+
+// ---- KV cache write and slot mapping ---------------------------------------------------------------
+template <int V>
+__global__ void kv_write_kernel(const bf16* __restrict__ k, int64_t ks, const bf16* __restrict__ v, int64_t vs,
+                                bf16* __restrict__ kc, bf16* __restrict__ vc, const int32_t* __restrict__ slots,
+                                int64_t max_rows, int64_t kv_dim, const int32_t* live) {
+  const int64_t r = blockIdx.x;
+  if (r >= live_count(live, max_rows)) return;
+  const int64_t slot = slots[r];
+  if (slot < 0) return;
+  for (int64_t i = int64_t(threadIdx.x) * V; i < kv_dim; i += int64_t(blockDim.x) * V) {
+    float f[V];
+    load_bf16<V>(k + r * ks + i, f);
+    store_bf16<V>(kc + slot * kv_dim + i, f);
+    load_bf16<V>(v + r * vs + i, f);
+    store_bf16<V>(vc + slot * kv_dim + i, f);
+  }
+}
+
+__global__ void slot_mapping_kernel(const int32_t* cu, const int32_t* ctx_lens, const int32_t* bt, int max_blocks,
+                                    int block_size, int32_t* slots) {
+  const int s = blockIdx.y;
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  const int row0 = cu[s], n = cu[s + 1] - row0;
+  if (i >= n) return;
+  const int pos = ctx_lens[s] + i;
+  slots[row0 + i] = bt[int64_t(s) * max_blocks + pos / block_size] * block_size + pos % block_size;
+}
+
+}  // namespace
+
+void kv_cache_write(const bf16* k, int64_t k_stride, const bf16* v, int64_t v_stride, bf16* k_cache,
+                    bf16* v_cache, const int32_t* slot_mapping, int64_t max_rows, int64_t kv_dim,
+                    const int32_t* live_rows, cudaStream_t stream) {
+  MOEFOLD_CHECK(max_rows >= 0 && max_rows < (int64_t(1) << 31) && kv_dim > 0, "kv_cache_write: bad sizes");
+  if (k_stride == 0) k_stride = kv_dim;
+  if (v_stride == 0) v_stride = kv_dim;
+  if (max_rows == 0) return;
+  auto go = [&](auto vw) {
+    constexpr int V = decltype(vw)::value;
+    const int threads = int(std::min<int64_t>(256, std::max<int64_t>(32, (kv_dim / V + 31) / 32 * 32)));
+    kv_write_kernel<V><<<unsigned(max_rows), threads, 0, stream>>>(k, k_stride, v, v_stride, k_cache, v_cache,
+                                                                    slot_mapping, max_rows, kv_dim, live_rows);
+  };
+  switch (vec_width(kv_dim, {k, v, k_cache, v_cache}, {k_stride, v_stride})) {
+    case 8: go(std::integral_constant<int, 8>{}); break;
+    case 4: go(std::integral_constant<int, 4>{}); break;
+    case 2: go(std::integral_constant<int, 2>{}); break;
+    default: go(std::integral_constant<int, 1>{}); break;
+  }
+  MOEFOLD_CUDA_CHECK_LAUNCH();
+}
+
+void compute_slot_mapping(const int32_t* cu_seqlens, const int32_t* context_lens, const int32_t* block_tables,
+                          int max_blocks_per_seq, int block_size, int num_seqs, int max_q_len,
+                          int32_t* slot_mapping, cudaStream_t stream) {
+  MOEFOLD_CHECK(num_seqs >= 0 && num_seqs < 65536 && max_q_len >= 0 && block_size > 0,
+                "compute_slot_mapping: bad sizes");
+  if (num_seqs == 0 || max_q_len == 0) return;
+  const dim3 grid(ceil_div_u(max_q_len, 256), unsigned(num_seqs));
+  slot_mapping_kernel<<<grid, 256, 0, stream>>>(cu_seqlens, context_lens, block_tables, max_blocks_per_seq,
+                                                 block_size, slot_mapping);
+  MOEFOLD_CUDA_CHECK_LAUNCH();
+}
+
+void attention_prefill(const bf16* q, const bf16* k_cache, const bf16* v_cache, const int32_t* block_tables,
+                       int max_blocks_per_seq, const int32_t* cu_seqlens, const int32_t* context_lens, int num_seqs,
+                       int max_q_len, bf16* out, const AttentionShape& shape, cudaStream_t stream) {
+  MOEFOLD_CHECK(num_seqs >= 0 && num_seqs < 65536 && max_q_len >= 0, "attention_prefill: bad sizes");
+  const int nwarps = kMaxWarps;
+  Args a = make_args(q, k_cache, v_cache, block_tables, max_blocks_per_seq, context_lens, out, shape, nwarps);
+  if (num_seqs == 0 || max_q_len == 0) return;
+  a.cu = cu_seqlens;
+  a.split_size = 0;
+  a.max_splits = 1;
+  a.qtiles = (max_q_len + a.TB - 1) / a.TB;
+  const dim3 grid(unsigned(a.qtiles), unsigned(a.Hkv * a.head_chunks), unsigned(num_seqs));
+  dispatch_head_dim(shape.head_dim, [&](auto dd) { launch_attn<decltype(dd)::value>(a, grid, nwarps, stream); });
+}
+
+size_t attention_decode_workspace_bytes(int num_seqs, const AttentionShape& shape, int64_t max_kv_len) {
+  const DecodePlan p = plan_decode(num_seqs, shape, max_kv_len);
+  if (p.split_size == 0) return 0;
+  return size_t(num_seqs) * size_t(shape.num_heads) * size_t(p.max_splits) * size_t(shape.head_dim + 2) *
+         sizeof(float);
+}
+
+void attention_decode(const bf16* q, const bf16* k_cache, const bf16* v_cache, const int32_t* block_tables,
+                      int max_blocks_per_seq, const int32_t* context_lens, int num_seqs, int64_t max_kv_len,
+                      bf16* out, const AttentionShape& shape, void* workspace, size_t workspace_bytes,
+                      cudaStream_t stream) {
+  MOEFOLD_CHECK(num_seqs >= 0 && num_seqs < 65536, "attention_decode: bad num_seqs {}", num_seqs);
+  const DecodePlan p = plan_decode(num_seqs, shape, max_kv_len);
+  Args a = make_args(q, k_cache, v_cache, block_tables, max_blocks_per_seq, context_lens, out, shape, p.nwarps);
+  if (num_seqs == 0) return;
+  MOEFOLD_CHECK(a.head_chunks == p.head_chunks, "attention_decode: inconsistent plan");
+  a.cu = nullptr;
+  a.qtiles = 1;
+  a.split_size = p.split_size;
+  a.max_splits = p.max_splits;
+  if (p.split_size > 0) {
+    const size_t need = attention_decode_workspace_bytes(num_seqs, shape, max_kv_len);
+    MOEFOLD_CHECK(workspace && workspace_bytes >= need && aligned16(workspace),
+                  "attention_decode: needs a 16-byte aligned workspace of {} bytes, got {}", need, workspace_bytes);
+    a.part_o = static_cast<float*>(workspace);
+    a.part_ml = a.part_o + size_t(num_seqs) * size_t(shape.num_heads) * size_t(p.max_splits) * size_t(shape.head_dim);
+  }
+  const dim3 grid(unsigned(p.max_splits), unsigned(a.Hkv * a.head_chunks), unsigned(num_seqs));
+  dispatch_head_dim(shape.head_dim, [&](auto dd) {
+    constexpr int D = decltype(dd)::value;
+    launch_attn<D>(a, grid, p.nwarps, stream);
+    if (p.split_size > 0) {
+      combine_kernel<D><<<dim3(1, unsigned(a.Hq), unsigned(num_seqs)), D, 0, stream>>>(a);
+      MOEFOLD_CUDA_CHECK_LAUNCH();
+    }
+  });
+}
+
+}  // namespace moefold::cuda

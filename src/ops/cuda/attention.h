@@ -1,0 +1,94 @@
+// Attention over the paged KV cache on the GPU: KV-cache write, prefill (flash-style, causal, GQA,
+// several sequences of different lengths in one launch, each chunk attending to its earlier cached
+// pages plus itself) and decode (one query row per sequence, split over the KV length with a
+// log-sum-exp combine). Math as ops/cpu/attention.h (cpu::paged_attention); the output gate of
+// Qwen3.5's gated attention (o * sigmoid(gate), design doc 4.3 step 6) can be fused.
+//
+// KV cache layout, per attention layer (same as the CPU's): k_cache, v_cache bf16
+// [num_blocks, block_size, kv_heads, head_dim]; token p of sequence s lives in page
+// block_tables[s * max_blocks_per_seq + p / block_size], slot p % block_size.
+//
+// Batch description (ForwardBatch, uploaded once per step; all device int32):
+//   cu_seqlens [S + 1]: sequence s owns query rows [cu_seqlens[s], cu_seqlens[s+1]) (prefill);
+//   context_lens [S]: tokens already cached BEFORE this step; the query rows of s are at positions
+//     context_lens[s] + i and attend causally to keys 0 .. context_lens[s] + i, all read from the
+//     cache, so kv_cache_write of this step's K/V must run first.
+//   Padding: a prefill sequence with no rows (cu_seqlens[s+1] == cu_seqlens[s]), a decode sequence
+//   with context_lens[s] < 0, and query rows >= cu_seqlens[S] are not touched (their output rows
+//   keep whatever they held), so a batch padded to a captured bucket replays correctly.
+//
+// Numerics: q.k and p.v in fp32 from bf16 inputs, online softmax in fp32 (exp2 of log2e-scaled
+// scores), output rounded once to bf16. Kernel: CUDA cores (no tensor cores yet): 32-key K/V tiles
+// in shared memory shared by up to 32 (token, q-head) rows of one KV head (GQA rows share a tile),
+// 4 rows per warp, one key per lane for q.k and head_dim/32 dims per lane for p.v.
+//
+// Preconditions (checked on the host; Error otherwise): head_dim in {32, 64, 128, 256};
+// num_heads % num_kv_heads == 0; q, gate, out, caches 16-byte aligned and strides multiples of 8
+// elements; block tables cover every position they are asked for (entries past a sequence's
+// length are never read).
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace moefold::cuda {
+
+using bf16 = __nv_bfloat16;
+
+/// Shapes and the layouts of q and of the optional output gate.
+struct AttentionShape {
+  int num_heads = 0;     ///< query heads Hq
+  int num_kv_heads = 0;  ///< KV heads Hkv (Hq % Hkv == 0; q head h reads KV head h / (Hq / Hkv))
+  int head_dim = 0;      ///< D
+  int block_size = 0;    ///< tokens per KV page
+  float scale = 0;       ///< softmax scale; 0 = 1/sqrt(D)
+  /// q row (t, h) at q + t * q_token_stride + h * q_head_stride (0 = dense [T, Hq, D]). Qwen3.5's
+  /// fused q_proj output [T, Hq, 2D] is read in place with {2*Hq*D, 2*D}.
+  int64_t q_token_stride = 0, q_head_stride = 0;
+  /// Optional output gate: out = o * sigmoid(gate), gate (t, h) at gate + t * gate_token_stride +
+  /// h * gate_head_stride (0 = dense). For Qwen3.5: gate = qg + D with the q strides above.
+  const bf16* gate = nullptr;
+  int64_t gate_token_stride = 0, gate_head_stride = 0;
+};
+
+/// Writes this step's K and V rows into their cache slots: for rows r < live,
+/// k_cache[slot_mapping[r]] = k[r], v_cache[...] = v[r] (kv_dim = kv_heads * head_dim elements
+/// each). k / v rows at k + r * k_stride, v + r * v_stride (0 = kv_dim). slot = page * block_size +
+/// offset; a negative slot skips the row (padding). live_rows: device count or nullptr.
+void kv_cache_write(const bf16* k, int64_t k_stride, const bf16* v, int64_t v_stride, bf16* k_cache,
+                    bf16* v_cache, const int32_t* slot_mapping, int64_t max_rows, int64_t kv_dim,
+                    const int32_t* live_rows, cudaStream_t stream);
+
+/// slot_mapping[r] for every query row of the batch, computed on the device from the block tables:
+/// row cu_seqlens[s] + i -> position context_lens[s] + i -> its page slot. Rows not covered by any
+/// sequence are not written (initialise them to -1 once). max_q_len: host bound on any sequence's
+/// row count.
+void compute_slot_mapping(const int32_t* cu_seqlens, const int32_t* context_lens, const int32_t* block_tables,
+                          int max_blocks_per_seq, int block_size, int num_seqs, int max_q_len,
+                          int32_t* slot_mapping, cudaStream_t stream);
+
+/// Prefill (or mixed) attention: out[r, h, :] for every query row r of every sequence, dense
+/// [rows, Hq, D] bf16. num_seqs: host count of sequences in the arrays (padding sequences have no
+/// rows); max_q_len: host upper bound on any sequence's row count (sizes the grid; rows beyond it
+/// would not be computed).
+void attention_prefill(const bf16* q, const bf16* k_cache, const bf16* v_cache, const int32_t* block_tables,
+                       int max_blocks_per_seq, const int32_t* cu_seqlens, const int32_t* context_lens, int num_seqs,
+                       int max_q_len, bf16* out, const AttentionShape& shape, cudaStream_t stream);
+
+/// Bytes of workspace attention_decode needs for these host bounds (0 when no split is used).
+size_t attention_decode_workspace_bytes(int num_seqs, const AttentionShape& shape, int64_t max_kv_len);
+
+/// Decode attention: one query row per sequence (row s of q and out belongs to sequence s), over
+/// kv_len = context_lens[s] + 1 cached keys (this step's K/V already written). The KV range is
+/// split into chunks processed by separate blocks (flash-decoding) and merged by a log-sum-exp
+/// combine kernel. max_kv_len: host bound on kv_len used to plan the split (a longer sequence is
+/// still computed correctly, its last chunk just does more work). workspace: device memory of at
+/// least attention_decode_workspace_bytes(num_seqs, shape, max_kv_len) bytes.
+void attention_decode(const bf16* q, const bf16* k_cache, const bf16* v_cache, const int32_t* block_tables,
+                      int max_blocks_per_seq, const int32_t* context_lens, int num_seqs, int64_t max_kv_len,
+                      bf16* out, const AttentionShape& shape, void* workspace, size_t workspace_bytes,
+                      cudaStream_t stream);
+
+}  // namespace moefold::cuda

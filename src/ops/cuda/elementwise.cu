@@ -1,0 +1,259 @@
+// Row-wise and elementwise kernels (see elementwise.h). Norm-type kernels give one warp to each
+// norm row (4 rows per 128-thread block) and loop over the row with the widest aligned vector
+// access; elementwise kernels give one block row per token. Padding rows (>= *live_rows) return
+// before touching memory.
+#include "ops/cuda/cuda_check.h"
+// (cuda_check.h first: see its note on fmt under nvcc)
+#include "core/error.h"
+#include "ops/cuda/elementwise.h"
+#include "ops/cuda/kernel_util.cuh"
+
+namespace moefold::cuda {
+using namespace detail;
+namespace {
+
+constexpr int kRowsPerBlock = 4;  // warps per norm block
+
+// ---- embedding -------------------------------------------------------------------------------
+template <int V>
+__global__ void embedding_kernel(const bf16* __restrict__ table, int64_t vocab, int64_t hidden,
+                                 const int32_t* __restrict__ ids, bf16* __restrict__ out, int64_t max_rows,
+                                 const int32_t* live, int32_t* oob_flag) {
+  const int64_t t = blockIdx.x;
+  if (t >= live_count(live, max_rows)) return;
+  const int32_t id = ids[t];
+  const bool ok = id >= 0 && int64_t(id) < vocab;
+  if (!ok && threadIdx.x == 0 && oob_flag) *oob_flag = 1;
+  const bf16* src = table + (ok ? int64_t(id) : 0) * hidden;
+  bf16* dst = out + t * hidden;
+  for (int64_t i = int64_t(threadIdx.x) * V; i < hidden; i += int64_t(blockDim.x) * V) {
+    float f[V];
+    if (ok) {
+      load_bf16<V>(src + i, f);
+    } else {
+#pragma unroll
+      for (int j = 0; j < V; ++j) f[j] = 0.0f;
+    }
+    store_bf16<V>(dst + i, f);
+  }
+}
+
+// ---- RMSNorm ---------------------------------------------------------------------------------
+template <int V>
+__global__ void rms_norm_kernel(const bf16* x, const bf16* __restrict__ w, bf16* y, int64_t max_rows,
+                                int64_t heads, int64_t ts, int64_t hs, int64_t dim, float eps, bool zero_centred,
+                                const int32_t* live) {
+  const int lane = threadIdx.x & 31;
+  const int64_t r = int64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
+  const int64_t t = r / heads, h = r % heads;
+  if (t >= live_count(live, max_rows)) return;
+  const int64_t off = t * ts + h * hs;
+  const bf16* xr = x + off;
+  float ss = 0.0f;
+  for (int64_t i = int64_t(lane) * V; i < dim; i += 32 * V) {
+    float f[V];
+    load_bf16<V>(xr + i, f);
+#pragma unroll
+    for (int j = 0; j < V; ++j) ss += f[j] * f[j];
+  }
+  ss = warp_sum(ss);
+  const float inv = rsqrtf(ss / float(dim) + eps);
+  bf16* yr = y + off;
+  for (int64_t i = int64_t(lane) * V; i < dim; i += 32 * V) {
+    float f[V], g[V];
+    load_bf16<V>(xr + i, f);
+    load_bf16<V>(w + i, g);
+#pragma unroll
+    for (int j = 0; j < V; ++j) f[j] = f[j] * inv * (zero_centred ? 1.0f + g[j] : g[j]);
+    store_bf16<V>(yr + i, f);
+  }
+}
+
+template <int V>
+__global__ void add_rms_norm_kernel(bf16* h, const bf16* __restrict__ y, const bf16* __restrict__ w,
+                                    bf16* __restrict__ x, int64_t max_rows, int64_t dim, float eps, bool zero_centred,
+                                    const int32_t* live) {
+  const int lane = threadIdx.x & 31;
+  const int64_t t = int64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
+  if (t >= live_count(live, max_rows)) return;
+  bf16* hr = h + t * dim;
+  const bf16* yr = y + t * dim;
+  float ss = 0.0f;
+  for (int64_t i = int64_t(lane) * V; i < dim; i += 32 * V) {
+    float a[V], b[V];
+    load_bf16<V>(hr + i, a);
+    load_bf16<V>(yr + i, b);
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      a[j] = __bfloat162float(__float2bfloat16_rn(a[j] + b[j]));  // the rounded residual
+      ss += a[j] * a[j];
+    }
+    store_bf16<V>(hr + i, a);
+  }
+  ss = warp_sum(ss);
+  const float inv = rsqrtf(ss / float(dim) + eps);
+  bf16* xr = x + t * dim;
+  for (int64_t i = int64_t(lane) * V; i < dim; i += 32 * V) {
+    float f[V], g[V];
+    load_bf16<V>(hr + i, f);  // this lane's own writes above
+    load_bf16<V>(w + i, g);
+#pragma unroll
+    for (int j = 0; j < V; ++j) f[j] = f[j] * inv * (zero_centred ? 1.0f + g[j] : g[j]);
+    store_bf16<V>(xr + i, f);
+  }
+}
+
+// ---- SwiGLU, gate, residual --------------------------------------------------------------------
+template <int V>
+__global__ void swiglu_kernel(const bf16* __restrict__ gu, bf16* __restrict__ out, int64_t max_rows, int64_t I,
+                              int64_t gu_stride, const int32_t* live) {
+  const int64_t t = blockIdx.x;
+  if (t >= live_count(live, max_rows)) return;
+  const int64_t i = (int64_t(blockIdx.y) * blockDim.x + threadIdx.x) * V;
+  if (i >= I) return;
+  float g[V], u[V];
+  load_bf16<V>(gu + t * gu_stride + i, g);
+  load_bf16<V>(gu + t * gu_stride + I + i, u);
+#pragma unroll
+  for (int j = 0; j < V; ++j) g[j] = siluf_(g[j]) * u[j];
+  store_bf16<V>(out + t * I + i, g);
+}
+
+template <int V>
+__global__ void gate_kernel(const bf16* x, const bf16* __restrict__ gate, bf16* y, int64_t max_rows, int64_t heads,
+                            int64_t dim, int64_t gts, int64_t ghs, int64_t ges, const int32_t* live) {
+  const int64_t t = blockIdx.x;
+  if (t >= live_count(live, max_rows)) return;
+  const int64_t n = heads * dim;
+  const int64_t e = (int64_t(blockIdx.y) * blockDim.x + threadIdx.x) * V;
+  if (e >= n) return;
+  const int64_t h = e / dim, i = e % dim;  // V divides dim, so the V elements share one head
+  float a[V];
+  load_bf16<V>(x + t * n + e, a);
+  const bf16* g = gate + t * gts + h * ghs + i * ges;
+#pragma unroll
+  for (int j = 0; j < V; ++j) a[j] *= sigmoidf_(__bfloat162float(g[j * ges]));
+  store_bf16<V>(y + t * n + e, a);
+}
+
+template <int V>
+__global__ void residual_kernel(bf16* h, const bf16* __restrict__ y, int64_t max_rows, int64_t dim,
+                                const int32_t* live) {
+  const int64_t t = blockIdx.x;
+  if (t >= live_count(live, max_rows)) return;
+  const int64_t i = (int64_t(blockIdx.y) * blockDim.x + threadIdx.x) * V;
+  if (i >= dim) return;
+  float a[V], b[V];
+  load_bf16<V>(h + t * dim + i, a);
+  load_bf16<V>(y + t * dim + i, b);
+#pragma unroll
+  for (int j = 0; j < V; ++j) a[j] += b[j];
+  store_bf16<V>(h + t * dim + i, a);
+}
+
+/// Calls f(std::integral_constant<int, V>) for the runtime vector width v.
+template <class F>
+void dispatch_vec(int v, F&& f) {
+  switch (v) {
+    case 8: f(std::integral_constant<int, 8>{}); break;
+    case 4: f(std::integral_constant<int, 4>{}); break;
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    default: f(std::integral_constant<int, 1>{}); break;
+  }
+}
+
+void check_rows(int64_t max_rows, int64_t dim, const char* what) {
+  MOEFOLD_CHECK(max_rows >= 0 && dim > 0, "{}: bad sizes max_rows={} dim={}", what, max_rows, dim);
+  MOEFOLD_CHECK(max_rows < (int64_t(1) << 31), "{}: max_rows {} too large", what, max_rows);
+}
+
+}  // namespace
+
+void embedding_gather(const bf16* table, int64_t vocab, int64_t hidden, const int32_t* ids, bf16* out,
+                      int64_t max_rows, const int32_t* live_rows, int32_t* oob_flag, cudaStream_t stream) {
+  check_rows(max_rows, hidden, "embedding_gather");
+  MOEFOLD_CHECK(vocab > 0, "embedding_gather: empty vocabulary");
+  if (max_rows == 0) return;
+  dispatch_vec(vec_width(hidden, {table, out}, {}), [&](auto v) {
+    constexpr int V = decltype(v)::value;
+    const int threads = int(std::min<int64_t>(256, std::max<int64_t>(32, (hidden / V + 31) / 32 * 32)));
+    embedding_kernel<V><<<unsigned(max_rows), threads, 0, stream>>>(table, vocab, hidden, ids, out, max_rows,
+                                                                     live_rows, oob_flag);
+  });
+  MOEFOLD_CUDA_CHECK_LAUNCH();
+}
+
+void rms_norm(const bf16* x, const bf16* w, bf16* y, int64_t max_rows, int64_t dim, float eps, NormKind kind,
+              const int32_t* live_rows, cudaStream_t stream, HeadRows rows) {
+  check_rows(max_rows, dim, "rms_norm");
+  const int64_t heads = rows.heads;
+  const int64_t hs = rows.head_stride ? rows.head_stride : dim;
+  const int64_t ts = rows.token_stride ? rows.token_stride : heads * hs;
+  MOEFOLD_CHECK(heads >= 1 && hs >= dim && ts >= (heads - 1) * hs + dim, "rms_norm: bad row layout");
+  if (max_rows == 0) return;
+  const int64_t nrows = max_rows * heads;
+  dispatch_vec(vec_width(dim, {x, y, w}, {hs, ts}), [&](auto v) {
+    constexpr int V = decltype(v)::value;
+    rms_norm_kernel<V><<<ceil_div_u(nrows, kRowsPerBlock), 32 * kRowsPerBlock, 0, stream>>>(
+        x, w, y, max_rows, heads, ts, hs, dim, eps, kind == NormKind::ZeroCentred, live_rows);
+  });
+  MOEFOLD_CUDA_CHECK_LAUNCH();
+}
+
+void add_rms_norm(bf16* h, const bf16* y, const bf16* w, bf16* x, int64_t max_rows, int64_t dim, float eps,
+                  NormKind kind, const int32_t* live_rows, cudaStream_t stream) {
+  check_rows(max_rows, dim, "add_rms_norm");
+  if (max_rows == 0) return;
+  dispatch_vec(vec_width(dim, {h, y, w, x}, {}), [&](auto v) {
+    constexpr int V = decltype(v)::value;
+    add_rms_norm_kernel<V><<<ceil_div_u(max_rows, kRowsPerBlock), 32 * kRowsPerBlock, 0, stream>>>(
+        h, y, w, x, max_rows, dim, eps, kind == NormKind::ZeroCentred, live_rows);
+  });
+  MOEFOLD_CUDA_CHECK_LAUNCH();
+}
+
+void swiglu(const bf16* gate_up, bf16* out, int64_t max_rows, int64_t I, const int32_t* live_rows,
+            cudaStream_t stream, int64_t gate_up_stride) {
+  check_rows(max_rows, I, "swiglu");
+  if (gate_up_stride == 0) gate_up_stride = 2 * I;
+  MOEFOLD_CHECK(gate_up_stride >= 2 * I, "swiglu: gate_up_stride {} < 2I", gate_up_stride);
+  if (max_rows == 0) return;
+  dispatch_vec(vec_width(I, {gate_up, out}, {gate_up_stride}), [&](auto v) {
+    constexpr int V = decltype(v)::value;
+    const dim3 grid(unsigned(max_rows), ceil_div_u(I / V, 256));
+    swiglu_kernel<V><<<grid, 256, 0, stream>>>(gate_up, out, max_rows, I, gate_up_stride, live_rows);
+  });
+  MOEFOLD_CUDA_CHECK_LAUNCH();
+}
+
+void sigmoid_gate_mul(const bf16* x, const bf16* gate, bf16* y, int64_t max_rows, int64_t heads, int64_t dim,
+                      const int32_t* live_rows, cudaStream_t stream, HeadRows gate_rows, int64_t gate_elem_stride) {
+  check_rows(max_rows, dim, "sigmoid_gate_mul");
+  MOEFOLD_CHECK(heads >= 1 && gate_rows.heads == heads, "sigmoid_gate_mul: gate layout has {} heads, expected {}",
+                gate_rows.heads, heads);
+  const int64_t ghs = gate_rows.head_stride ? gate_rows.head_stride : dim * gate_elem_stride;
+  const int64_t gts = gate_rows.token_stride ? gate_rows.token_stride : heads * ghs;
+  if (max_rows == 0) return;
+  // Vector width limited by x / y only (gates are read element by element, strided).
+  dispatch_vec(vec_width(dim, {x, y}, {}), [&](auto v) {
+    constexpr int V = decltype(v)::value;
+    const dim3 grid(unsigned(max_rows), ceil_div_u(heads * dim / V, 256));
+    gate_kernel<V><<<grid, 256, 0, stream>>>(x, gate, y, max_rows, heads, dim, gts, ghs, gate_elem_stride,
+                                             live_rows);
+  });
+  MOEFOLD_CUDA_CHECK_LAUNCH();
+}
+
+void residual_add(bf16* h, const bf16* y, int64_t max_rows, int64_t dim, const int32_t* live_rows,
+                  cudaStream_t stream) {
+  check_rows(max_rows, dim, "residual_add");
+  if (max_rows == 0) return;
+  dispatch_vec(vec_width(dim, {h, y}, {}), [&](auto v) {
+    constexpr int V = decltype(v)::value;
+    const dim3 grid(unsigned(max_rows), ceil_div_u(dim / V, 256));
+    residual_kernel<V><<<grid, 256, 0, stream>>>(h, y, max_rows, dim, live_rows);
+  });
+  MOEFOLD_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace moefold::cuda

@@ -1,0 +1,349 @@
+// Contract tests of the paged attention kernels against cpu::paged_attention (fp32 reference run
+// on the bf16-rounded inputs, so only the kernel's rounding is measured; tolerance 1e-2 for the
+// bf16 output). Covers kv_cache_write + device slot mapping, prefill of single prompts of
+// 1..4100 tokens and of several sequences of different lengths with non-zero context lengths
+// (chunked prefill) in one launch, decode at context lengths 1..32768 for batches 1, 17 and 64,
+// GQA ratios 1..8, head_dim 32/64/128/256, the fused sigmoid output gate read in place from the
+// [T, Hq, 2D] q_proj layout, and padding (rows and sequences) left untouched. Unused cache slots
+// are NaN, so a kernel that reads past a sequence's keys fails.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <numeric>
+
+#include "cuda/contract.h"
+#include "cuda/cuda_test_util.h"
+#include "ops/cpu/attention.h"
+#include "ops/cpu/linear.h"
+#include "ops/cuda/attention.h"
+#include "ops/cuda/cuda_check.h"
+
+using namespace moefold;
+using namespace moefold::test;
+namespace cu = moefold::cuda;
+
+namespace {
+
+constexpr double kTol = 1e-2;
+
+struct Heads {
+  int Hq, Hkv, D;
+  bool gate;
+  const char* name;
+};
+const Heads kQwen35{16, 2, 256, true, "qwen3.5"};
+const Heads kQwen3{32, 4, 128, false, "qwen3"};
+const Heads kSmol{9, 3, 64, false, "smollm2"};
+const Heads kTiny{4, 2, 32, false, "tiny"};
+const Heads kTinyGated{4, 1, 32, true, "tiny_gated"};
+
+void sync() { MOEFOLD_CUDA_CHECK(cudaDeviceSynchronize()); }
+
+/// A paged KV cache with a random page assignment, its fp32 host image (NaN in unused slots) and
+/// the block tables.
+struct PagedCache {
+  int block_size, max_blocks, num_pages;
+  int64_t kv_dim;
+  std::vector<int32_t> tables;  // [S, max_blocks], -1 unused
+  std::vector<float> k, v;      // [num_pages * block_size, kv_dim]
+
+  PagedCache(const std::vector<int>& lens, int bs, int64_t kv_dim_, uint64_t seed) : block_size(bs), kv_dim(kv_dim_) {
+    max_blocks = 1;
+    int total = 0;
+    for (int L : lens) {
+      const int nb = (std::max(L, 0) + bs - 1) / bs;
+      max_blocks = std::max(max_blocks, nb + 1);
+      total += nb;
+    }
+    num_pages = total + 3;
+    std::vector<int32_t> perm(static_cast<size_t>(num_pages));
+    std::iota(perm.begin(), perm.end(), 0);
+    for (size_t i = perm.size(); i > 1; --i) std::swap(perm[i - 1], perm[mix64(seed + i) % i]);
+    tables.assign(lens.size() * size_t(max_blocks), -1);
+    size_t next = 0;
+    for (size_t s = 0; s < lens.size(); ++s)
+      for (int b = 0; b < (std::max(lens[s], 0) + bs - 1) / bs; ++b) tables[s * size_t(max_blocks) + size_t(b)] = perm[next++];
+    k.assign(size_t(num_pages) * size_t(bs) * size_t(kv_dim), NAN);
+    v = k;
+  }
+  int64_t slot(size_t s, int pos) const {
+    return int64_t(tables[s * size_t(max_blocks) + size_t(pos / block_size)]) * block_size + pos % block_size;
+  }
+  /// Random K/V for positions [0, len) of sequence s.
+  void fill(size_t s, int len, uint64_t seed) {
+    if (len <= 0) return;
+    auto kr = rand_bf16(size_t(len) * size_t(kv_dim), seed, 1.0f), vr = rand_bf16(size_t(len) * size_t(kv_dim), seed + 1, 1.0f);
+    for (int p = 0; p < len; ++p) {
+      const int64_t sl = slot(s, p);
+      std::copy_n(kr.begin() + int64_t(p) * kv_dim, kv_dim, k.begin() + sl * kv_dim);
+      std::copy_n(vr.begin() + int64_t(p) * kv_dim, kv_dim, v.begin() + sl * kv_dim);
+    }
+  }
+};
+
+/// q (dense [rows, Hq, D]) and, for gated shapes, the fused [rows, Hq, 2D] buffer it lives in.
+struct Queries {
+  std::vector<float> buf;  // what is uploaded
+  int64_t width;           // per-head row width in buf (D or 2D)
+  std::vector<float> q, gate;  // dense fp32 [rows, Hq, D]
+};
+
+Queries make_queries(const Heads& h, int64_t rows, float amp, uint64_t seed) {
+  Queries Q;
+  Q.width = h.gate ? 2 * h.D : h.D;
+  Q.buf = rand_bf16(size_t(rows * h.Hq * Q.width), seed, amp);
+  Q.q.resize(size_t(rows * h.Hq * h.D));
+  if (h.gate) Q.gate.resize(Q.q.size());
+  for (int64_t r = 0; r < rows * h.Hq; ++r)
+    for (int64_t i = 0; i < h.D; ++i) {
+      Q.q[size_t(r * h.D + i)] = Q.buf[size_t(r * Q.width + i)];
+      if (h.gate) Q.gate[size_t(r * h.D + i)] = Q.buf[size_t(r * Q.width + h.D + i)] * 2.0f;
+    }
+  if (h.gate)  // gates spread over [-2amp, 2amp] for a visible effect: rescale and re-round the buffer half
+    for (int64_t r = 0; r < rows * h.Hq; ++r)
+      for (int64_t i = 0; i < h.D; ++i) Q.buf[size_t(r * Q.width + h.D + i)] = Q.gate[size_t(r * h.D + i)];
+  return Q;
+}
+
+cu::AttentionShape shape_of(const Heads& h, int bs, const bf16* qbuf) {
+  cu::AttentionShape s;
+  s.num_heads = h.Hq;
+  s.num_kv_heads = h.Hkv;
+  s.head_dim = h.D;
+  s.block_size = bs;
+  if (h.gate) {
+    s.q_token_stride = int64_t(h.Hq) * 2 * h.D;
+    s.q_head_stride = 2 * h.D;
+    s.gate = qbuf + h.D;
+    s.gate_token_stride = s.q_token_stride;
+    s.gate_head_stride = s.q_head_stride;
+  }
+  return s;
+}
+
+/// The reference for query rows [r0, r0 + n) of one sequence (positions start .. start + n - 1),
+/// split into row chunks run in parallel, gate applied.
+void reference(const Heads& h, const PagedCache& c, size_t s, const Queries& Q, int64_t r0, int start, int n,
+               std::vector<float>& out, std::vector<std::function<void()>>& work) {
+  for (int a = 0; a < n; a += 8) {
+    const int b = std::min(n, a + 8);
+    work.push_back([&h, &c, s, &Q, r0, start, a, b, &out] {
+      const int64_t row = r0 + a, stride = int64_t(h.Hq) * h.D;
+      cpu::paged_attention(Q.q.data() + row * stride, c.k.data(), c.v.data(), c.tables.data() + s * size_t(c.max_blocks),
+                           start + a, b - a, h.Hq, h.Hkv, h.D, c.block_size, float(1.0 / std::sqrt(double(h.D))),
+                           out.data() + row * stride);
+      if (h.gate)
+        for (int64_t i = row * stride; i < (r0 + b) * stride; ++i) out[size_t(i)] *= cpu::sigmoid(Q.gate[size_t(i)]);
+    });
+  }
+}
+
+void run_all(std::vector<std::function<void()>>& work) {
+  parallel_for(work.size(), [&](size_t i) { work[i](); });
+  work.clear();
+}
+
+// ---- prefill -----------------------------------------------------------------------------------
+/// Sequences with context lengths ctx[s] and n[s] new rows (a trailing padding sequence with no
+/// rows and 3 padding rows are added).
+void check_prefill(const Heads& h, std::vector<int> ctx, std::vector<int> n, int bs, float q_amp, uint64_t seed) {
+  const std::string shape = fmt::format("{},H={}/{},D={},bs={},seqs={},ctx={},n={}{}", h.name, h.Hq, h.Hkv, h.D, bs,
+                                        ctx.size(), join_ints(ctx), join_ints(n), q_amp > 4 ? ",peaky" : "");
+  ctx.push_back(0);
+  n.push_back(0);
+  const size_t S = ctx.size();
+  std::vector<int32_t> cu_seq(S + 1, 0);
+  for (size_t s = 0; s < S; ++s) cu_seq[s + 1] = cu_seq[s] + n[s];
+  const int64_t T = cu_seq[S], Tcap = T + 3, kv_dim = int64_t(h.Hkv) * h.D;
+  const int max_q = *std::max_element(n.begin(), n.end());
+  std::vector<int> lens(S);
+  for (size_t s = 0; s < S; ++s) lens[s] = ctx[s] + n[s];
+  PagedCache c(lens, bs, kv_dim, seed);
+  for (size_t s = 0; s < S; ++s) c.fill(s, ctx[s], seed + 10 * s + 1);
+  auto knew = rand_bf16(size_t(Tcap * kv_dim), seed + 2, 1.0f), vnew = rand_bf16(size_t(Tcap * kv_dim), seed + 3, 1.0f);
+  Queries Q = make_queries(h, Tcap, q_amp, seed + 4);
+
+  // Device: caches (NaN in unused slots), batch arrays, this step's K/V, q.
+  auto dkc = dev_bf16(c.k), dvc = dev_bf16(c.v);
+  auto dbt = cuda::to_device(c.tables);
+  auto dcu = cuda::to_device(cu_seq);
+  auto dctx = cuda::to_device(std::vector<int32_t>(ctx.begin(), ctx.end()));
+  auto dk = dev_bf16(knew), dv = dev_bf16(vnew), dq = dev_bf16(Q.buf);
+  DeviceBuffer<int32_t> dslots(static_cast<size_t>(Tcap));
+  dslots.upload(std::vector<int32_t>(size_t(Tcap), -1));
+  DeviceBuffer<bf16> dout(size_t(Tcap * h.Hq * h.D));
+  dout.fill_bytes(0xFF);
+  const cu::AttentionShape sh = shape_of(h, bs, dq.data());
+  cu::compute_slot_mapping(dcu.data(), dctx.data(), dbt.data(), c.max_blocks, bs, int(S), max_q, dslots.data(), nullptr);
+  cu::kv_cache_write(dk.data(), 0, dv.data(), 0, dkc.data(), dvc.data(), dslots.data(), Tcap, kv_dim, nullptr, nullptr);
+  cu::attention_prefill(dq.data(), dkc.data(), dvc.data(), dbt.data(), c.max_blocks, dcu.data(), dctx.data(), int(S),
+                        max_q, dout.data(), sh, nullptr);
+  sync();
+
+  // Host: expected slots, cache write, reference attention.
+  std::vector<int32_t> slots(size_t(Tcap), -1);
+  for (size_t s = 0; s < S; ++s)
+    for (int i = 0; i < n[s]; ++i) slots[size_t(cu_seq[s] + i)] = int32_t(c.slot(s, ctx[s] + i));
+  for (size_t s = 0; s < S; ++s)
+    if (n[s] > 0)
+      cpu::kv_cache_write(knew.data() + cu_seq[s] * kv_dim, vnew.data() + cu_seq[s] * kv_dim, c.k.data(), c.v.data(),
+                          c.tables.data() + s * size_t(c.max_blocks), ctx[s], n[s], bs, kv_dim);
+  std::vector<float> ref(size_t(T * h.Hq * h.D));
+  std::vector<std::function<void()>> work;
+  for (size_t s = 0; s < S; ++s)
+    if (n[s] > 0) reference(h, c, s, Q, cu_seq[s], ctx[s], n[s], ref, work);
+  run_all(work);
+
+  const auto gslots = dslots.download();
+  size_t slot_mis = 0;
+  for (size_t i = 0; i < slots.size(); ++i) slot_mis += gslots[i] != slots[i];
+  EXPECT_TRUE(contract_exact("slot_mapping", shape, slot_mis));
+  const auto gk = host_f32(dkc), gv = host_f32(dvc);
+  size_t cache_mis = 0;
+  for (int64_t r = 0; r < T; ++r)
+    for (int64_t i = 0; i < kv_dim; ++i) {
+      const int64_t at = int64_t(slots[size_t(r)]) * kv_dim + i;
+      cache_mis += gk[size_t(at)] != knew[size_t(r * kv_dim + i)];
+      cache_mis += gv[size_t(at)] != vnew[size_t(r * kv_dim + i)];
+    }
+  EXPECT_TRUE(contract_exact("kv_cache_write", shape, cache_mis));
+  const auto out = host_f32(dout);
+  EXPECT_TRUE(contract(h.gate ? "attn_prefill_gated" : "attn_prefill", shape, rel_err(slice(out, 0, ref.size()), ref), kTol));
+  EXPECT_TRUE(contract_exact("attn_prefill_padding", shape, touched(host_bits(dout), ref.size(), out.size())));
+}
+
+// ---- decode ------------------------------------------------------------------------------------
+/// One query row per sequence over kv_lens[s] keys (context_lens = kv_len - 1); kv_len <= 0 marks a
+/// padding sequence (context_lens = -1). Optionally cross-checks the prefill kernel on the same batch.
+void check_decode(const Heads& h, const std::vector<int>& kv_lens, int bs, int64_t max_kv_len, uint64_t seed,
+                  bool also_prefill = false) {
+  const size_t S = kv_lens.size();
+  const int64_t kv_dim = int64_t(h.Hkv) * h.D;
+  std::vector<int> shown;
+  int live = 0, maxlen = 0;
+  for (int L : kv_lens) {
+    if (L > 0) ++live, maxlen = std::max(maxlen, L);
+    shown.push_back(L);
+  }
+  std::sort(shown.begin(), shown.end());
+  const std::string shape = fmt::format("{},H={}/{},D={},bs={},B={},pad={},kv_max={},bound={}", h.name, h.Hq, h.Hkv,
+                                        h.D, bs, live, S - size_t(live), maxlen, max_kv_len);
+  PagedCache c(kv_lens, bs, kv_dim, seed);
+  for (size_t s = 0; s < S; ++s) c.fill(s, kv_lens[s], seed + 10 * s + 1);
+  Queries Q = make_queries(h, int64_t(S), 2.0f, seed + 4);
+  std::vector<int32_t> ctx(S);
+  for (size_t s = 0; s < S; ++s) ctx[s] = kv_lens[s] > 0 ? kv_lens[s] - 1 : -1;
+
+  auto dkc = dev_bf16(c.k), dvc = dev_bf16(c.v);
+  auto dbt = cuda::to_device(c.tables);
+  auto dctx = cuda::to_device(ctx);
+  auto dq = dev_bf16(Q.buf);
+  DeviceBuffer<bf16> dout(S * size_t(h.Hq) * size_t(h.D));
+  dout.fill_bytes(0xFF);
+  const cu::AttentionShape sh = shape_of(h, bs, dq.data());
+  const size_t ws = cu::attention_decode_workspace_bytes(int(S), sh, max_kv_len);
+  DeviceBuffer<unsigned char> dws(ws);
+  cu::attention_decode(dq.data(), dkc.data(), dvc.data(), dbt.data(), c.max_blocks, dctx.data(), int(S), max_kv_len,
+                       dout.data(), sh, dws.data(), ws, nullptr);
+  sync();
+
+  std::vector<float> ref(dout.size(), 0.0f);
+  std::vector<std::function<void()>> work;
+  for (size_t s = 0; s < S; ++s)
+    if (kv_lens[s] > 0) reference(h, c, s, Q, int64_t(s), ctx[s], 1, ref, work);
+  run_all(work);
+  const auto out = host_f32(dout);
+  const auto bits = host_bits(dout);
+  std::vector<float> got_live, ref_live;
+  size_t pad_touched = 0;
+  const size_t row = size_t(h.Hq) * size_t(h.D);
+  for (size_t s = 0; s < S; ++s) {
+    if (kv_lens[s] > 0) {
+      got_live.insert(got_live.end(), out.begin() + ptrdiff_t(s * row), out.begin() + ptrdiff_t((s + 1) * row));
+      ref_live.insert(ref_live.end(), ref.begin() + ptrdiff_t(s * row), ref.begin() + ptrdiff_t((s + 1) * row));
+    } else {
+      pad_touched += touched(bits, s * row, (s + 1) * row);
+    }
+  }
+  EXPECT_TRUE(contract(h.gate ? "attn_decode_gated" : "attn_decode", shape, rel_err(got_live, ref_live), kTol));
+  if (size_t(live) < S) {
+    EXPECT_TRUE(contract_exact("attn_decode_padding", shape, pad_touched));
+  }
+
+  if (also_prefill) {  // the prefill kernel on the same batch (one row per sequence, long contexts)
+    std::vector<int32_t> cu_seq(S + 1, 0);
+    for (size_t s = 0; s < S; ++s) cu_seq[s + 1] = cu_seq[s] + (kv_lens[s] > 0 ? 1 : 0);
+    MOEFOLD_CHECK(cu_seq[S] == int32_t(S), "also_prefill needs no padding sequences");
+    auto dcu = cuda::to_device(cu_seq);
+    dout.fill_bytes(0xFF);
+    cu::attention_prefill(dq.data(), dkc.data(), dvc.data(), dbt.data(), c.max_blocks, dcu.data(), dctx.data(), int(S),
+                          1, dout.data(), sh, nullptr);
+    sync();
+    EXPECT_TRUE(contract("attn_prefill_as_decode", shape, rel_err(host_f32(dout), ref), kTol));
+  }
+}
+
+std::vector<int> random_lens(size_t n, int lo, int hi, uint64_t seed, bool log_uniform) {
+  std::vector<int> v(n);
+  for (size_t i = 0; i < n; ++i) {
+    const double u = double(mix64(seed + i) >> 11) * 0x1.0p-53;
+    v[i] = log_uniform ? int(std::exp(std::log(double(lo)) + u * (std::log(double(hi)) - std::log(double(lo)))))
+                       : lo + int(u * double(hi - lo + 1));
+    v[i] = std::clamp(v[i], lo, hi);
+  }
+  return v;
+}
+
+}  // namespace
+
+TEST(AttentionPrefill, SinglePrompts) {
+  MOEFOLD_REQUIRE_GPU();
+  uint64_t seed = 2000;
+  for (int n : {1, 2, 63, 64, 65, 127, 1000, 4100}) check_prefill(kQwen35, {0}, {n}, 16, 2.0f, seed += 100);
+  for (int n : {1, 65, 1000}) check_prefill(kQwen3, {0}, {n}, 16, 2.0f, seed += 100);
+}
+
+TEST(AttentionPrefill, ChunkedMultiSequence) {
+  MOEFOLD_REQUIRE_GPU();
+  uint64_t seed = 3000;
+  check_prefill(kQwen35, {0, 5, 100, 1000, 37, 4000}, {1, 17, 64, 65, 300, 127}, 16, 2.0f, seed += 100);
+  check_prefill(kQwen35, {37, 0, 513}, {300, 64, 65}, 16, 16.0f, seed += 100);  // peaky softmax
+  check_prefill(kQwen3, {0, 129, 17, 2000}, {63, 1, 200, 33}, 32, 2.0f, seed += 100);
+  check_prefill(kSmol, {0, 3, 64}, {65, 1, 127}, 16, 2.0f, seed += 100);
+  check_prefill(kTiny, {0, 7, 31}, {17, 2, 40}, 1, 8.0f, seed += 100);
+  check_prefill(kTinyGated, {2, 0}, {63, 64}, 16, 2.0f, seed += 100);
+}
+
+TEST(AttentionDecode, Batch1) {
+  MOEFOLD_REQUIRE_GPU();
+  uint64_t seed = 4000;
+  for (int L : {1, 2, 63, 64, 65, 1000, 4100, 32768}) check_decode(kQwen35, {L}, 16, 32768, seed += 100);
+  check_decode(kQwen35, {4100}, 16, 4100, seed += 100);  // tight bound
+  check_decode(kQwen35, {5000}, 16, 1000, seed += 100);  // bound exceeded: still correct
+}
+
+TEST(AttentionDecode, Batch17And64) {
+  MOEFOLD_REQUIRE_GPU();
+  uint64_t seed = 5000;
+  auto l17 = random_lens(17, 1, 8192, seed, false);
+  l17[3] = 32768;
+  l17[5] = 1;
+  check_decode(kQwen3, l17, 64, 32768, seed += 100, /*also_prefill=*/true);
+  auto l64 = random_lens(64, 1, 32768, seed + 7, true);
+  l64[0] = 1;
+  l64[63] = 32768;
+  l64.push_back(0);  // padding sequences
+  l64.insert(l64.begin() + 10, -1);
+  check_decode(kQwen35, l64, 16, 32768, seed += 100);
+  check_decode(kSmol, random_lens(17, 1, 3000, 5009, false), 16, 4096, 5300);
+  check_decode(kTinyGated, random_lens(64, 1, 2000, 5011, true), 16, 2048, 5400);
+}
+
+TEST(AttentionSmall, PrefillAndDecode) {
+  MOEFOLD_REQUIRE_GPU();
+  check_prefill(kTiny, {0, 7, 3}, {9, 2, 20}, 4, 2.0f, 6000);
+  check_prefill(kTinyGated, {5}, {33}, 16, 2.0f, 6100);
+  check_decode(kTiny, {1, 300, 0, 45}, 16, 4096, 6200);  // split path + padding
+  check_decode(kTinyGated, {70, 2}, 8, 64, 6300);         // no-split path
+}
