@@ -1,0 +1,115 @@
+// CUDA routed mixture-of-experts chain: router GEMM (fp32 logits), softmax + top-k, the per-expert plan
+// (pairs grouped by expert with CUB), grouped SwiGLU expert GEMMs on tensor cores, and the combine
+// (k expert outputs weighted in fp32, slot order, plus the gated shared expert). Math: src/ops/cpu/moe.h
+// (router_topk, moe_plan, moe_experts) and Model::moe in src/models/model.cc.
+//
+// Live rows: every launch reads the live row count from DEVICE memory (`num_rows`, one int32 <= the
+// capacity the buffers were sized for), so a CUDA graph captured at a bucket capacity can be replayed
+// with fewer live rows. Padding rows (>= *num_rows) are never read as data, never routed, never run
+// through an expert and never written. Nothing in the chain synchronises the host.
+//
+// Row-major everywhere; bf16 = __nv_bfloat16. Shapes: T = capacity (rows the buffers hold), E experts,
+// k = top-k, H hidden size, I expert intermediate size, P = T * k (router pairs).
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace moefold::cuda {
+
+/// Static sizes of one MoE layer at one bucket capacity. Preconditions (checked, moefold::Error):
+/// 1 <= k <= E <= 1024, E % 2 == 0, H % 128 == 0, I % 64 == 0, capacity >= 1.
+struct MoeShape {
+  int capacity = 0;  // T: rows the activation buffers hold (live rows are read from the device)
+  int E = 0;         // routed experts
+  int k = 0;         // experts per token
+  int H = 0;         // hidden size
+  int I = 0;         // expert intermediate size
+};
+
+/// Device scratch of the chain, carved from one allocation by moe_workspace_bind. Everything is sized by
+/// P = capacity * k (never by capacity * E). Counters the tests read: offsets[E] (= live pairs, exactly
+/// *num_rows * k when every id is valid), num_tiles, status.
+struct MoeWorkspace {
+  float* logits = nullptr;      // [T, E] fp32 router logits
+  int32_t* ids = nullptr;       // [T, k] chosen experts
+  float* weights = nullptr;     // [T, k] fp32 routing weights
+  int32_t* counts = nullptr;    // [E] live pairs per expert
+  int32_t* offsets = nullptr;   // [E + 1] exclusive scan of counts; offsets[E] = live pairs
+  int32_t* pairs = nullptr;     // [P] pair ids (row * k + slot) grouped by expert, ascending within one;
+                                // only [0, offsets[E]) is meaningful
+  int2* tiles = nullptr;        // [max_tiles] {expert, first row within the expert} of each row tile
+  int32_t* num_tiles = nullptr; // [1] row tiles the expert GEMMs run (sum over experts of ceil(n_e / BM))
+  int32_t* status = nullptr;    // [1] number of live ids outside [0, E) seen by the plan (0 = OK)
+  __nv_bfloat16* act = nullptr; // [P, I] silu(gate) * up per pair, at its position in `pairs`
+  __nv_bfloat16* y = nullptr;   // [P, H] expert output per pair, at row pair id
+  // internal: large-capacity plan path (CUB device radix sort)
+  int32_t* sort_keys_in = nullptr;
+  int32_t* sort_keys_out = nullptr;
+  int32_t* sort_vals_in = nullptr;
+  void* cub_temp = nullptr;
+  size_t cub_temp_bytes = 0;
+  int max_tiles = 0;
+  int tile_rows = 0;  // BM of the expert GEMM configuration chosen for this capacity
+};
+
+/// Bytes of device scratch moe_workspace_bind needs for `shape` (256-byte aligned pieces).
+size_t moe_workspace_bytes(const MoeShape& shape);
+
+/// Carves `base` (device memory of >= moe_workspace_bytes(shape) bytes, 256-byte aligned) into a
+/// MoeWorkspace. Throws moefold::Error if the shape is unsupported or the buffer too small.
+MoeWorkspace moe_workspace_bind(void* base, size_t bytes, const MoeShape& shape);
+
+/// Router logits: logits[t, e] = sum_h x[t, h] * w_router[e, h], bf16 inputs, fp32 accumulate and fp32
+/// output (tensor cores). x: [T, H]; w_router: [E, H]; logits: [T, E]. Rows t >= *num_rows are neither
+/// read nor written. Asynchronous; throws moefold::Error on a launch error.
+void moe_router_logits(const __nv_bfloat16* x, const __nv_bfloat16* w_router, const int32_t* num_rows,
+                       const MoeShape& shape, float* logits, cudaStream_t stream);
+
+/// Softmax (fp32) + top-k of cpu::router_topk, bit-compatible with it on the same fp32 logits: p = e / sum
+/// with e = exp(l - max) rounded to fp32 and the sum in fp64; ranking by p, NaN logits below every number,
+/// ties by the lower expert index, expert 0 like any other, k distinct experts; weights divided by their
+/// (fp64) sum when `renormalize`. logits: [T, E] fp32; ids: [T, k] int32; weights: [T, k] fp32. Rows
+/// >= *num_rows are neither read nor written. Asynchronous; throws moefold::Error on a launch error.
+void moe_router_topk(const float* logits, const int32_t* num_rows, const MoeShape& shape, bool renormalize,
+                     int32_t* ids, float* weights, cudaStream_t stream);
+
+/// The plan of cpu::moe_plan over the LIVE pairs only (the first *num_rows * k entries of ids [T, k]):
+/// ws.counts, ws.offsets (exclusive scan), ws.pairs (grouped by expert, ascending pair id within one:
+/// a stable CUB radix sort), and the row-tile list of the expert GEMMs. Ids of padding rows are never
+/// read. A live id outside [0, E) is counted in ws.status and its pair dropped (never run, its y row
+/// not written). Asynchronous; throws moefold::Error on a launch error.
+void moe_plan(const int32_t* ids, const int32_t* num_rows, const MoeShape& shape, const MoeWorkspace& ws,
+              cudaStream_t stream);
+
+/// First grouped expert GEMM with fused SwiGLU: for each planned pair at position j of ws.pairs (row t,
+/// expert e): ws.act[j, :] = silu(g) * u with [g | u] = x[t, :] . gate_up[e]^T (fp32 accumulate, rounded
+/// to bf16). x: [T, H]; gate_up: [E, 2I, H] (rows 0..I-1 gate, I..2I-1 up). Experts with no rows cost
+/// nothing. Needs moe_plan on the same workspace first. Asynchronous.
+void moe_expert_gate_up(const __nv_bfloat16* x, const __nv_bfloat16* gate_up, const MoeShape& shape,
+                        const MoeWorkspace& ws, cudaStream_t stream);
+
+/// Second grouped expert GEMM: ws.y[pair, :] = ws.act[j, :] . down[e]^T for each planned pair (fp32
+/// accumulate, rounded to bf16). down: [E, H, I]. Asynchronous.
+void moe_expert_down(const __nv_bfloat16* down, const MoeShape& shape, const MoeWorkspace& ws,
+                     cudaStream_t stream);
+
+/// Combine, per live row t (fp32): acc = (residual ? residual[t] : 0) + sum over slots s in order of
+/// weights[t, s] * y[t * k + s] + (shared_out ? sigmoid(shared_gate_w . x[t]) * shared_out[t] : 0)
+/// (the sigmoid factor is 1 when shared_gate_w is null); out[t] = bf16(acc). weights: [T, k] fp32;
+/// shared_out, residual, x, out: [T, H] bf16; shared_gate_w: [H] bf16 (x is read only when it is given).
+/// residual may alias out. Rows >= *num_rows are neither read nor written. Asynchronous.
+void moe_combine(const float* weights, const MoeWorkspace& ws, const __nv_bfloat16* shared_out,
+                 const __nv_bfloat16* shared_gate_w, const __nv_bfloat16* x, const __nv_bfloat16* residual,
+                 const int32_t* num_rows, const MoeShape& shape, __nv_bfloat16* out, cudaStream_t stream);
+
+/// The whole routed chain: router logits -> top-k -> plan -> gate_up -> down -> combine, results in
+/// ws (logits, ids, weights, plan) and out. Same arguments and preconditions as the steps above.
+void moe_forward(const __nv_bfloat16* x, const __nv_bfloat16* w_router, const __nv_bfloat16* gate_up,
+                 const __nv_bfloat16* down, const __nv_bfloat16* shared_out, const __nv_bfloat16* shared_gate_w,
+                 const __nv_bfloat16* residual, const int32_t* num_rows, const MoeShape& shape, bool renormalize,
+                 const MoeWorkspace& ws, __nv_bfloat16* out, cudaStream_t stream);
+
+}  // namespace moefold::cuda

@@ -1,0 +1,265 @@
+// MoE experts on the GPU: the workspace, the two grouped expert GEMMs (moe_gemm.cuh: gate_up with the
+// SwiGLU epilogue writing act per planned pair, down writing y per pair id), the combine (k slots in
+// order, fp32, plus the sigmoid-gated shared expert) and the whole chain moe_forward.
+// Grids are sized for the capacity's worst case (max row tiles); CTAs past the planned tile count, i.e.
+// past the live rows, return at once, so experts with no rows and padding rows cost nothing.
+#include <algorithm>
+
+#include "core/error.h"
+#include "ops/cuda/cuda_check.h"
+#include "ops/cuda/moe.h"
+#include "ops/cuda/moe_gemm.cuh"
+#include "ops/cuda/moe_internal.h"
+
+namespace moefold::cuda {
+namespace {
+
+using moe_detail::GemmCfg;
+using moe_detail::GemmMode;
+using moe_detail::GemmParams;
+using moe_detail::moe_gemm_kernel;
+
+// Expert-GEMM tile configurations, indexed by moe_detail::expert_config (BM must match
+// moe_detail::expert_tile_rows).
+using CfgDecode = GemmCfg<16, 64, 1, 4, 4>;    // 128 threads, 40 KB smem: weight streaming
+using CfgMedium = GemmCfg<64, 128, 2, 4, 4, 2>;   // 256 threads, 96 KB, 2 CTAs/SM
+using CfgPrefill = GemmCfg<128, 128, 2, 4, 3, 2>; // 256 threads, 96 KB, 2 CTAs/SM
+static_assert(CfgDecode::kBM == 16 && CfgMedium::kBM == 64 && CfgPrefill::kBM == 128);
+
+template <class Cfg, GemmMode MODE>
+void launch_expert_gemm(const GemmParams& p, int n_cols, int max_tiles, cudaStream_t stream) {
+  auto kernel = moe_gemm_kernel<Cfg, MODE>;
+  static bool attr_set = false;
+  if (!attr_set) {
+    MOEFOLD_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Cfg::kSmemBytes)));
+    attr_set = true;
+  }
+  const int per_cta = MODE == GemmMode::kExpertGateUp ? Cfg::kBN / 2 : Cfg::kBN;
+  const dim3 grid(n_cols / per_cta, max_tiles);
+  if (max_tiles == 0) return;
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
+  MOEFOLD_CUDA_CHECK_LAUNCH();
+}
+
+template <GemmMode MODE>
+void dispatch_expert_gemm(const GemmParams& p, const MoeShape& s, const MoeWorkspace& ws, int n_cols,
+                          cudaStream_t stream) {
+  switch (moe_detail::expert_config(s)) {
+    case 0: launch_expert_gemm<CfgDecode, MODE>(p, n_cols, ws.max_tiles, stream); break;
+    case 1: launch_expert_gemm<CfgMedium, MODE>(p, n_cols, ws.max_tiles, stream); break;
+    default: launch_expert_gemm<CfgPrefill, MODE>(p, n_cols, ws.max_tiles, stream); break;
+  }
+}
+
+void check_shape(const MoeShape& s) {
+  MOEFOLD_CHECK(s.capacity >= 1 && s.E >= 2 && s.E <= 1024 && s.E % 2 == 0 && s.k >= 1 && s.k <= s.E &&
+                    s.H >= 128 && s.H % 128 == 0 && s.I >= 64 && s.I % 64 == 0,
+                fmt::runtime("MoE: unsupported shape capacity={} E={} k={} H={} I={} (see MoeShape)"),
+                s.capacity, s.E, s.k, s.H, s.I);
+  MOEFOLD_CHECK(int64_t(s.capacity) * s.k < (int64_t(1) << 30), fmt::runtime("MoE: capacity * k = {} too large"),
+                int64_t(s.capacity) * s.k);
+}
+
+size_t align256(size_t n) { return (n + 255) & ~size_t(255); }
+
+// Lays the workspace out from `base` (nullptr: only measures). Returns the bytes used.
+size_t layout(const MoeShape& s, char* base, MoeWorkspace* ws) {
+  const size_t T = size_t(s.capacity), E = size_t(s.E), k = size_t(s.k), P = T * k;
+  const int bm = moe_detail::expert_tile_rows(moe_detail::expert_config(s));
+  const int max_tiles = moe_detail::max_row_tiles(s, bm);
+  const size_t cub_bytes = moefold::cuda::moe_plan_cub_temp_bytes(s.capacity, s.k, s.E);
+  size_t off = 0;
+  auto take = [&](size_t bytes) -> char* {
+    char* p = base ? base + off : nullptr;
+    off += align256(std::max<size_t>(bytes, 1));
+    return p;
+  };
+  MoeWorkspace w;
+  w.logits = reinterpret_cast<float*>(take(T * E * 4));
+  w.ids = reinterpret_cast<int32_t*>(take(P * 4));
+  w.weights = reinterpret_cast<float*>(take(P * 4));
+  w.counts = reinterpret_cast<int32_t*>(take(E * 4));
+  w.offsets = reinterpret_cast<int32_t*>(take((E + 1) * 4));
+  w.tiles = reinterpret_cast<int2*>(take(size_t(max_tiles) * 8));
+  w.num_tiles = reinterpret_cast<int32_t*>(take(4));
+  w.status = reinterpret_cast<int32_t*>(take(4));
+  w.pairs = reinterpret_cast<int32_t*>(take(P * 4));
+  w.act = reinterpret_cast<__nv_bfloat16*>(take(P * size_t(s.I) * 2));
+  w.y = reinterpret_cast<__nv_bfloat16*>(take(P * size_t(s.H) * 2));
+  if (cub_bytes > 0) {
+    w.sort_keys_in = reinterpret_cast<int32_t*>(take(P * 4));
+    w.sort_keys_out = reinterpret_cast<int32_t*>(take(P * 4));
+    w.sort_vals_in = reinterpret_cast<int32_t*>(take(P * 4));
+    w.cub_temp = take(cub_bytes);
+    w.cub_temp_bytes = cub_bytes;
+  }
+  w.max_tiles = max_tiles;
+  w.tile_rows = bm;
+  if (ws) *ws = w;
+  return off;
+}
+
+// ---- combine ----------------------------------------------------------------------------------------
+constexpr int kCombineThreads = 256;
+
+__global__ void __launch_bounds__(kCombineThreads)
+    moe_combine_kernel(const float* __restrict__ weights, const __nv_bfloat16* __restrict__ y,
+                       const __nv_bfloat16* __restrict__ shared_out, const __nv_bfloat16* __restrict__ shared_gate_w,
+                       const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* residual,
+                       const int32_t* __restrict__ num_rows, int capacity, int k, int H, __nv_bfloat16* out) {
+  const int t = blockIdx.x;
+  int live = *num_rows;
+  live = live < 0 ? 0 : (live > capacity ? capacity : live);
+  if (t >= live) return;
+
+  float sgate = 1.0f;
+  if (shared_out != nullptr && shared_gate_w != nullptr) {
+    __shared__ float s_part[kCombineThreads / 32];
+    float d = 0.0f;
+    for (int h = threadIdx.x * 8; h < H; h += kCombineThreads * 8) {
+      const uint4 xv = *reinterpret_cast<const uint4*>(x + int64_t(t) * H + h);
+      const uint4 wv = *reinterpret_cast<const uint4*>(shared_gate_w + h);
+      const __nv_bfloat162* xp = reinterpret_cast<const __nv_bfloat162*>(&xv);
+      const __nv_bfloat162* wp = reinterpret_cast<const __nv_bfloat162*>(&wv);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const float2 a = __bfloat1622float2(xp[q]), b = __bfloat1622float2(wp[q]);
+        d = fmaf(a.x, b.x, d);
+        d = fmaf(a.y, b.y, d);
+      }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+    if ((threadIdx.x & 31) == 0) s_part[threadIdx.x >> 5] = d;
+    __syncthreads();
+    float tot = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kCombineThreads / 32; ++i) tot += s_part[i];
+    sgate = 1.0f / (1.0f + expf(-tot));
+  }
+
+  for (int h = threadIdx.x * 8; h < H; h += kCombineThreads * 8) {
+    float acc[8];
+    if (residual != nullptr) {
+      const uint4 rv = *reinterpret_cast<const uint4*>(residual + int64_t(t) * H + h);
+      const __nv_bfloat162* rp = reinterpret_cast<const __nv_bfloat162*>(&rv);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const float2 f = __bfloat1622float2(rp[q]);
+        acc[2 * q] = f.x;
+        acc[2 * q + 1] = f.y;
+      }
+    } else {
+#pragma unroll
+      for (int q = 0; q < 8; ++q) acc[q] = 0.0f;
+    }
+    for (int s = 0; s < k; ++s) {
+      const float w = weights[int64_t(t) * k + s];
+      const uint4 yv = *reinterpret_cast<const uint4*>(y + (int64_t(t) * k + s) * H + h);
+      const __nv_bfloat162* yp = reinterpret_cast<const __nv_bfloat162*>(&yv);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const float2 f = __bfloat1622float2(yp[q]);
+        acc[2 * q] += w * f.x;
+        acc[2 * q + 1] += w * f.y;
+      }
+    }
+    if (shared_out != nullptr) {
+      const uint4 sv = *reinterpret_cast<const uint4*>(shared_out + int64_t(t) * H + h);
+      const __nv_bfloat162* sp = reinterpret_cast<const __nv_bfloat162*>(&sv);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const float2 f = __bfloat1622float2(sp[q]);
+        acc[2 * q] += sgate * f.x;
+        acc[2 * q + 1] += sgate * f.y;
+      }
+    }
+    uint4 ov;
+    __nv_bfloat162* op = reinterpret_cast<__nv_bfloat162*>(&ov);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) op[q] = __floats2bfloat162_rn(acc[2 * q], acc[2 * q + 1]);
+    *reinterpret_cast<uint4*>(out + int64_t(t) * H + h) = ov;
+  }
+}
+
+}  // namespace
+
+size_t moe_workspace_bytes(const MoeShape& shape) {
+  check_shape(shape);
+  return layout(shape, nullptr, nullptr);
+}
+
+MoeWorkspace moe_workspace_bind(void* base, size_t bytes, const MoeShape& shape) {
+  check_shape(shape);
+  MOEFOLD_CHECK(base != nullptr && (reinterpret_cast<uintptr_t>(base) & 255) == 0,
+                fmt::runtime("moe_workspace_bind: base must be a 256-byte aligned device pointer"));
+  MoeWorkspace ws;
+  const size_t need = layout(shape, static_cast<char*>(base), &ws);
+  MOEFOLD_CHECK(bytes >= need, fmt::runtime("moe_workspace_bind: {} bytes given, {} needed"), bytes, need);
+  return ws;
+}
+
+void moe_expert_gate_up(const __nv_bfloat16* x, const __nv_bfloat16* gate_up, const MoeShape& s,
+                        const MoeWorkspace& ws, cudaStream_t stream) {
+  check_shape(s);
+  GemmParams p;
+  p.A = x;
+  p.B = gate_up;
+  p.C = ws.act;
+  p.pairs = ws.pairs;
+  p.tiles = ws.tiles;
+  p.num_tiles = ws.num_tiles;
+  p.offsets = ws.offsets;
+  p.capacity = s.capacity;
+  p.K = s.H;
+  p.N = s.I;
+  p.ldc = s.I;
+  p.topk = s.k;
+  p.b_expert_stride = int64_t(2) * s.I * s.H;
+  p.b_up_offset = s.I;
+  dispatch_expert_gemm<GemmMode::kExpertGateUp>(p, s, ws, s.I, stream);
+}
+
+void moe_expert_down(const __nv_bfloat16* down, const MoeShape& s, const MoeWorkspace& ws, cudaStream_t stream) {
+  check_shape(s);
+  GemmParams p;
+  p.A = ws.act;
+  p.B = down;
+  p.C = ws.y;
+  p.pairs = ws.pairs;
+  p.tiles = ws.tiles;
+  p.num_tiles = ws.num_tiles;
+  p.offsets = ws.offsets;
+  p.capacity = s.capacity;
+  p.K = s.I;
+  p.N = s.H;
+  p.ldc = s.H;
+  p.topk = s.k;
+  p.b_expert_stride = int64_t(s.H) * s.I;
+  dispatch_expert_gemm<GemmMode::kExpertDown>(p, s, ws, s.H, stream);
+}
+
+void moe_combine(const float* weights, const MoeWorkspace& ws, const __nv_bfloat16* shared_out,
+                 const __nv_bfloat16* shared_gate_w, const __nv_bfloat16* x, const __nv_bfloat16* residual,
+                 const int32_t* num_rows, const MoeShape& s, __nv_bfloat16* out, cudaStream_t stream) {
+  check_shape(s);
+  MOEFOLD_CHECK(!(shared_out && shared_gate_w) || x != nullptr, fmt::runtime("moe_combine: the shared gate needs x"));
+  moe_combine_kernel<<<s.capacity, kCombineThreads, 0, stream>>>(weights, ws.y, shared_out, shared_gate_w, x,
+                                                                  residual, num_rows, s.capacity, s.k, s.H, out);
+  MOEFOLD_CUDA_CHECK_LAUNCH();
+}
+
+void moe_forward(const __nv_bfloat16* x, const __nv_bfloat16* w_router, const __nv_bfloat16* gate_up,
+                 const __nv_bfloat16* down, const __nv_bfloat16* shared_out, const __nv_bfloat16* shared_gate_w,
+                 const __nv_bfloat16* residual, const int32_t* num_rows, const MoeShape& shape, bool renormalize,
+                 const MoeWorkspace& ws, __nv_bfloat16* out, cudaStream_t stream) {
+  moe_router_logits(x, w_router, num_rows, shape, ws.logits, stream);
+  moe_router_topk(ws.logits, num_rows, shape, renormalize, ws.ids, ws.weights, stream);
+  moe_plan(ws.ids, num_rows, shape, ws, stream);
+  moe_expert_gate_up(x, gate_up, shape, ws, stream);
+  moe_expert_down(down, shape, ws, stream);
+  moe_combine(ws.weights, ws, shared_out, shared_gate_w, x, residual, num_rows, shape, out, stream);
+}
+
+}  // namespace moefold::cuda

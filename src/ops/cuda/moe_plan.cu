@@ -1,0 +1,196 @@
+// The MoE plan on the GPU: groups the live (row, slot) pairs by expert (cpu::moe_plan), giving per-expert
+// counts, their exclusive scan (offsets), the pair list sorted by expert with ascending pair id inside
+// one expert (a stable radix sort keyed by expert id), and the row-tile list the expert GEMMs run.
+// Padding pairs (>= *num_rows * k) are keyed with the sentinel E, so they sort past every expert and are
+// never counted; their ids are never read. Scratch is O(capacity * k + E).
+//
+// Two paths, chosen by the capacity (host-known): P = capacity * k <= kBlockItems runs as one CTA
+// (cub::BlockRadixSort + cub::BlockScan: one launch, the decode case); larger P runs
+// keys/histogram -> cub::DeviceRadixSort::SortPairs -> one finalize CTA (cub::BlockScan).
+#include <cub/block/block_radix_sort.cuh>
+#include <cub/block/block_scan.cuh>
+#include <cub/device/device_radix_sort.cuh>
+
+#include "core/error.h"
+#include "ops/cuda/cuda_check.h"
+#include "ops/cuda/moe.h"
+#include "ops/cuda/moe_internal.h"
+
+namespace moefold::cuda {
+namespace {
+
+constexpr int kPlanThreads = 512;
+constexpr int kPlanItems = 8;
+constexpr int kBlockItems = kPlanThreads * kPlanItems;  // pairs handled by the one-CTA path
+constexpr int kExpertsPerThread = 2;                    // E <= 1024 in the scans
+
+__device__ __forceinline__ int live_pairs(const int32_t* num_rows, int capacity, int k) {
+  int live = *num_rows;
+  live = live < 0 ? 0 : (live > capacity ? capacity : live);
+  return live * k;
+}
+
+// Counts -> offsets, tile list and counters. Called by all kPlanThreads threads of one CTA; counts in
+// shared memory (s_counts[E]) are final on entry (after a barrier).
+template <class Scan>
+__device__ void finalize_plan(const int* s_counts, typename Scan::TempStorage& scan_tmp, int E, int bm,
+                              int32_t* counts, int32_t* offsets, int2* tiles, int32_t* num_tiles) {
+  int c[kExpertsPerThread], t[kExpertsPerThread], co[kExpertsPerThread], to[kExpertsPerThread];
+#pragma unroll
+  for (int i = 0; i < kExpertsPerThread; ++i) {
+    const int e = threadIdx.x * kExpertsPerThread + i;
+    c[i] = e < E ? s_counts[e] : 0;
+    t[i] = (c[i] + bm - 1) / bm;
+  }
+  int total_pairs = 0, total_tiles = 0;
+  Scan(scan_tmp).ExclusiveSum(c, co, total_pairs);
+  __syncthreads();
+  Scan(scan_tmp).ExclusiveSum(t, to, total_tiles);
+#pragma unroll
+  for (int i = 0; i < kExpertsPerThread; ++i) {
+    const int e = threadIdx.x * kExpertsPerThread + i;
+    if (e >= E) continue;
+    counts[e] = c[i];
+    offsets[e] = co[i];
+    for (int j = 0; j < t[i]; ++j) tiles[to[i] + j] = make_int2(e, j * bm);
+  }
+  if (threadIdx.x == 0) {
+    offsets[E] = total_pairs;
+    *num_tiles = total_tiles;
+  }
+}
+
+__global__ void __launch_bounds__(kPlanThreads) plan_block_kernel(const int32_t* __restrict__ ids,
+                                                                  const int32_t* __restrict__ num_rows,
+                                                                  int capacity, int k, int E, int end_bit,
+                                                                  int bm, int32_t* counts, int32_t* offsets,
+                                                                  int32_t* pairs, int2* tiles,
+                                                                  int32_t* num_tiles, int32_t* status) {
+  using Sort = cub::BlockRadixSort<int, kPlanThreads, kPlanItems, int>;
+  using Scan = cub::BlockScan<int, kPlanThreads>;
+  __shared__ union {
+    typename Sort::TempStorage sort;
+    typename Scan::TempStorage scan;
+  } tmp;
+  __shared__ int s_counts[kPlanThreads * kExpertsPerThread];
+  __shared__ int s_bad;
+
+  const int L = live_pairs(num_rows, capacity, k);
+  for (int e = threadIdx.x; e < E; e += kPlanThreads) s_counts[e] = 0;
+  if (threadIdx.x == 0) s_bad = 0;
+
+  int keys[kPlanItems], vals[kPlanItems];
+  int bad = 0;
+#pragma unroll
+  for (int i = 0; i < kPlanItems; ++i) {
+    const int idx = threadIdx.x * kPlanItems + i;  // blocked arrangement: keeps the sort stable by idx
+    int key = E;
+    if (idx < L) {
+      const int id = ids[idx];
+      if (id >= 0 && id < E) key = id;
+      else ++bad;
+    }
+    keys[i] = key;
+    vals[i] = idx;
+  }
+  __syncthreads();  // s_counts / s_bad zeroed
+  if (bad) atomicAdd(&s_bad, bad);
+#pragma unroll
+  for (int i = 0; i < kPlanItems; ++i)
+    if (keys[i] < E) atomicAdd(&s_counts[keys[i]], 1);
+  Sort(tmp.sort).Sort(keys, vals, 0, end_bit);
+  // After the sort item i of thread t is at sorted position t * kPlanItems + i; sentinels are last.
+#pragma unroll
+  for (int i = 0; i < kPlanItems; ++i) {
+    const int pos = threadIdx.x * kPlanItems + i;
+    if (keys[i] < E) pairs[pos] = vals[i];
+  }
+  __syncthreads();
+  finalize_plan<Scan>(s_counts, tmp.scan, E, bm, counts, offsets, tiles, num_tiles);
+  if (threadIdx.x == 0) *status = s_bad;
+}
+
+// Large path, step 1: sort keys (sentinel E for padding and invalid ids), values = pair ids, histogram.
+__global__ void plan_keys_kernel(const int32_t* __restrict__ ids, const int32_t* __restrict__ num_rows,
+                                 int capacity, int k, int E, int32_t* keys, int32_t* vals, int32_t* counts,
+                                 int32_t* status) {
+  const int L = live_pairs(num_rows, capacity, k);
+  const int P = capacity * k;
+  for (int idx = blockIdx.x * blockDim.x + threadIdx.x; idx < P; idx += gridDim.x * blockDim.x) {
+    int key = E;
+    if (idx < L) {
+      const int id = ids[idx];
+      if (id >= 0 && id < E) {
+        key = id;
+        atomicAdd(&counts[id], 1);
+      } else {
+        atomicAdd(status, 1);
+      }
+    }
+    keys[idx] = key;
+    vals[idx] = idx;
+  }
+}
+
+// Large path, step 3: counts (global) -> offsets and tiles.
+__global__ void __launch_bounds__(kPlanThreads) plan_finalize_kernel(int E, int bm, int32_t* counts,
+                                                                     int32_t* offsets, int2* tiles,
+                                                                     int32_t* num_tiles) {
+  using Scan = cub::BlockScan<int, kPlanThreads>;
+  __shared__ typename Scan::TempStorage scan_tmp;
+  __shared__ int s_counts[kPlanThreads * kExpertsPerThread];
+  for (int e = threadIdx.x; e < E; e += kPlanThreads) s_counts[e] = counts[e];
+  __syncthreads();
+  finalize_plan<Scan>(s_counts, scan_tmp, E, bm, counts, offsets, tiles, num_tiles);
+}
+
+int sort_end_bit(int E) {
+  int b = 0;
+  while ((1 << b) <= E) ++b;  // keys are in [0, E]
+  return b;
+}
+
+}  // namespace
+
+size_t moe_plan_cub_temp_bytes(int capacity, int k, int E) {
+  const int P = capacity * k;
+  if (P <= kBlockItems) return 0;
+  size_t bytes = 0;
+  MOEFOLD_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, bytes, static_cast<const int32_t*>(nullptr),
+                                                     static_cast<int32_t*>(nullptr),
+                                                     static_cast<const int32_t*>(nullptr),
+                                                     static_cast<int32_t*>(nullptr), P, 0, sort_end_bit(E)));
+  return bytes;
+}
+
+void moe_plan(const int32_t* ids, const int32_t* num_rows, const MoeShape& s, const MoeWorkspace& ws,
+              cudaStream_t stream) {
+  MOEFOLD_CHECK(s.E >= 1 && s.E <= kPlanThreads * kExpertsPerThread, fmt::runtime("moe_plan: E = {} outside [1, {}]"), s.E,
+                kPlanThreads * kExpertsPerThread);
+  MOEFOLD_CHECK(ws.tile_rows > 0 && ws.pairs != nullptr, fmt::runtime("moe_plan: workspace not bound"));
+  const int P = s.capacity * s.k;
+  const int end_bit = sort_end_bit(s.E);
+  if (P <= kBlockItems) {
+    plan_block_kernel<<<1, kPlanThreads, 0, stream>>>(ids, num_rows, s.capacity, s.k, s.E, end_bit, ws.tile_rows,
+                                                      ws.counts, ws.offsets, ws.pairs, ws.tiles, ws.num_tiles,
+                                                      ws.status);
+    MOEFOLD_CUDA_CHECK_LAUNCH();
+    return;
+  }
+  MOEFOLD_CHECK(ws.cub_temp != nullptr && ws.sort_keys_in != nullptr, fmt::runtime("moe_plan: workspace lacks sort scratch"));
+  MOEFOLD_CUDA_CHECK(cudaMemsetAsync(ws.counts, 0, sizeof(int32_t) * size_t(s.E), stream));
+  MOEFOLD_CUDA_CHECK(cudaMemsetAsync(ws.status, 0, sizeof(int32_t), stream));
+  const int threads = 256;
+  const int blocks = (P + threads - 1) / threads;
+  plan_keys_kernel<<<blocks, threads, 0, stream>>>(ids, num_rows, s.capacity, s.k, s.E, ws.sort_keys_in,
+                                                   ws.sort_vals_in, ws.counts, ws.status);
+  MOEFOLD_CUDA_CHECK_LAUNCH();
+  size_t temp_bytes = ws.cub_temp_bytes;
+  MOEFOLD_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(ws.cub_temp, temp_bytes, ws.sort_keys_in, ws.sort_keys_out,
+                                                     ws.sort_vals_in, ws.pairs, P, 0, end_bit, stream));
+  plan_finalize_kernel<<<1, kPlanThreads, 0, stream>>>(s.E, ws.tile_rows, ws.counts, ws.offsets, ws.tiles,
+                                                       ws.num_tiles);
+  MOEFOLD_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace moefold::cuda
