@@ -1,0 +1,56 @@
+#include "runtime/text_generation.h"
+
+#include "core/error.h"
+#include "runtime/sampler.h"
+#include "text/detokenizer.h"
+
+namespace moefold {
+
+TextGenerationResult generate_text(ModelRunner& runner, const Tokenizer& tokenizer, const std::vector<int32_t>& prompt_ids,
+                                   const SamplingParams& params, int64_t max_total_tokens,
+                                   const std::function<void(const std::string&)>& on_text) {
+  params.validate();
+  MOEFOLD_CHECK(!prompt_ids.empty(), "the prompt is empty");
+  MOEFOLD_CHECK(int64_t(prompt_ids.size()) < max_total_tokens,
+                "the prompt has {} tokens; the context holds at most {} (prompt + output)", prompt_ids.size(),
+                max_total_tokens);
+  const auto& eos = runner.config().eos_token_ids;
+  Sampler sampler(params);
+  StopChecker stop(params, eos);
+  Detokenizer detok(tokenizer, /*skip_special_tokens=*/true);
+  TextGenerationResult r;
+  auto emit = [&](const StopUpdate& u) {
+    if (!u.text.empty() && on_text) on_text(u.text);
+    r.text += u.text;
+  };
+  const int32_t seq = runner.add_sequence(prompt_ids);
+  try {
+    auto logits = runner.step({{seq, int32_t(prompt_ids.size()), false}})[0];
+    while (true) {
+      SampleResult s = sampler.sample(logits, prompt_ids, r.output_ids);
+      r.output_ids.push_back(s.token);
+      std::string delta = detok.feed(s.token);
+      StopUpdate u = stop.on_token(s.token, delta);
+      if (!u.finished() && int64_t(prompt_ids.size() + r.output_ids.size()) >= max_total_tokens)
+        u = [&] {
+          StopUpdate f = stop.finish(FinishReason::kLength);
+          f.text = u.text + f.text;
+          return f;
+        }();
+      emit(u);
+      if (u.finished()) {
+        r.finish = u.finish;
+        break;
+      }
+      runner.append_token(seq, s.token);
+      logits = runner.step({{seq, 1, false}})[0];
+    }
+  } catch (...) {
+    runner.release(seq);
+    throw;
+  }
+  runner.release(seq);
+  return r;
+}
+
+}  // namespace moefold
