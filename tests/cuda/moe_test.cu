@@ -154,9 +154,10 @@ struct ChainRun {
 /// shared [T, H] bits, residual [T, H] bits (empty: not used). Padding rows get NaN / +-huge bf16 values
 /// and stale ids naming real experts.
 ChainRun run_chain(MoeWeights& w, int T, int cap, const std::vector<uint16_t>& x_live,
-                   const std::vector<uint16_t>& shared, const std::vector<uint16_t>& residual) {
+                   const std::vector<uint16_t>& shared, const std::vector<uint16_t>& residual,
+                   int expert_tiles = -1) {
   const int E = w.E, k = w.k, H = w.H, I = w.I;
-  MoeShape shape{cap, E, k, H, I};
+  MoeShape shape{cap, E, k, H, I, expert_tiles};
   std::vector<uint16_t> x(size_t(cap) * H), sh(size_t(cap) * H), res(size_t(cap) * H);
   const uint16_t garbage[4] = {0x7FC0 /*NaN*/, 0x7F7F /*+3.4e38*/, 0xFF7F /*-3.4e38*/, 0x7F80 /*+inf*/};
   for (size_t i = 0; i < x.size(); ++i) {
@@ -445,6 +446,28 @@ TEST(MoeChain, E256k8RealShape) {
   check_chain(w, 1024, 0, false, ++seed);  // the medium tile configuration at the real shape
 }
 
+// Every expert tile configuration computes the same bits (same per-element mma order), so the choice by
+// capacity never changes results.
+TEST(MoeChain, TileConfigsBitIdentical) {
+  MOEFOLD_REQUIRE_GPU();
+  for (MoeWeights* w : {&small_weights(), &real_weights()}) {
+    const int T = 100;
+    std::vector<uint16_t> xh, shh, none;
+    rand_bf16(size_t(T) * w->H, 77, 1.0f, xh, nullptr);
+    rand_bf16(size_t(T) * w->H, 78, 0.5f, shh, nullptr);
+    ChainRun base = run_chain(*w, T, T + 3, xh, shh, none, 0);
+    for (int cfg : {1, 2}) {
+      ChainRun r = run_chain(*w, T, T + 3, xh, shh, none, cfg);
+      size_t mis = 0;
+      for (size_t i = 0; i < r.out.size(); ++i) mis += r.out[i] != base.out[i];
+      mis += (r.pad_out_bytes_written + r.pad_act + r.pad_y) + (r.offsets != base.offsets) + (r.pairs != base.pairs);
+      char shp[96];
+      std::snprintf(shp, sizeof shp, "E=%d,k=%d,H=%d,T=%d,tiles=%d_vs_0", w->E, w->k, w->H, T, cfg);
+      EXPECT_TRUE(contract_exact("moe_tile_configs_bit_identical", shp, mis));
+    }
+  }
+}
+
 // Small cases for compute-sanitizer (memcheck / racecheck): every kernel and both plan paths.
 TEST(MoeChain, SanitizeSmall) {
   MOEFOLD_REQUIRE_GPU();
@@ -482,8 +505,8 @@ TEST(MoeBench, RealShape) {
   MOEFOLD_CUDA_CHECK(cudaStreamCreate(&st));
   std::printf("BENCH moe E=%d k=%d H=%d I=%d (bf16 weights; median of graph replays, rotating %d inputs)\n", E, k, H,
               I, 8);
-  for (int T : {1, 8, 64, 4096}) {
-    MoeShape shape{T, E, k, H, I};
+  for (auto [T, cfg] : std::initializer_list<std::pair<int, int>>{{1, -1}, {8, -1}, {64, -1}, {64, 1}, {4096, -1}, {4096, 1}}) {
+    MoeShape shape{T, E, k, H, I, cfg};
     const int nsets = 8;
     std::vector<std::unique_ptr<DevBuf>> xs;
     for (int i = 0; i < nsets; ++i) {
@@ -567,9 +590,9 @@ TEST(MoeBench, RealShape) {
     const double gbs_full = (wbytes + double(E) * H * 2) / (t_full * 1e-3) / 1e9, gbs = wbytes / (t_gemm * 1e-3) / 1e9;
     const double tfs = flops / (t_gemm * 1e-3) / 1e12;
     std::printf(
-        "BENCH moe T=%d experts_touched=%.1f full_ms=%.4f router_ms=%.4f grouped_gemms_ms=%.4f | full: %.0f GB/s | "
+        "BENCH moe T=%d tiles=%d experts_touched=%.1f full_ms=%.4f router_ms=%.4f grouped_gemms_ms=%.4f | full: %.0f GB/s | "
         "gemms: %.0f GB/s (%.0f%% of 4200), %.1f TFLOP/s (%.0f%% of 790)\n",
-        T, experts, t_full, t_router, t_gemm, gbs_full, gbs, gbs / 42.0, tfs, tfs / 7.9);
+        T, ws[0].tile_rows, experts, t_full, t_router, t_gemm, gbs_full, gbs, gbs / 42.0, tfs, tfs / 7.9);
     for (int i = 0; i < nsets; ++i) {
       cudaGraphExecDestroy(full[size_t(i)]);
       cudaGraphExecDestroy(router[size_t(i)]);

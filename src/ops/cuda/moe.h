@@ -27,6 +27,8 @@ struct MoeShape {
   int k = 0;         // experts per token
   int H = 0;         // hidden size
   int I = 0;         // expert intermediate size
+  int expert_tiles = -1;  // -1: expert-GEMM tiles chosen by capacity; 0/1/2 force the decode (16-row),
+                          // medium (64) or prefill (128) tiles (benchmarks; results are bit-identical)
 };
 
 /// Device scratch of the chain, carved from one allocation by moe_workspace_bind. Everything is sized by

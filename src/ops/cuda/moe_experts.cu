@@ -21,10 +21,15 @@ using moe_detail::moe_gemm_kernel;
 
 // Expert-GEMM tile configurations, indexed by moe_detail::expert_config (BM must match
 // moe_detail::expert_tile_rows).
-using CfgDecode = GemmCfg<16, 64, 1, 4, 4>;    // 128 threads, 40 KB smem: weight streaming
-using CfgMedium = GemmCfg<64, 128, 2, 4, 4, 2>;   // 256 threads, 96 KB, 2 CTAs/SM
-using CfgPrefill = GemmCfg<128, 128, 2, 4, 3, 2>; // 256 threads, 96 KB, 2 CTAs/SM
-static_assert(CfgDecode::kBM == 16 && CfgMedium::kBM == 64 && CfgPrefill::kBM == 128);
+// Decode (weight streaming). Measured on the H200 (docs/benchmarks.md): 16 x 64 tiles with a 4-deep
+// pipeline beat 16 x 32 / 8-deep (gate_up) + 16 x 64 / 6-deep (down) at 8 and 64 tokens (3.2 vs 3.0 and
+// 4.0 vs 3.5 TB/s) and tied at 1 token, so both GEMMs use the former.
+using CfgDecodeGateUp = GemmCfg<16, 64, 1, 4, 4>;  // 128 threads, 40 KB smem; 32 act columns a CTA
+using CfgDecodeDown = GemmCfg<16, 64, 1, 4, 4>;    // 128 threads, 40 KB
+using CfgMedium = GemmCfg<64, 128, 2, 4, 4, 2>;    // 256 threads, 96 KB, 2 CTAs/SM
+using CfgPrefill = GemmCfg<128, 128, 2, 4, 3, 2>;  // 256 threads, 96 KB, 2 CTAs/SM
+static_assert(CfgDecodeGateUp::kBM == 16 && CfgDecodeDown::kBM == 16 && CfgMedium::kBM == 64 &&
+              CfgPrefill::kBM == 128);
 
 template <class Cfg, GemmMode MODE>
 void launch_expert_gemm(const GemmParams& p, int n_cols, int max_tiles, cudaStream_t stream) {
@@ -46,7 +51,12 @@ template <GemmMode MODE>
 void dispatch_expert_gemm(const GemmParams& p, const MoeShape& s, const MoeWorkspace& ws, int n_cols,
                           cudaStream_t stream) {
   switch (moe_detail::expert_config(s)) {
-    case 0: launch_expert_gemm<CfgDecode, MODE>(p, n_cols, ws.max_tiles, stream); break;
+    case 0:
+      if constexpr (MODE == GemmMode::kExpertGateUp)
+        launch_expert_gemm<CfgDecodeGateUp, MODE>(p, n_cols, ws.max_tiles, stream);
+      else
+        launch_expert_gemm<CfgDecodeDown, MODE>(p, n_cols, ws.max_tiles, stream);
+      break;
     case 1: launch_expert_gemm<CfgMedium, MODE>(p, n_cols, ws.max_tiles, stream); break;
     default: launch_expert_gemm<CfgPrefill, MODE>(p, n_cols, ws.max_tiles, stream); break;
   }
@@ -54,7 +64,8 @@ void dispatch_expert_gemm(const GemmParams& p, const MoeShape& s, const MoeWorks
 
 void check_shape(const MoeShape& s) {
   MOEFOLD_CHECK(s.capacity >= 1 && s.E >= 2 && s.E <= 1024 && s.E % 2 == 0 && s.k >= 1 && s.k <= s.E &&
-                    s.H >= 128 && s.H % 128 == 0 && s.I >= 64 && s.I % 64 == 0,
+                    s.H >= 128 && s.H % 128 == 0 && s.I >= 64 && s.I % 64 == 0 && s.expert_tiles >= -1 &&
+                    s.expert_tiles <= 2,
                 fmt::runtime("MoE: unsupported shape capacity={} E={} k={} H={} I={} (see MoeShape)"),
                 s.capacity, s.E, s.k, s.H, s.I);
   MOEFOLD_CHECK(int64_t(s.capacity) * s.k < (int64_t(1) << 30), fmt::runtime("MoE: capacity * k = {} too large"),
@@ -211,7 +222,6 @@ void moe_expert_gate_up(const __nv_bfloat16* x, const __nv_bfloat16* gate_up, co
   p.tiles = ws.tiles;
   p.num_tiles = ws.num_tiles;
   p.offsets = ws.offsets;
-  p.capacity = s.capacity;
   p.K = s.H;
   p.N = s.I;
   p.ldc = s.I;
@@ -231,7 +241,6 @@ void moe_expert_down(const __nv_bfloat16* down, const MoeShape& s, const MoeWork
   p.tiles = ws.tiles;
   p.num_tiles = ws.num_tiles;
   p.offsets = ws.offsets;
-  p.capacity = s.capacity;
   p.K = s.I;
   p.N = s.H;
   p.ldc = s.H;

@@ -1,7 +1,7 @@
-// Internal to the MoE chain (included by moe_experts.cu and moe_router.cu only): one tensor-core GEMM
-// kernel template, C[rows, N] = A[rows, K] . B[e][N, K]^T with bf16 operands and fp32 accumulation,
-// whose rows come either from the expert plan (row tiles of one expert, A rows gathered through the
-// pair list) or from a dense, live-row-bounded range.
+// Internal to the MoE chain (included by moe_experts.cu and moe_router.cu only): the grouped tensor-core
+// GEMM kernel template, C[rows, N] = A[rows, K] . B[e][N, K]^T with bf16 operands and fp32 accumulation,
+// whose rows are the expert plan's row tiles (rows of one expert; A rows gathered through the pair list
+// for gate_up), plus the mma / ldmatrix / cp.async helpers the router kernel shares.
 //
 // Why a kernel of our own rather than CUTLASS: the PyPI package nvidia-cutlass (4.2) ships the headers,
 // but (1) this GEMM needs three things at once that CUTLASS's sm90 grouped GEMM does not give without
@@ -28,7 +28,6 @@ namespace moefold::cuda::moe_detail {
 enum class GemmMode : int {
   kExpertGateUp = 0,  // rows: plan tiles; A = x[pair / k]; out act[pos] = swiglu (bf16)
   kExpertDown = 1,    // rows: plan tiles; A = act[pos];      out y[pair] (bf16)
-  kDenseF32 = 2,      // rows: [0, *num_rows);  A = x[row];   out C[row] (fp32), N guarded
 };
 
 struct GemmParams {
@@ -39,10 +38,8 @@ struct GemmParams {
   const int2* tiles = nullptr;
   const int32_t* num_tiles = nullptr;
   const int32_t* offsets = nullptr;
-  const int32_t* num_rows = nullptr;
-  int capacity = 0;  // dense mode: rows the buffers hold
   int K = 0;         // reduction length (multiple of 64)
-  int N = 0;         // output columns (act: I; y: H; dense: E)
+  int N = 0;         // output columns (act: I; y: H)
   int ldc = 0;
   int topk = 1;
   int64_t b_expert_stride = 0;  // elements between consecutive experts' B
@@ -98,7 +95,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) moe_gemm_kerne
   constexpr int WM = BM / Cfg::kWarpsM, WN = BN / Cfg::kWarpsN;
   constexpr int MF = WM / 16, NF = WN / 8;
   constexpr bool kSwiglu = MODE == GemmMode::kExpertGateUp;
-  constexpr bool kDense = MODE == GemmMode::kDenseF32;
   static_assert(WM % 16 == 0 && WN % 16 == 0 && NF % 2 == 0, "warp tile");
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -108,21 +104,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) moe_gemm_kerne
   __shared__ int s_orow[BM];  // output row of tile row r
 
   // ---- which rows this CTA owns -----------------------------------------------------------------
-  int expert = 0, nrows = 0, pos0 = 0;
-  if constexpr (kDense) {
-    int live = *p.num_rows;
-    live = live < 0 ? 0 : (live > p.capacity ? p.capacity : live);
-    pos0 = blockIdx.y * BM;
-    if (pos0 >= live) return;
-    nrows = min(BM, live - pos0);
-  } else {
-    if (int(blockIdx.y) >= *p.num_tiles) return;
-    const int2 t = p.tiles[blockIdx.y];
-    expert = t.x;
-    const int start = p.offsets[expert], cnt = p.offsets[expert + 1] - start;
-    pos0 = start + t.y;
-    nrows = min(BM, cnt - t.y);
-  }
+  if (int(blockIdx.y) >= *p.num_tiles) return;
+  const int2 tile = p.tiles[blockIdx.y];
+  const int expert = tile.x;
+  const int start = p.offsets[expert], cnt = p.offsets[expert + 1] - start;
+  const int pos0 = start + tile.y;
+  const int nrows = min(BM, cnt - tile.y);
   for (int r = threadIdx.x; r < BM; r += THREADS) {
     int a = -1, o = -1;
     if (r < nrows) {
@@ -130,12 +117,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) moe_gemm_kerne
       if constexpr (MODE == GemmMode::kExpertGateUp) {
         a = p.pairs[pos] / p.topk;
         o = pos;
-      } else if constexpr (MODE == GemmMode::kExpertDown) {
-        a = pos;
-        o = p.pairs[pos];
       } else {
         a = pos;
-        o = pos;
+        o = p.pairs[pos];
       }
     }
     s_arow[r] = a;
@@ -162,15 +146,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) moe_gemm_kerne
     for (int c = threadIdx.x; c < BN * 8; c += THREADS) {
       const int r = c >> 3, ch = c & 7;
       int grow;
-      bool ok = true;
       if constexpr (kSwiglu) {
         grow = r < BN / 2 ? n0 + r : p.b_up_offset + n0 + (r - BN / 2);
       } else {
         grow = n0 + r;
-        ok = grow < p.N;
       }
-      const __nv_bfloat16* src = Bexp + (ok ? int64_t(grow) * K + kofs + ch * 8 : 0);
-      cp_async16(b_dst + swz(r, ch), src, ok);
+      cp_async16(b_dst + swz(r, ch), Bexp + int64_t(grow) * K + kofs + ch * 8, true);
     }
   };
 
@@ -258,22 +239,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) moe_gemm_kerne
           auto* C = static_cast<__nv_bfloat16*>(p.C);
           *reinterpret_cast<__nv_bfloat162*>(C + int64_t(orow) * p.ldc + col) = __floats2bfloat162_rn(v0, v1);
         }
-      } else if constexpr (MODE == GemmMode::kExpertDown) {
+      } else {
 #pragma unroll
         for (int j = 0; j < NF; ++j) {
           const int col = n0 + wn * WN + j * 8 + lc;
           auto* C = static_cast<__nv_bfloat16*>(p.C);
           *reinterpret_cast<__nv_bfloat162*>(C + int64_t(orow) * p.ldc + col) =
               __floats2bfloat162_rn(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
-        }
-      } else {
-#pragma unroll
-        for (int j = 0; j < NF; ++j) {
-          const int col = n0 + wn * WN + j * 8 + lc;
-          if (col >= p.N) continue;
-          auto* C = static_cast<float*>(p.C);
-          *reinterpret_cast<float2*>(C + int64_t(orow) * p.ldc + col) =
-              make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
         }
       }
     }
