@@ -8,6 +8,8 @@
 # Usage: scripts/gpu/run_tests.sh [BUILD] [options]
 #   BUILD                 build folder (default build-cuda), made by scripts/gpu/build.sh
 #   --no-sanitizer        skip the compute-sanitizer pass
+#   --perf                also run the DISABLED_*Perf* timing tests and print their PERF lines
+#                         ("PERF kernel=<k> shape=<s> us=<t> <metric>") as a second table
 #   --only NAME[,NAME]    run only these test binaries (e.g. core_ops_test,attention_test)
 #   --gtest-filter F      passed to the full runs (default: all tests)
 #   --sanitizer-filter F  GoogleTest filter of the sanitizer pass (default *Small*)
@@ -17,6 +19,7 @@ set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=build-cuda
 sanitize=1
+perf=0
 only=""
 gfilter=""
 sfilter='*Small*'
@@ -24,6 +27,7 @@ logs=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --no-sanitizer) sanitize=0 ;;
+    --perf) perf=1 ;;
     --only) only=$2; shift ;;
     --gtest-filter) gfilter=$2; shift ;;
     --sanitizer-filter) sfilter=$2; shift ;;
@@ -94,6 +98,16 @@ for n in "${names[@]}"; do
   fi
 done
 
+if [ $perf -eq 1 ]; then
+  for n in "${names[@]}"; do
+    bin="$build/tests/$n"
+    [ -x "$bin" ] || continue
+    echo "== $n (perf)"
+    "$bin" --gtest_color=no --gtest_also_run_disabled_tests --gtest_filter='*Perf*' >"$logs/$n.perf.log" 2>&1 || {
+      extra+=("$n perf_run exit=$? - - FAIL"); status=1; }
+  done
+fi
+
 echo
 echo "==================================== GPU contract table ===================================="
 printf '%-16s %-30s %-96s %-10s %-8s %s\n' binary kernel shape rel_err tol verdict
@@ -112,5 +126,16 @@ for row in "${extra[@]}"; do
 done
 echo "--------------------------------------------------------------------------------------------"
 echo "rows: $npass PASS, $nfail FAIL; logs in $logs"
+if [ $perf -eq 1 ]; then
+  echo
+  echo "==================================== GPU timings (median, CUDA events) ======================"
+  printf '%-16s %-22s %-50s %-10s %s\n' binary kernel shape us metric
+  for n in "${names[@]}"; do
+    [ -f "$logs/$n.perf.log" ] || continue
+    while read -r _ k s u rest; do
+      printf '%-16s %-22s %-50s %-10s %s\n' "$n" "${k#kernel=}" "${s#shape=}" "${u#us=}" "$rest"
+    done < <(grep -E '^PERF ' "$logs/$n.perf.log")
+  done
+fi
 [ $status -eq 0 ] && echo "ALL PASS" || echo "SOME FAILED"
 exit $status

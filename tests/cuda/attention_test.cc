@@ -172,13 +172,17 @@ void check_prefill(const Heads& h, std::vector<int> ctx, std::vector<int> n, int
   auto dk = dev_bf16(knew), dv = dev_bf16(vnew), dq = dev_bf16(Q.buf);
   DeviceBuffer<int32_t> dslots(static_cast<size_t>(Tcap));
   dslots.upload(std::vector<int32_t>(size_t(Tcap), -1));
-  DeviceBuffer<bf16> dout(size_t(Tcap * h.Hq * h.D));
+  DeviceBuffer<bf16> dout(size_t(Tcap * h.Hq * h.D)), dout_simt(size_t(Tcap * h.Hq * h.D));
   dout.fill_bytes(0xFF);
-  const cu::AttentionShape sh = shape_of(h, bs, dq.data());
+  dout_simt.fill_bytes(0xFF);
+  cu::AttentionShape sh = shape_of(h, bs, dq.data());
   cu::compute_slot_mapping(dcu.data(), dctx.data(), dbt.data(), c.max_blocks, bs, int(S), max_q, dslots.data(), nullptr);
   cu::kv_cache_write(dk.data(), 0, dv.data(), 0, dkc.data(), dvc.data(), dslots.data(), Tcap, kv_dim, nullptr, nullptr);
   cu::attention_prefill(dq.data(), dkc.data(), dvc.data(), dbt.data(), c.max_blocks, dcu.data(), dctx.data(), int(S),
-                        max_q, dout.data(), sh, nullptr);
+                        max_q, dout.data(), sh, nullptr);  // default: tensor cores
+  sh.kernel = cu::AttnKernel::Simt;
+  cu::attention_prefill(dq.data(), dkc.data(), dvc.data(), dbt.data(), c.max_blocks, dcu.data(), dctx.data(), int(S),
+                        max_q, dout_simt.data(), sh, nullptr);
   sync();
 
   // Host: expected slots, cache write, reference attention.
@@ -208,9 +212,13 @@ void check_prefill(const Heads& h, std::vector<int> ctx, std::vector<int> n, int
       cache_mis += gv[size_t(at)] != vnew[size_t(r * kv_dim + i)];
     }
   EXPECT_TRUE(contract_exact("kv_cache_write", shape, cache_mis));
-  const auto out = host_f32(dout);
-  EXPECT_TRUE(contract(h.gate ? "attn_prefill_gated" : "attn_prefill", shape, rel_err(slice(out, 0, ref.size()), ref), kTol));
-  EXPECT_TRUE(contract_exact("attn_prefill_padding", shape, touched(host_bits(dout), ref.size(), out.size())));
+  const auto out = host_f32(dout), out_simt = host_f32(dout_simt);
+  const std::string k = h.gate ? "attn_prefill_gated" : "attn_prefill";
+  EXPECT_TRUE(contract(k + "_tc", shape, rel_err(slice(out, 0, ref.size()), ref), kTol));
+  EXPECT_TRUE(contract(k + "_simt", shape, rel_err(slice(out_simt, 0, ref.size()), ref), kTol));
+  EXPECT_TRUE(contract_exact("attn_prefill_padding", shape,
+                             touched(host_bits(dout), ref.size(), out.size()) +
+                                 touched(host_bits(dout_simt), ref.size(), out_simt.size())));
 }
 
 // ---- decode ------------------------------------------------------------------------------------
@@ -346,4 +354,63 @@ TEST(AttentionSmall, PrefillAndDecode) {
   check_prefill(kTinyGated, {5}, {33}, 16, 2.0f, 6100);
   check_decode(kTiny, {1, 300, 0, 45}, 16, 4096, 6200);  // split path + padding
   check_decode(kTinyGated, {70, 2}, 8, 64, 6300);         // no-split path
+}
+
+// ---- timings (run with --gtest_also_run_disabled_tests --gtest_filter='*Perf*') -----------------
+namespace {
+
+/// Qwen3.5 attention shape on synthetic caches (constant 0x3C3C bf16 = 0.0115 everywhere).
+struct PerfSetup {
+  int bs = 16, max_blocks;
+  DeviceBuffer<bf16> kc, vc, q, out;
+  DeviceBuffer<int32_t> bt;
+  PerfSetup(int seqs, int max_len, int q_rows, int Hq, int Hkv, int D) {
+    max_blocks = (max_len + bs - 1) / bs;
+    std::vector<int32_t> t(size_t(seqs) * size_t(max_blocks));
+    std::iota(t.begin(), t.end(), 0);
+    bt = cuda::to_device(t);
+    kc = DeviceBuffer<bf16>(t.size() * size_t(bs) * size_t(Hkv) * size_t(D));
+    vc = DeviceBuffer<bf16>(kc.size());
+    q = DeviceBuffer<bf16>(size_t(q_rows) * size_t(Hq) * 2 * size_t(D));
+    out = DeviceBuffer<bf16>(size_t(q_rows) * size_t(Hq) * size_t(D));
+    for (auto* b : {&kc, &vc, &q}) b->fill_bytes(0x3C);
+  }
+};
+
+}  // namespace
+
+TEST(AttentionPerf, DISABLED_Timings) {
+  MOEFOLD_REQUIRE_GPU();
+  const Heads& h = kQwen35;
+  for (auto [seqs, n] : {std::pair{1, 4096}, std::pair{8, 2048}, std::pair{1, 32768}}) {
+    PerfSetup p(seqs, n, seqs * n, h.Hq, h.Hkv, h.D);
+    std::vector<int32_t> cu_seq(size_t(seqs) + 1), ctx(static_cast<size_t>(seqs), 0);
+    for (int s = 0; s <= seqs; ++s) cu_seq[size_t(s)] = s * n;
+    auto dcu = cuda::to_device(cu_seq), dctx = cuda::to_device(ctx);
+    cu::AttentionShape sh = shape_of(h, p.bs, p.q.data());
+    const double flops = 4.0 * h.D * h.Hq * double(seqs) * double(n) * double(n + 1) / 2;
+    for (auto kern : {cu::AttnKernel::TensorCore, cu::AttnKernel::Simt}) {
+      if (kern == cu::AttnKernel::Simt && n > 4096) continue;
+      sh.kernel = kern;
+      const double us = time_us([&] {
+        cu::attention_prefill(p.q.data(), p.kc.data(), p.vc.data(), p.bt.data(), p.max_blocks, dcu.data(), dctx.data(),
+                              seqs, n, p.out.data(), sh, nullptr);
+      }, 2, 5);
+      perf_line(kern == cu::AttnKernel::Simt ? "attn_prefill_simt" : "attn_prefill_tc",
+                fmt::format("qwen3.5,gated,seqs={},n={}", seqs, n), us, fmt::format("TFLOP/s={:.1f}", flops / us * 1e-6));
+    }
+  }
+  for (auto [B, L] : {std::pair{1, 32768}, std::pair{64, 16384}, std::pair{64, 4096}, std::pair{1, 4096}}) {
+    PerfSetup p(B, L, B, h.Hq, h.Hkv, h.D);
+    auto dctx = cuda::to_device(std::vector<int32_t>(size_t(B), L - 1));
+    const cu::AttentionShape sh = shape_of(h, p.bs, p.q.data());
+    const size_t ws = cu::attention_decode_workspace_bytes(B, sh, L);
+    DeviceBuffer<unsigned char> dws(ws);
+    const double us = time_us([&] {
+      cu::attention_decode(p.q.data(), p.kc.data(), p.vc.data(), p.bt.data(), p.max_blocks, dctx.data(), B, L,
+                           p.out.data(), sh, dws.data(), ws, nullptr);
+    });
+    const double bytes = double(B) * double(L) * h.Hkv * h.D * 2 * 2;
+    perf_line("attn_decode", fmt::format("qwen3.5,gated,B={},kv={}", B, L), us, fmt::format("TB/s={:.2f}", bytes / us * 1e-6));
+  }
 }

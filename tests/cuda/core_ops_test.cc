@@ -409,3 +409,60 @@ TEST(ElementwiseSmall, Basic) {
   check_gate(5, 1, 64, true, 5, 1103);
   check_residual(9, 64, 5, 1104);
 }
+
+// ---- timings (run with --gtest_also_run_disabled_tests --gtest_filter='*Perf*') -----------------
+TEST(CorePerf, DISABLED_Timings) {
+  MOEFOLD_REQUIRE_GPU();
+  struct G {
+    int64_t T, in, out;
+    bool f32;
+  };
+  for (const G& g : {G{1, 2048, 8192, false}, G{64, 2048, 8192, false}, G{4096, 2048, 8192, false},
+                     G{1, 2048, 248320, true}, G{64, 2048, 248320, true}, G{8192, 4096, 2048, false}}) {
+    DeviceBuffer<bf16> x(size_t(g.T * g.in)), w(size_t(g.out * g.in)), y(size_t(g.T * g.out));
+    DeviceBuffer<float> yf(g.f32 ? size_t(g.T * g.out) : 0);
+    x.fill_bytes(0x3C);
+    w.fill_bytes(0x3C);
+    const double us = time_us([&] {
+      if (g.f32) cu::gemm_bf16_f32out(x.data(), w.data(), nullptr, yf.data(), g.T, g.in, g.out, nullptr);
+      else cu::gemm_bf16(x.data(), w.data(), nullptr, y.data(), g.T, g.in, g.out, nullptr);
+    });
+    const double bytes = double(g.T * g.in + g.out * g.in) * 2 + double(g.T * g.out) * (g.f32 ? 4 : 2);
+    const double flops = 2.0 * double(g.T) * double(g.in) * double(g.out);
+    perf_line(g.f32 ? "gemm_bf16_f32out" : "gemm_bf16", fmt::format("T={},in={},out={}", g.T, g.in, g.out), us,
+              fmt::format("TB/s={:.2f} TFLOP/s={:.1f}", bytes / us * 1e-6, flops / us * 1e-6));
+  }
+  const int64_t T = 4096, H = 2048;
+  DeviceBuffer<bf16> h(size_t(T * H)), y(size_t(T * H)), x(size_t(T * H)), w(static_cast<size_t>(H));
+  for (auto* b : {&h, &y, &x, &w}) b->fill_bytes(0x3C);
+  double us = time_us([&] { cu::add_rms_norm(h.data(), y.data(), w.data(), x.data(), T, H, 1e-6f, cpu::NormKind::ZeroCentred, nullptr, nullptr); });
+  perf_line("add_rms_norm", fmt::format("T={},dim={}", T, H), us, fmt::format("TB/s={:.2f}", 4.0 * T * H * 2 / us * 1e-6));
+  us = time_us([&] { cu::rms_norm(h.data(), w.data(), x.data(), T, H, 1e-6f, cpu::NormKind::ZeroCentred, nullptr, nullptr); });
+  perf_line("rms_norm", fmt::format("T={},dim={}", T, H), us, fmt::format("TB/s={:.2f}", 2.0 * T * H * 2 / us * 1e-6));
+  DeviceBuffer<bf16> qg(size_t(T * 16 * 512)), k(size_t(T * 2 * 256));
+  qg.fill_bytes(0x3C);
+  k.fill_bytes(0x3C);
+  DeviceBuffer<int32_t> pos(static_cast<size_t>(T));
+  pos.fill_bytes(0x01);
+  cu::RopeFreqs fr(64, cpu::rope_inv_freq(64, 1e7));
+  us = time_us([&] {
+    cu::rms_norm(qg.data(), w.data(), qg.data(), T, 256, 1e-6f, cpu::NormKind::ZeroCentred, nullptr, nullptr, cu::HeadRows{16, 16 * 512, 512});
+  });
+  perf_line("rms_norm_heads_inplace", fmt::format("T={},heads=16,D=256,stride=2D", T), us,
+            fmt::format("TB/s={:.2f}", 2.0 * T * 16 * 256 * 2 / us * 1e-6));
+  us = time_us([&] {
+    cu::apply_rope(qg.data(), cu::HeadRows{16, 16 * 512, 512}, k.data(), cu::HeadRows{2}, pos.data(), T, 256, fr, nullptr, nullptr);
+  });
+  perf_line("rope", fmt::format("T={},Hq=16,Hkv=2,D=256,rot=64", T), us,
+            fmt::format("TB/s={:.2f}", 2.0 * T * 18 * 64 * 2 / us * 1e-6));
+  DeviceBuffer<bf16> gu(size_t(T * 1024)), act(size_t(T * 512));
+  gu.fill_bytes(0x3C);
+  us = time_us([&] { cu::swiglu(gu.data(), act.data(), T, 512, nullptr, nullptr); });
+  perf_line("swiglu", fmt::format("T={},I=512", T), us, fmt::format("TB/s={:.2f}", 3.0 * T * 512 * 2 / us * 1e-6));
+  DeviceBuffer<bf16> table(size_t(248320) * size_t(H));
+  table.fill_bytes(0x3C);
+  DeviceBuffer<int32_t> ids(static_cast<size_t>(T));
+  ids.fill_bytes(0x01);
+  us = time_us([&] { cu::embedding_gather(table.data(), 248320, H, ids.data(), x.data(), T, nullptr, nullptr, nullptr); });
+  perf_line("embedding", fmt::format("T={},H={}", T, H), us, fmt::format("TB/s={:.2f}", 2.0 * T * H * 2 / us * 1e-6));
+}

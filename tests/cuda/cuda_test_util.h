@@ -3,6 +3,8 @@
 // that padding rows stayed untouched, and a parallel_for for the slower CPU references.
 #pragma once
 #include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <atomic>
@@ -95,6 +97,34 @@ inline std::string join_ints(const std::vector<int>& v, size_t max_items = 6) {
   for (size_t i = 0; i < v.size() && i < max_items; ++i) s += (i ? "+" : "") + std::to_string(v[i]);
   if (v.size() > max_items) s += "+..";
   return s;
+}
+
+/// Median time in microseconds of f() (which enqueues work on the default stream) over `iters`
+/// runs after `warmup` runs, each timed with CUDA events. For the DISABLED_*Perf* tests only.
+inline double time_us(const std::function<void()>& f, int warmup = 3, int iters = 20) {
+  for (int i = 0; i < warmup; ++i) f();
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  std::vector<float> ms(static_cast<size_t>(iters));
+  for (int i = 0; i < iters; ++i) {
+    cudaEventRecord(a);
+    f();
+    cudaEventRecord(b);
+    cudaEventSynchronize(b);
+    cudaEventElapsedTime(&ms[size_t(i)], a, b);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(ms.begin(), ms.end());
+  return double(ms[ms.size() / 2]) * 1e3;
+}
+
+/// One timing line: "PERF kernel=<k> shape=<s> us=<t> <metric>" (scripts/gpu/run_tests.sh --perf
+/// tabulates them). metric e.g. "TB/s=3.1" or "TFLOP/s=420".
+inline void perf_line(const std::string& kernel, const std::string& shape, double us, const std::string& metric) {
+  std::printf("PERF kernel=%s shape=%s us=%.1f %s\n", kernel.c_str(), shape.c_str(), us, metric.c_str());
+  std::fflush(stdout);
 }
 
 }  // namespace moefold::test

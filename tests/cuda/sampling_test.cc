@@ -219,3 +219,32 @@ TEST(SamplingSmall, Basic) {
   check_argmax(5, 3000, 3, 7400);
   check_sampling_vs_cpu(6, 2000, 1, 7500);
 }
+
+// ---- timings (run with --gtest_also_run_disabled_tests --gtest_filter='*Perf*') -----------------
+TEST(SamplingPerf, DISABLED_Timings) {
+  MOEFOLD_REQUIRE_GPU();
+  const int64_t V = 248320;
+  for (int64_t R : {1, 64}) {
+    auto x = make_logits(R, V, 9000);
+    auto dx = cuda::to_device(x);
+    DeviceBuffer<int32_t> dt(static_cast<size_t>(R));
+    double us = time_us([&] { cu::argmax_rows(dx.data(), R, V, 0, dt.data(), nullptr, nullptr, nullptr); });
+    perf_line("argmax", fmt::format("rows={},V={}", R, V), us, fmt::format("TB/s={:.2f}", double(R * V) * 4 / us * 1e-6));
+    struct P {
+      float t;
+      int32_t k;
+      float p;
+      const char* name;
+    };
+    for (const P& pp : {P{0.8f, 0, 1.0f, "temp"}, P{0.8f, 50, 1.0f, "top_k=50"}, P{0.8f, 0, 0.9f, "top_p=0.9"},
+                        P{0.8f, 20, 0.95f, "top_k=20,top_p=0.95"}}) {
+      auto dtemp = cuda::to_device(std::vector<float>(size_t(R), pp.t));
+      auto dtk = cuda::to_device(std::vector<int32_t>(size_t(R), pp.k));
+      auto dtp = cuda::to_device(std::vector<float>(size_t(R), pp.p));
+      auto du = cuda::to_device(std::vector<double>(size_t(R), 0.37));
+      cu::SampleRowParams sp{dtemp.data(), dtk.data(), dtp.data(), nullptr, du.data()};
+      us = time_us([&] { cu::sample_rows(dx.data(), R, V, 0, sp, dt.data(), nullptr, nullptr, nullptr); });
+      perf_line("sample", fmt::format("rows={},V={},{}", R, V, pp.name), us, "-");
+    }
+  }
+}

@@ -7,7 +7,9 @@
 // and V in shared memory (rows padded by 16 bytes so that lane-per-key 16-byte reads are
 // conflict-free); each lane scores one key against the warp's 4 rows (q kept in shared memory in
 // fp32, pre-scaled by scale * log2(e)), the warp does the online-softmax update with shuffles, then
-// each lane accumulates head_dim/32 output dims over the tile's keys.
+// each lane accumulates head_dim/32 output dims over the tile's keys. Prefill uses the tensor-core
+// kernel further below by default (AttnKernel::Auto); this CUDA-core kernel serves decode and the
+// AttnKernel::Simt prefill variant.
 #include "ops/cuda/cuda_check.h"
 // (cuda_check.h first: see its note on fmt under nvcc)
 #include <mutex>
@@ -270,7 +272,7 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 /// Fills the shape-derived fields of Args and checks the preconditions.
 Args make_args(const bf16* q, const bf16* k_cache, const bf16* v_cache, const int32_t* block_tables,
                int max_blocks_per_seq, const int32_t* context_lens, bf16* out, const AttentionShape& sh,
-               int nwarps) {
+               int rows) {
   const int D = sh.head_dim;
   MOEFOLD_CHECK(sh.num_heads > 0 && sh.num_kv_heads > 0 && sh.num_heads % sh.num_kv_heads == 0,
                 "attention: {} query heads is not a multiple of {} KV heads", sh.num_heads, sh.num_kv_heads);
@@ -296,7 +298,6 @@ Args make_args(const bf16* q, const bf16* k_cache, const bf16* v_cache, const in
   a.Hq = sh.num_heads;
   a.Hkv = sh.num_kv_heads;
   a.G = sh.num_heads / sh.num_kv_heads;
-  const int rows = nwarps * kR;
   a.HB = std::min(a.G, rows);
   a.TB = rows / a.HB;
   a.head_chunks = (a.G + a.HB - 1) / a.HB;
@@ -327,7 +328,8 @@ DecodePlan plan_decode(int num_seqs, const AttentionShape& sh, int64_t max_kv_le
   const int HB = std::min(G, p.nwarps * kR);
   p.head_chunks = (G + HB - 1) / HB;
   const int64_t base = int64_t(std::max(num_seqs, 1)) * std::max(sh.num_kv_heads, 1) * p.head_chunks;
-  const int64_t want = std::max<int64_t>(1, (2 * int64_t(num_sms()) + base - 1) / base);
+  // Enough splits for ~4 blocks per SM (several blocks of 1-2 warps fit per SM at once).
+  const int64_t want = std::max<int64_t>(1, (4 * int64_t(num_sms()) + base - 1) / base);
   int64_t split = (std::max<int64_t>(max_kv_len, 1) + want - 1) / want;
   split = std::max<int64_t>(128, (split + kBN - 1) / kBN * kBN);
   const int64_t splits = (std::max<int64_t>(max_kv_len, 1) + split - 1) / split;
@@ -340,6 +342,224 @@ DecodePlan plan_decode(int num_seqs, const AttentionShape& sh, int64_t max_kv_le
     p.max_splits = int(splits);
   }
   return p;
+}
+
+
+// ---- tensor-core prefill kernel ---------------------------------------------------------------------
+// Flash-attention-2 structure on mma.sync m16n8k16 (bf16 in, fp32 accumulate): 4 warps x 16 rows
+// (the same (token, q head) row packing as above, 64 rows per block), BN-key K/V tiles staged with
+// cp.async in shared memory rows padded by 16 bytes (conflict-free ldmatrix), S = Q K^T and O += P V
+// on tensor cores, online softmax in fp32 on the S fragments (each thread owns 2 rows; row
+// statistics reduced over the 4-thread quad), P rounded to bf16 as the A operand of P V. The V load
+// of a tile overlaps S = Q K^T, the next K load overlaps P V.
+constexpr int kTcRows = 64;
+
+template <int D>
+constexpr int tc_bn() { return D >= 256 ? 32 : 64; }
+
+template <int D>
+size_t tc_smem_bytes() {
+  return size_t(kTcRows + 2 * tc_bn<D>()) * size_t(kv_stride<D>()) * sizeof(bf16);
+}
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_u32(p)));
+}
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_u32(p)));
+}
+__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(dst)), "l"(src));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+
+template <int D>
+__global__ void __launch_bounds__(128) attn_tc_kernel(const Args a) {
+  constexpr int BN = tc_bn<D>(), KS = kv_stride<D>(), CH = D / 8, NT = BN / 8, DT = D / 8;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  bf16* Qs = reinterpret_cast<bf16*>(smem_raw);
+  bf16* Ks = Qs + kTcRows * KS;
+  bf16* Vs = Ks + BN * KS;
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
+  const int s = blockIdx.z, qtile = blockIdx.x;
+  const int kvh = int(blockIdx.y) / a.head_chunks, hchunk = int(blockIdx.y) % a.head_chunks;
+  const int row0 = a.cu[s], n = a.cu[s + 1] - row0;
+  const int ctx = a.ctx_lens[s];
+  if (ctx < 0) return;
+  const int t0 = qtile * a.TB;
+  if (t0 >= n) return;
+  const int kv_end = ctx + min(t0 + a.TB, n);
+
+  // Q tile (rows (token, head) as in attn_kernel), zero rows where invalid.
+  for (int idx = threadIdx.x; idx < kTcRows * CH; idx += blockDim.x) {
+    const int rb = idx / CH, c = idx % CH, tb = rb / a.HB, hg = hchunk * a.HB + rb % a.HB;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (tb < a.TB && t0 + tb < n && hg < a.G)
+      v = *reinterpret_cast<const uint4*>(a.q + int64_t(row0 + t0 + tb) * a.q_ts + int64_t(kvh * a.G + hg) * a.q_hs +
+                                          c * 8);
+    *reinterpret_cast<uint4*>(Qs + rb * KS + c * 8) = v;
+  }
+  // This thread's two rows: warp * 16 + g and + 8.
+  int lim[2], tok[2], head[2];
+  bool valid[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int rb = warp * 16 + g + 8 * i, tb = rb / a.HB, hg = hchunk * a.HB + rb % a.HB;
+    valid[i] = tb < a.TB && t0 + tb < n && hg < a.G;
+    tok[i] = t0 + tb;
+    head[i] = kvh * a.G + hg;
+    lim[i] = valid[i] ? ctx + tok[i] : kv_end - 1;
+  }
+  const int32_t* bt = a.bt + int64_t(s) * a.max_blocks;
+  auto load_tile = [&](bf16* dst, const bf16* cache, int kb) {
+    for (int idx = threadIdx.x; idx < BN * CH; idx += blockDim.x) {
+      const int rr = idx / CH, c = idx % CH, key = kb + rr;
+      bf16* d = dst + rr * KS + c * 8;
+      if (key < kv_end) {
+        const int64_t page = bt[key / a.block_size];
+        cp_async16(d, cache + ((page * a.block_size + key % a.block_size) * a.Hkv + kvh) * D + c * 8);
+      } else {
+        *reinterpret_cast<uint4*>(d) = make_uint4(0, 0, 0, 0);
+      }
+    }
+    cp_async_commit();
+  };
+
+  float o[DT][4];
+#pragma unroll
+  for (int j = 0; j < DT; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+
+  load_tile(Ks, a.kc, 0);
+  for (int kb = 0; kb < kv_end; kb += BN) {
+    cp_async_wait_all();
+    __syncthreads();  // K(kb) (and the Q tile) visible; every warp is done with V(kb - BN)
+    load_tile(Vs, a.vc, kb);
+
+    float sc[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t qa[4];
+      ldsm_x4(qa, Qs + (warp * 16 + (lane & 15)) * KS + kk * 16 + (lane >> 4) * 8);
+#pragma unroll
+      for (int p = 0; p < NT / 2; ++p) {
+        uint32_t kf[4];
+        ldsm_x4(kf, Ks + (16 * p + ((lane >> 4) << 3) + (lane & 7)) * KS + kk * 16 + ((lane >> 3) & 1) * 8);
+        mma_16816(sc[2 * p], qa, kf[0], kf[1]);
+        mma_16816(sc[2 * p + 1], qa, kf[2], kf[3]);
+      }
+    }
+    // Mask, online softmax (log2 domain) on rows lim[0] (elements 0, 1) and lim[1] (elements 2, 3).
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = kb + 8 * j + 2 * tig + (e & 1), i = e >> 1;
+        const float v = (key < kv_end && key <= lim[i]) ? sc[j][e] * a.scale_log2 : -INFINITY;
+        sc[j][e] = v;
+        mx[i] = fmaxf(mx[i], v);
+      }
+    float alpha[2], mu[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+      const float mn = fmaxf(m[i], mx[i]);
+      mu[i] = mn == -INFINITY ? 0.0f : mn;
+      alpha[i] = exp2f(m[i] - mu[i]);
+      m[i] = mn;
+      l[i] *= alpha[i];
+    }
+    uint32_t pa[BN / 16][4];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      const float p0 = exp2f(sc[j][0] - mu[0]), p1 = exp2f(sc[j][1] - mu[0]);
+      const float p2 = exp2f(sc[j][2] - mu[1]), p3 = exp2f(sc[j][3] - mu[1]);
+      l[0] += p0 + p1;
+      l[1] += p2 + p3;
+      pa[j / 2][(j & 1) * 2 + 0] = pack_bf16(p0, p1);
+      pa[j / 2][(j & 1) * 2 + 1] = pack_bf16(p2, p3);
+    }
+#pragma unroll
+    for (int j = 0; j < DT; ++j) {
+      o[j][0] *= alpha[0];
+      o[j][1] *= alpha[0];
+      o[j][2] *= alpha[1];
+      o[j][3] *= alpha[1];
+    }
+
+    cp_async_wait_all();
+    __syncthreads();  // V(kb) visible; every warp is done with K(kb)
+    if (kb + BN < kv_end) load_tile(Ks, a.kc, kb + BN);
+#pragma unroll
+    for (int k2 = 0; k2 < BN / 16; ++k2)
+#pragma unroll
+      for (int dp = 0; dp < D / 16; ++dp) {
+        uint32_t vf[4];
+        ldsm_x4_trans(vf, Vs + (16 * k2 + ((lane >> 3) & 1) * 8 + (lane & 7)) * KS + 16 * dp + (lane >> 4) * 8);
+        mma_16816(o[2 * dp], pa[k2], vf[0], vf[1]);
+        mma_16816(o[2 * dp + 1], pa[k2], vf[2], vf[3]);
+      }
+  }
+
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    if (!valid[i]) continue;
+    const int64_t grow = row0 + tok[i];
+    const float inv = 1.0f / l[i];
+    bf16* orow = a.out + (grow * a.Hq + head[i]) * D;
+    const bf16* grow_gate = a.gate ? a.gate + grow * a.g_ts + int64_t(head[i]) * a.g_hs : nullptr;
+#pragma unroll
+    for (int j = 0; j < DT; ++j) {
+      const int d = 8 * j + 2 * tig;
+      float v0 = o[j][2 * i] * inv, v1 = o[j][2 * i + 1] * inv;
+      if (grow_gate) {
+        const float2 gf = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(grow_gate + d));
+        v0 *= sigmoidf_(gf.x);
+        v1 *= sigmoidf_(gf.y);
+      }
+      *reinterpret_cast<__nv_bfloat162*>(orow + d) = __floats2bfloat162_rn(v0, v1);
+    }
+  }
+}
+
+template <int D>
+void launch_attn_tc(const Args& a, dim3 grid, cudaStream_t stream) {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    MOEFOLD_CUDA_CHECK(cudaFuncSetAttribute(attn_tc_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            int(tc_smem_bytes<D>())));
+  });
+  attn_tc_kernel<D><<<grid, 128, tc_smem_bytes<D>(), stream>>>(a);
+  MOEFOLD_CUDA_CHECK_LAUNCH();
 }
 
 // ---- KV cache write and slot mapping ---------------------------------------------------------------
@@ -410,15 +630,24 @@ void attention_prefill(const bf16* q, const bf16* k_cache, const bf16* v_cache, 
                        int max_blocks_per_seq, const int32_t* cu_seqlens, const int32_t* context_lens, int num_seqs,
                        int max_q_len, bf16* out, const AttentionShape& shape, cudaStream_t stream) {
   MOEFOLD_CHECK(num_seqs >= 0 && num_seqs < 65536 && max_q_len >= 0, "attention_prefill: bad sizes");
+  const bool tc = shape.kernel != AttnKernel::Simt;
   const int nwarps = kMaxWarps;
-  Args a = make_args(q, k_cache, v_cache, block_tables, max_blocks_per_seq, context_lens, out, shape, nwarps);
+  Args a = make_args(q, k_cache, v_cache, block_tables, max_blocks_per_seq, context_lens, out, shape,
+                     tc ? kTcRows : nwarps * kR);
   if (num_seqs == 0 || max_q_len == 0) return;
   a.cu = cu_seqlens;
   a.split_size = 0;
   a.max_splits = 1;
   a.qtiles = (max_q_len + a.TB - 1) / a.TB;
   const dim3 grid(unsigned(a.qtiles), unsigned(a.Hkv * a.head_chunks), unsigned(num_seqs));
-  dispatch_head_dim(shape.head_dim, [&](auto dd) { launch_attn<decltype(dd)::value>(a, grid, nwarps, stream); });
+  dispatch_head_dim(shape.head_dim, [&](auto dd) {
+    constexpr int D = decltype(dd)::value;
+    if (tc) {
+      launch_attn_tc<D>(a, grid, stream);
+    } else {
+      launch_attn<D>(a, grid, nwarps, stream);
+    }
+  });
 }
 
 size_t attention_decode_workspace_bytes(int num_seqs, const AttentionShape& shape, int64_t max_kv_len) {
@@ -434,7 +663,7 @@ void attention_decode(const bf16* q, const bf16* k_cache, const bf16* v_cache, c
                       cudaStream_t stream) {
   MOEFOLD_CHECK(num_seqs >= 0 && num_seqs < 65536, "attention_decode: bad num_seqs {}", num_seqs);
   const DecodePlan p = plan_decode(num_seqs, shape, max_kv_len);
-  Args a = make_args(q, k_cache, v_cache, block_tables, max_blocks_per_seq, context_lens, out, shape, p.nwarps);
+  Args a = make_args(q, k_cache, v_cache, block_tables, max_blocks_per_seq, context_lens, out, shape, p.nwarps * kR);
   if (num_seqs == 0) return;
   MOEFOLD_CHECK(a.head_chunks == p.head_chunks, "attention_decode: inconsistent plan");
   a.cu = nullptr;

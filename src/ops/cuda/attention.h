@@ -17,10 +17,13 @@
 //   with context_lens[s] < 0, and query rows >= cu_seqlens[S] are not touched (their output rows
 //   keep whatever they held), so a batch padded to a captured bucket replays correctly.
 //
-// Numerics: q.k and p.v in fp32 from bf16 inputs, online softmax in fp32 (exp2 of log2e-scaled
-// scores), output rounded once to bf16. Kernel: CUDA cores (no tensor cores yet): 32-key K/V tiles
-// in shared memory shared by up to 32 (token, q-head) rows of one KV head (GQA rows share a tile),
-// 4 rows per warp, one key per lane for q.k and head_dim/32 dims per lane for p.v.
+// Kernels. Rows of a block are (token, q head) pairs of ONE KV head, so all GQA heads of a token
+// share each K/V tile read. Prefill (default): tensor cores, mma.sync m16n8k16 bf16 with fp32
+// accumulation, flash-attention-2 structure (64 rows x 64-key tiles, 32 for head_dim 256, cp.async
+// staging); the probabilities P are rounded to bf16 for the P.V product (as FlashAttention does).
+// Decode, and prefill with AttnKernel::Simt: CUDA cores, q.k and p.v in fp32 (P never rounded),
+// 32-key tiles, 4 rows per warp, split over the KV length for decode. Softmax statistics are fp32
+// throughout (online softmax on exp2 of log2e-scaled scores); the output is rounded once to bf16.
 //
 // Preconditions (checked on the host; Error otherwise): head_dim in {32, 64, 128, 256};
 // num_heads % num_kv_heads == 0; q, gate, out, caches 16-byte aligned and strides multiples of 8
@@ -37,6 +40,10 @@ namespace moefold::cuda {
 
 using bf16 = __nv_bfloat16;
 
+/// Kernel choice for attention_prefill (decode always uses the split CUDA-core kernel).
+/// Auto = TensorCore. Simt keeps the CUDA-core kernel (fp32 P, the reference-like variant).
+enum class AttnKernel { Auto, TensorCore, Simt };
+
 /// Shapes and the layouts of q and of the optional output gate.
 struct AttentionShape {
   int num_heads = 0;     ///< query heads Hq
@@ -51,6 +58,8 @@ struct AttentionShape {
   /// h * gate_head_stride (0 = dense). For Qwen3.5: gate = qg + D with the q strides above.
   const bf16* gate = nullptr;
   int64_t gate_token_stride = 0, gate_head_stride = 0;
+  /// Prefill kernel variant (tests and benchmarks compare them).
+  AttnKernel kernel = AttnKernel::Auto;
 };
 
 /// Writes this step's K and V rows into their cache slots: for rows r < live,

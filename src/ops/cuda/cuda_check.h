@@ -12,8 +12,8 @@
 //
 // nvcc + C++20 + fmt 9: fmt turns its constexpr support off under __NVCC__, after which its own
 // C++20 code fails to compile ("call to non-constexpr function"). Defining FMT_USE_CONSTEXPR=1
-// fixes it, so this header does that when it is the first project header a .cu file includes.
-// (The clean fix is the same define on the moefold_cuda target for CUDA sources in CMake.)
+// fixes it; CMakeLists.txt defines it for the moefold_cuda target, and this header also does when it
+// is the first project header of a .cu file compiled elsewhere.
 #pragma once
 #if defined(__CUDACC__) && !defined(FMT_USE_CONSTEXPR)
 #define FMT_USE_CONSTEXPR 1
