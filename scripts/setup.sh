@@ -6,7 +6,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 
 deb_pkgs=(build-essential cmake ninja-build pkg-config python3-venv
   libopenblas-dev nlohmann-json3-dev libcpp-httplib-dev libcli11-dev libpcre2-dev
-  libgtest-dev libgmock-dev libbenchmark-dev libfmt-dev libssl-dev zlib1g-dev)
+  libgtest-dev libgmock-dev libbenchmark-dev libfmt-dev libssl-dev zlib1g-dev libutf8proc-dev)
 missing=()
 for p in "${deb_pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
