@@ -1,0 +1,50 @@
+// HttpApi: the OpenAI-compatible HTTP front end on cpp-httplib.
+//
+// Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health,
+// GET /metrics. Each request is parsed and validated on its handler thread (errors: OpenAI-style
+// JSON with status 400 / 503 / 500), submitted to the Engine, and answered either as one JSON body
+// or as a Server-Sent-Events stream (`data: {...}\n\n` chunks, then `data: [DONE]\n\n`). A stream
+// whose client goes away (a write fails) cancels its request, which frees its KV pages and state
+// slot at the engine's next step.
+#pragma once
+#include <memory>
+#include <string>
+
+#include "server/engine.h"
+#include "server/metrics.h"
+#include "server/request_parser.h"
+
+namespace httplib {
+class Server;
+struct Request;
+struct Response;
+}  // namespace httplib
+
+namespace moefold::server {
+
+class HttpApi {
+ public:
+  /// `engine`, `info` and `metrics` must outlive the server. `http_threads`: handler threads
+  /// (each open stream holds one while it runs).
+  HttpApi(Engine& engine, ModelInfo info, Metrics& metrics, int http_threads);
+  ~HttpApi();
+
+  /// Binds the listening socket (port 0: any free port). Returns the port. Throws Error.
+  int bind(const std::string& host, int port);
+  /// Serves until stop() is called. Returns false if the server failed.
+  bool listen();
+  /// Stops listening (thread-safe; callable from a signal-handling thread).
+  void stop();
+
+ private:
+  void generate(Api api, const std::string& endpoint, const httplib::Request& req, httplib::Response& res);
+  void respond_error(const std::string& endpoint, int status, const nlohmann::ordered_json& body, httplib::Response& res);
+
+  Engine& engine_;
+  ModelInfo info_;
+  Metrics& metrics_;
+  std::unique_ptr<httplib::Server> svr_;
+  int listen_fd_ = -1;
+};
+
+}  // namespace moefold::server

@@ -1,0 +1,345 @@
+// OpenAI request parsing and validation (contract: request_parser.h).
+#include "server/request_parser.h"
+
+#include <cmath>
+#include <limits>
+
+#include "core/error.h"
+#include "server/api_error.h"
+#include "text/unicode.h"
+
+namespace moefold::server {
+
+using Json = nlohmann::ordered_json;
+
+namespace {
+
+const char* type_name(const Json& v) {
+  if (v.is_string()) return "a string";
+  if (v.is_boolean()) return "a boolean";
+  if (v.is_number_integer() || v.is_number_unsigned()) return "an integer";
+  if (v.is_number()) return "a number";
+  if (v.is_array()) return "an array";
+  if (v.is_object()) return "an object";
+  return "null";
+}
+
+/// The field, or nullptr when absent or null (null means "use the default", as in OpenAI's API).
+const Json* field(const Json& body, const char* name) {
+  auto it = body.find(name);
+  if (it == body.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+bool get_bool(const Json& body, const char* name, bool def) {
+  const Json* v = field(body, name);
+  if (!v) return def;
+  if (!v->is_boolean()) bad_request(name, "'{}' must be a boolean, got {}.", name, type_name(*v));
+  return v->get<bool>();
+}
+
+int64_t as_int(const Json& v, const char* name) {
+  if (v.is_number_integer()) return v.get<int64_t>();
+  if (v.is_number_unsigned()) {
+    const uint64_t u = v.get<uint64_t>();
+    if (u > uint64_t(std::numeric_limits<int64_t>::max())) bad_request(name, "'{}' is out of range.", name);
+    return int64_t(u);
+  }
+  if (v.is_number_float()) {
+    const double d = v.get<double>();
+    if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9.0e15) return int64_t(d);
+  }
+  bad_request(name, "'{}' must be an integer, got {}.", name, type_name(v));
+}
+
+std::optional<int64_t> get_int(const Json& body, const char* name) {
+  const Json* v = field(body, name);
+  if (!v) return std::nullopt;
+  return as_int(*v, name);
+}
+
+std::optional<double> get_number(const Json& body, const char* name) {
+  const Json* v = field(body, name);
+  if (!v) return std::nullopt;
+  if (!v->is_number()) bad_request(name, "'{}' must be a number, got {}.", name, type_name(*v));
+  return v->get<double>();
+}
+
+/// Narrows to int32, saturating (range checks come afterwards with a proper message).
+int32_t clamp32(int64_t v) {
+  return int32_t(std::clamp<int64_t>(v, std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max()));
+}
+
+std::vector<int32_t> token_ids(const Json& arr, const char* name, const ModelInfo& info) {
+  std::vector<int32_t> ids;
+  ids.reserve(arr.size());
+  for (const Json& t : arr) {
+    if (!(t.is_number_integer() || t.is_number_unsigned()))
+      bad_request(name, "'{}' must be a string, a list of token ids, or a list of those; found {} in a token list.",
+                  name, type_name(t));
+    const int64_t id = as_int(t, name);
+    if (id < 0 || id >= info.vocab_size)
+      bad_request(name, "Token id {} in '{}' is out of vocabulary [0, {}).", id, name, info.vocab_size);
+    ids.push_back(int32_t(id));
+  }
+  return ids;
+}
+
+std::vector<int32_t> encode(const ModelInfo& info, const std::string& text, bool add_special, const char* name) {
+  try {
+    return info.tokenizer->encode(text, add_special);
+  } catch (const Error& e) {
+    bad_request(name, "Could not tokenize '{}': {}", name, e.what());
+  }
+}
+
+/// Completions: "prompt" as a string, a token list, or a list of strings / token lists.
+std::vector<std::vector<int32_t>> completion_prompts(const Json& body, const ModelInfo& info, bool add_special) {
+  const Json* p = field(body, "prompt");
+  if (!p) bad_request("prompt", "'prompt' is required.");
+  std::vector<std::vector<int32_t>> out;
+  if (p->is_string()) {
+    out.push_back(encode(info, p->get<std::string>(), add_special, "prompt"));
+  } else if (p->is_array()) {
+    if (p->empty()) bad_request("prompt", "'prompt' is empty.");
+    if ((*p)[0].is_number()) {
+      out.push_back(token_ids(*p, "prompt", info));
+    } else {
+      for (const Json& item : *p) {
+        if (item.is_string()) out.push_back(encode(info, item.get<std::string>(), add_special, "prompt"));
+        else if (item.is_array()) out.push_back(token_ids(item, "prompt", info));
+        else
+          bad_request("prompt", "'prompt' must be a string, a list of token ids, or a list of those; found {}.",
+                      type_name(item));
+      }
+    }
+  } else {
+    bad_request("prompt", "'prompt' must be a string, a list of token ids, or a list of those; got {}.",
+                type_name(*p));
+  }
+  for (const auto& ids : out)
+    if (ids.empty()) bad_request("prompt", "The prompt is empty.");
+  return out;
+}
+
+/// Chat: validates "messages", flattens text-part lists to strings, renders the chat template.
+std::vector<int32_t> chat_prompt(const Json& body, const ModelInfo& info) {
+  const Json* m = field(body, "messages");
+  if (!m) bad_request("messages", "'messages' is required.");
+  if (!m->is_array()) bad_request("messages", "'messages' must be an array, got {}.", type_name(*m));
+  if (m->empty()) bad_request("messages", "'messages' must contain at least one message.");
+  Json messages = Json::array();
+  for (size_t i = 0; i < m->size(); ++i) {
+    const Json& msg = (*m)[i];
+    const std::string where = fmt::format("messages[{}]", i);
+    if (!msg.is_object()) bad_request(where, "'{}' must be an object, got {}.", where, type_name(msg));
+    const Json* role = field(msg, "role");
+    if (!role || !role->is_string()) bad_request(where + ".role", "'{}.role' must be a string.", where);
+    Json copy = msg;
+    auto c = msg.find("content");
+    if (c != msg.end() && c->is_array()) {
+      std::string text;
+      for (const Json& part : *c) {
+        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string())
+          bad_request(where + ".content",
+                      "'{}.content' parts must be objects {{\"type\": \"text\", \"text\": string}} (only text is "
+                      "supported).",
+                      where);
+        if (!text.empty()) text += "\n";
+        text += part["text"].get<std::string>();
+      }
+      copy["content"] = text;
+    } else if (c != msg.end() && !c->is_string() && !c->is_null()) {
+      bad_request(where + ".content", "'{}.content' must be a string, an array of parts or null, got {}.", where,
+                  type_name(*c));
+    }
+    messages.push_back(std::move(copy));
+  }
+  if (!info.chat_template)
+    bad_request("messages", "This model has no chat template; use /v1/completions with a prompt instead.");
+  Json tools = nullptr;
+  if (const Json* t = field(body, "tools")) {
+    if (!t->is_array()) bad_request("tools", "'tools' must be an array, got {}.", type_name(*t));
+    tools = *t;
+  }
+  Json kwargs = Json::object();
+  if (const Json* k = field(body, "chat_template_kwargs")) {
+    if (!k->is_object()) bad_request("chat_template_kwargs", "'chat_template_kwargs' must be an object.");
+    kwargs = *k;
+  }
+  const bool add_generation_prompt = get_bool(body, "add_generation_prompt", true);
+  std::string text;
+  try {
+    text = info.chat_template->render(messages, tools, add_generation_prompt, kwargs);
+  } catch (const Error& e) {
+    bad_request("messages", "The chat template failed on these messages: {}", e.what());
+  }
+  std::vector<int32_t> ids = encode(info, text, get_bool(body, "add_special_tokens", false), "messages");
+  if (ids.empty()) bad_request("messages", "The prompt is empty.");
+  return ids;
+}
+
+void parse_stop(const Json& body, SamplingParams& p) {
+  if (const Json* s = field(body, "stop")) {
+    if (s->is_string()) {
+      p.stop.push_back(s->get<std::string>());
+    } else if (s->is_array()) {
+      for (const Json& x : *s) {
+        if (!x.is_string()) bad_request("stop", "'stop' must be a string or a list of strings.");
+        p.stop.push_back(x.get<std::string>());
+      }
+    } else {
+      bad_request("stop", "'stop' must be a string or a list of strings, got {}.", type_name(*s));
+    }
+    for (const auto& x : p.stop)
+      if (x.empty()) bad_request("stop", "'stop' cannot contain an empty string.");
+  }
+  if (const Json* s = field(body, "stop_token_ids")) {
+    if (!s->is_array()) bad_request("stop_token_ids", "'stop_token_ids' must be a list of token ids.");
+    for (const Json& x : *s) p.stop_token_ids.push_back(clamp32(as_int(x, "stop_token_ids")));
+  }
+}
+
+/// The sampling fields shared by both APIs. Range checks: SamplingParams::validate().
+void parse_sampling(const Json& body, ParsedRequest& r) {
+  SamplingParams& p = r.params;
+  if (auto v = get_number(body, "temperature")) p.temperature = float(*v);
+  if (auto v = get_number(body, "top_p")) p.top_p = float(*v);
+  if (auto v = get_int(body, "top_k")) p.top_k = clamp32(*v);
+  if (auto v = get_number(body, "min_p")) p.min_p = float(*v);
+  if (auto v = get_number(body, "presence_penalty")) p.presence_penalty = float(*v);
+  if (auto v = get_number(body, "frequency_penalty")) p.frequency_penalty = float(*v);
+  if (auto v = get_number(body, "repetition_penalty")) p.repetition_penalty = float(*v);
+  if (auto v = get_int(body, "seed")) p.seed = *v;
+  p.ignore_eos = get_bool(body, "ignore_eos", false);
+  parse_stop(body, p);
+  if (r.api == Api::kChat) {
+    r.logprobs = get_bool(body, "logprobs", false);
+    if (auto v = get_int(body, "top_logprobs")) r.top_logprobs = clamp32(*v);
+    if (r.top_logprobs < 0 || r.top_logprobs > SamplingParams::kMaxTopLogprobs)
+      bad_request("top_logprobs", "'top_logprobs' must be in [0, {}], got {}.", SamplingParams::kMaxTopLogprobs,
+                  r.top_logprobs);
+    if (r.top_logprobs > 0 && !r.logprobs)
+      bad_request("top_logprobs", "'logprobs' must be true when 'top_logprobs' is used.");
+  } else if (auto v = get_int(body, "logprobs")) {
+    if (*v < 0 || *v > SamplingParams::kMaxTopLogprobs)
+      bad_request("logprobs", "'logprobs' must be in [0, {}], got {}.", SamplingParams::kMaxTopLogprobs, *v);
+    r.logprobs = true;
+    r.top_logprobs = int32_t(*v);
+  }
+  p.logprobs = r.logprobs;
+  p.top_logprobs = r.top_logprobs;
+  try {
+    p.validate();
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    bad_request(msg.substr(0, msg.find(' ')), "{}", msg);
+  }
+}
+
+void reject_unsupported(const Json& body, Api api) {
+  if (api == Api::kCompletions) {
+    if (get_bool(body, "echo", false)) bad_request("echo", "'echo' is not supported.");
+    if (field(body, "suffix")) bad_request("suffix", "'suffix' is not supported.");
+    if (auto b = get_int(body, "best_of"); b && *b != 1) bad_request("best_of", "'best_of' is not supported.");
+  }
+  if (const Json* lb = field(body, "logit_bias"); lb && !(lb->is_object() && lb->empty()))
+    bad_request("logit_bias", "'logit_bias' is not supported.");
+}
+
+}  // namespace
+
+int64_t ParsedRequest::prompt_tokens() const {
+  int64_t n_tokens = 0;
+  for (const auto& p : prompts) n_tokens += int64_t(p.size());
+  return n_tokens;
+}
+
+std::vector<ChoiceSpec> ParsedRequest::choices() const {
+  std::vector<ChoiceSpec> out;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    for (int32_t j = 0; j < n; ++j) {
+      ChoiceSpec c{prompts[i], params, skip_special_tokens};
+      c.params.max_tokens = max_tokens[i];
+      if (params.seed) c.params.seed = int64_t(uint64_t(*params.seed) + uint64_t(j));
+      out.push_back(std::move(c));
+    }
+  }
+  return out;
+}
+
+ParsedRequest parse_request(Api api, const std::string& raw, const ModelInfo& info) {
+  const size_t valid = unicode::valid_prefix_length(raw);
+  if (valid != raw.size())
+    throw ApiError(400, fmt::format("The request body is not valid UTF-8 (byte offset {}).", valid),
+                   "invalid_request_error", "", "invalid_utf8");
+  Json body;
+  try {
+    body = Json::parse(raw);
+  } catch (const std::exception& e) {
+    throw ApiError(400, fmt::format("The request body is not valid JSON: {}", e.what()), "invalid_request_error", "",
+                   "invalid_json");
+  }
+  if (!body.is_object())
+    throw ApiError(400, fmt::format("The request body must be a JSON object, got {}.", type_name(body)),
+                   "invalid_request_error", "", "invalid_json");
+
+  ParsedRequest r;
+  r.api = api;
+  if (const Json* m = field(body, "model")) {
+    if (!m->is_string()) bad_request("model", "'model' must be a string, got {}.", type_name(*m));
+    r.model = m->get<std::string>();
+    if (r.model != info.name)
+      throw ApiError(400, fmt::format("The model '{}' does not exist; this server serves '{}'.", r.model, info.name),
+                     "invalid_request_error", "model", "model_not_found");
+  } else {
+    r.model = info.name;
+  }
+  reject_unsupported(body, api);
+
+  if (auto v = get_int(body, "n")) {
+    if (*v < 1 || *v > info.max_n) bad_request("n", "'n' must be in [1, {}], got {}.", info.max_n, *v);
+    r.n = int32_t(*v);
+  }
+  r.stream = get_bool(body, "stream", false);
+  if (const Json* so = field(body, "stream_options")) {
+    if (!so->is_object()) bad_request("stream_options", "'stream_options' must be an object.");
+    if (!r.stream) bad_request("stream_options", "'stream_options' is only allowed when 'stream' is true.");
+    r.include_usage = get_bool(*so, "include_usage", false);
+  }
+  r.tokens_as_ids = get_bool(body, "return_tokens_as_token_ids", false);
+  r.skip_special_tokens = get_bool(body, "skip_special_tokens", true);
+  parse_sampling(body, r);
+
+  std::optional<int64_t> max_tokens = get_int(body, "max_completion_tokens");
+  const char* max_name = "max_completion_tokens";
+  if (!max_tokens) {
+    max_tokens = get_int(body, "max_tokens");
+    max_name = "max_tokens";
+  }
+  if (max_tokens && *max_tokens <= 0)
+    bad_request(max_name, "'{}' must be at least 1, got {}.", max_name, *max_tokens);
+
+  if (api == Api::kChat) r.prompts.push_back(chat_prompt(body, info));
+  else r.prompts = completion_prompts(body, info, get_bool(body, "add_special_tokens", true));
+
+  for (const auto& p : r.prompts) {
+    const int64_t len = int64_t(p.size());
+    if (len >= info.max_model_len)
+      bad_request(api == Api::kChat ? "messages" : "prompt",
+                  "This model's maximum context length is {} tokens. However, your prompt has {} tokens, which "
+                  "leaves no room for a completion.",
+                  info.max_model_len, len);
+    const int64_t room = info.max_model_len - len;
+    if (max_tokens && *max_tokens > room)
+      bad_request(max_name,
+                  "This model's maximum context length is {} tokens. However, you requested {} tokens ({} in the "
+                  "prompt, {} for the completion). Please reduce the prompt or the completion length.",
+                  info.max_model_len, len + *max_tokens, len, *max_tokens);
+    const int64_t def = api == Api::kChat ? room : std::min<int64_t>(16, room);
+    r.max_tokens.push_back(int32_t(max_tokens.value_or(def)));
+  }
+  return r;
+}
+
+}  // namespace moefold::server

@@ -1,0 +1,166 @@
+// OpenAI response bodies (contract: responses.h).
+#include "server/responses.h"
+
+#include <fmt/format.h>
+
+#include <atomic>
+#include <chrono>
+#include <random>
+
+#include "core/error.h"
+#include "text/unicode.h"
+
+namespace moefold::server {
+
+namespace {
+
+std::string make_id(const char* prefix) {
+  static std::atomic<uint64_t> counter{0};
+  static const uint64_t salt = [] {
+    std::random_device rd;
+    return (uint64_t(rd()) << 32) ^ uint64_t(rd());
+  }();
+  return fmt::format("{}-{:016x}{:08x}", prefix, salt, counter.fetch_add(1) & 0xffffffffu);
+}
+
+int64_t utf8_length(const std::string& s) {
+  int64_t n = 0;
+  for (unsigned char c : s) n += (c & 0xC0) != 0x80;
+  return n;
+}
+
+}  // namespace
+
+ResponseBuilder::ResponseBuilder(const ParsedRequest& req, const Tokenizer& tokenizer)
+    : req_(req), tok_(tokenizer), id_(make_id(req.api == Api::kChat ? "chatcmpl" : "cmpl")),
+      created_(std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
+                   .count()) {}
+
+ResponseBuilder::Json ResponseBuilder::base(const char* object) const {
+  return Json{{"id", id_}, {"object", object}, {"created", created_}, {"model", req_.model}};
+}
+
+std::string ResponseBuilder::token_text(int32_t id) const {
+  if (req_.tokens_as_ids) return fmt::format("token_id:{}", id);
+  try {
+    return unicode::decode_lossy(tok_.token_bytes(id));
+  } catch (const Error&) {
+    return "";
+  }
+}
+
+ResponseBuilder::Json ResponseBuilder::chat_logprobs(const std::vector<GeneratedToken>& tokens) const {
+  auto entry = [&](int32_t id, float lp) {
+    Json bytes = Json::array();
+    try {
+      for (unsigned char c : tok_.token_bytes(id)) bytes.push_back(int(c));
+    } catch (const Error&) {
+    }
+    return Json{{"token", token_text(id)}, {"logprob", lp}, {"bytes", bytes}};
+  };
+  Json content = Json::array();
+  for (const GeneratedToken& t : tokens) {
+    Json e = entry(t.id, t.logprob);
+    Json top = Json::array();
+    for (const TokenLogprob& a : t.top) top.push_back(entry(a.token, a.logprob));
+    e["top_logprobs"] = top;
+    content.push_back(std::move(e));
+  }
+  return Json{{"content", content}};
+}
+
+ResponseBuilder::Json ResponseBuilder::completion_logprobs(const std::vector<GeneratedToken>& tokens,
+                                                           int64_t& text_offset) const {
+  Json toks = Json::array(), lps = Json::array(), tops = Json::array(), offs = Json::array();
+  for (const GeneratedToken& t : tokens) {
+    const std::string s = token_text(t.id);
+    toks.push_back(s);
+    lps.push_back(t.logprob);
+    offs.push_back(text_offset);
+    text_offset += utf8_length(s);
+    if (req_.top_logprobs > 0) {
+      Json top = Json::object();
+      for (const TokenLogprob& a : t.top) {
+        const std::string k = token_text(a.token);
+        if (!top.contains(k)) top[k] = a.logprob;  // several tokens can share a spelling
+      }
+      tops.push_back(std::move(top));
+    } else {
+      tops.push_back(nullptr);
+    }
+  }
+  return Json{{"tokens", toks}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offs}};
+}
+
+ResponseBuilder::Json ResponseBuilder::logprobs(const std::vector<GeneratedToken>& tokens, int64_t& text_offset) const {
+  if (!req_.logprobs) return nullptr;
+  return req_.api == Api::kChat ? chat_logprobs(tokens) : completion_logprobs(tokens, text_offset);
+}
+
+ResponseBuilder::Json ResponseBuilder::usage(int64_t completion_tokens) const {
+  const int64_t prompt = req_.prompt_tokens();
+  return Json{{"prompt_tokens", prompt},
+              {"completion_tokens", completion_tokens},
+              {"total_tokens", prompt + completion_tokens}};
+}
+
+ResponseBuilder::Json ResponseBuilder::response(const std::vector<ChoiceResult>& choices) const {
+  const bool chat = req_.api == Api::kChat;
+  Json out = base(chat ? "chat.completion" : "text_completion");
+  Json arr = Json::array();
+  int64_t completion_tokens = 0;
+  for (size_t i = 0; i < choices.size(); ++i) {
+    const ChoiceResult& c = choices[i];
+    completion_tokens += int64_t(c.tokens.size());
+    int64_t offset = 0;
+    Json ch = {{"index", i}};
+    if (chat) ch["message"] = Json{{"role", "assistant"}, {"content", c.text}};
+    else ch["text"] = c.text;
+    ch["logprobs"] = logprobs(c.tokens, offset);
+    ch["finish_reason"] = std::string(finish_reason_name(c.finish));
+    arr.push_back(std::move(ch));
+  }
+  out["choices"] = std::move(arr);
+  out["usage"] = usage(completion_tokens);
+  return out;
+}
+
+ResponseBuilder::Json ResponseBuilder::role_chunk(int32_t index) const {
+  Json out = base("chat.completion.chunk");
+  out["choices"] = Json::array(
+      {Json{{"index", index}, {"delta", {{"role", "assistant"}, {"content", ""}}}, {"logprobs", nullptr},
+            {"finish_reason", nullptr}}});
+  if (req_.include_usage) out["usage"] = nullptr;
+  return out;
+}
+
+ResponseBuilder::Json ResponseBuilder::chunk(int32_t index, const std::string& text,
+                                            const std::vector<GeneratedToken>& tokens, FinishReason finish,
+                                            int64_t& text_offset) const {
+  const bool chat = req_.api == Api::kChat;
+  Json out = base(chat ? "chat.completion.chunk" : "text_completion");
+  Json ch = {{"index", index}};
+  if (chat) {
+    Json delta = Json::object();
+    if (!text.empty() || finish == FinishReason::kNone) delta["content"] = text;
+    ch["delta"] = std::move(delta);
+  } else {
+    ch["text"] = text;
+  }
+  ch["logprobs"] = logprobs(tokens, text_offset);
+  if (finish == FinishReason::kNone) ch["finish_reason"] = nullptr;
+  else ch["finish_reason"] = std::string(finish_reason_name(finish));
+  out["choices"] = Json::array({std::move(ch)});
+  if (req_.include_usage) out["usage"] = nullptr;
+  return out;
+}
+
+ResponseBuilder::Json ResponseBuilder::usage_chunk(int64_t completion_tokens) const {
+  const bool chat = req_.api == Api::kChat;
+  Json out = base(chat ? "chat.completion.chunk" : "text_completion");
+  out["choices"] = Json::array();
+  out["usage"] = usage(completion_tokens);
+  return out;
+}
+
+}  // namespace moefold::server

@@ -1,0 +1,61 @@
+// JSON bodies of OpenAI responses: whole responses (chat.completion, text_completion), stream
+// chunks (chat.completion.chunk, text_completion), usage, and logprobs in the chat format
+// ({"content": [{token, logprob, bytes, top_logprobs}]}) and the completions format
+// ({tokens, token_logprobs, top_logprobs, text_offset}).
+#pragma once
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "server/request_channel.h"
+#include "server/request_parser.h"
+#include "text/tokenizer.h"
+
+namespace moefold::server {
+
+/// Everything one choice produced (non-streamed responses).
+struct ChoiceResult {
+  std::string text;
+  std::vector<GeneratedToken> tokens;
+  FinishReason finish = FinishReason::kNone;
+  std::string error;
+};
+
+class ResponseBuilder {
+ public:
+  using Json = nlohmann::ordered_json;
+
+  /// `req` and `tokenizer` must outlive the builder. Picks the response id and creation time.
+  ResponseBuilder(const ParsedRequest& req, const Tokenizer& tokenizer);
+
+  /// The whole non-streamed response with usage.
+  Json response(const std::vector<ChoiceResult>& choices) const;
+  /// Chat only: the first chunk of a choice, {"delta": {"role": "assistant", "content": ""}}.
+  Json role_chunk(int32_t index) const;
+  /// A stream chunk for choice `index` carrying `text`, the logprobs of `tokens` (when
+  /// requested) and the finish reason (null while running). `text_offset` is the choice's
+  /// offset so far (completions logprobs), advanced past `tokens`.
+  Json chunk(int32_t index, const std::string& text, const std::vector<GeneratedToken>& tokens, FinishReason finish,
+             int64_t& text_offset) const;
+  /// The final usage chunk of a stream (stream_options.include_usage): empty choices.
+  Json usage_chunk(int64_t completion_tokens) const;
+  /// {"prompt_tokens", "completion_tokens", "total_tokens"}.
+  Json usage(int64_t completion_tokens) const;
+
+  const std::string& id() const { return id_; }
+
+ private:
+  Json base(const char* object) const;
+  std::string token_text(int32_t id) const;
+  Json chat_logprobs(const std::vector<GeneratedToken>& tokens) const;
+  Json completion_logprobs(const std::vector<GeneratedToken>& tokens, int64_t& text_offset) const;
+  Json logprobs(const std::vector<GeneratedToken>& tokens, int64_t& text_offset) const;
+
+  const ParsedRequest& req_;
+  const Tokenizer& tok_;
+  std::string id_;
+  int64_t created_;
+};
+
+}  // namespace moefold::server

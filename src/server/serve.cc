@@ -1,0 +1,187 @@
+// `moefold serve` start-up and shutdown (contract: serve.h).
+#include "server/serve.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include <cstdio>
+#include <filesystem>
+#include <optional>
+#include <thread>
+
+#include "core/error.h"
+#include "io/model_config.h"
+#include "models/load_model.h"
+#include "server/engine.h"
+#include "server/http_server.h"
+#include "server/metrics.h"
+#include "text/chat_template.h"
+#include "text/tokenizer.h"
+#ifdef MOEFOLD_HAVE_CUDA
+#include "models/cuda/cuda_executor.h"
+#endif
+
+namespace moefold::server {
+
+int64_t parse_bytes(const std::string& s) {
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(s, &used);
+  } catch (const std::exception&) {
+    fail("'{}' is not a byte count (e.g. 1073741824, 512M, 4G)", s);
+  }
+  std::string suffix = s.substr(used);
+  if (!suffix.empty() && (suffix.back() == 'B' || suffix.back() == 'b')) suffix.pop_back();
+  if (!suffix.empty() && (suffix.back() == 'i')) suffix.pop_back();
+  double mult = 1;
+  if (suffix == "K" || suffix == "k") mult = 1024.0;
+  else if (suffix == "M" || suffix == "m") mult = 1024.0 * 1024;
+  else if (suffix == "G" || suffix == "g") mult = 1024.0 * 1024 * 1024;
+  else if (suffix == "T" || suffix == "t") mult = 1024.0 * 1024 * 1024 * 1024;
+  else if (!suffix.empty()) fail("'{}' is not a byte count (unknown suffix '{}')", s, suffix);
+  if (!(v >= 0) || v * mult > 9.0e18) fail("'{}' is not a valid byte count", s);
+  return int64_t(v * mult);
+}
+
+namespace {
+
+int g_signal_pipe[2] = {-1, -1};
+
+void on_signal(int sig) {
+  const unsigned char b = static_cast<unsigned char>(sig);
+  (void)!::write(g_signal_pipe[1], &b, 1);
+}
+
+/// KV pages and context length from the options and the model.
+struct PoolPlan {
+  int32_t num_blocks;
+  int32_t max_model_len;
+};
+
+PoolPlan plan_pool(const ServeOptions& o, const ModelConfig& cfg) {
+  MOEFOLD_CHECK(o.block_size >= 1, "--block-size must be at least 1");
+  MOEFOLD_CHECK(o.max_num_seqs >= 1, "--max-num-seqs must be at least 1");
+  MOEFOLD_CHECK(o.max_model_len >= 0, "--max-model-len must be positive");
+  int64_t len = o.max_model_len > 0 ? o.max_model_len : (cfg.max_position_embeddings > 0 ? cfg.max_position_embeddings : 4096);
+  const int64_t bs = o.block_size;
+  const int64_t wanted = (int64_t(o.max_num_seqs) * len + bs - 1) / bs + o.max_num_seqs;
+  int64_t blocks = wanted;
+  if (o.num_kv_blocks > 0) {
+    blocks = o.num_kv_blocks;
+  } else {
+    // fp32 pages on the CPU backend, bf16 on the GPU.
+    const int64_t per_block = cfg.kv_bytes_per_token(o.device == "cpu" ? 4 : 2) * bs;
+    if (per_block > 0) blocks = std::min(wanted, o.kv_cache_memory / per_block);
+  }
+  blocks = std::min<int64_t>(blocks, 1 << 30);
+  MOEFOLD_CHECK(blocks >= 1, "--kv-cache-memory {} holds no KV page of {} tokens", o.kv_cache_memory, bs);
+  const int64_t capacity = blocks * bs;
+  if (len > capacity) {
+    MOEFOLD_CHECK(o.max_model_len == 0,
+                  "--max-model-len {} does not fit the KV cache ({} pages of {} tokens = {} tokens); raise "
+                  "--kv-cache-memory / --num-kv-blocks or lower --max-model-len",
+                  o.max_model_len, blocks, bs, capacity);
+    std::fprintf(stderr, "moefold serve: max-model-len capped to the KV cache: %lld tokens\n", (long long)capacity);
+    len = capacity;
+  }
+  return {int32_t(blocks), int32_t(len)};
+}
+
+}  // namespace
+
+int run_server(const ServeOptions& o) {
+  if (o.device != "cpu" && o.device != "cuda") fail("--device {}: expected cpu or cuda", o.device);
+  MOEFOLD_CHECK(o.max_n >= 1, "--max-n must be at least 1");
+  MOEFOLD_CHECK(o.max_queue >= 1, "--max-queue must be at least 1");
+  const std::string dir = o.model_dir;
+  ModelConfig cfg = ModelConfig::from_dir(dir);
+  const PoolPlan pool = plan_pool(o, cfg);
+
+  Tokenizer tokenizer = Tokenizer::from_file(dir);
+  std::optional<ChatTemplate> chat_template;
+  try {
+    chat_template = ChatTemplate::from_model_dir(dir);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "moefold serve: no chat template (%s); /v1/chat/completions will answer 400\n", e.what());
+  }
+  const LoadFormat format = parse_load_format(o.load_format);
+  const RunnerOptions ro{pool.num_blocks, o.block_size, o.max_num_seqs};
+  std::unique_ptr<Model> cpu_model;
+  std::unique_ptr<ModelRunner> runner;
+  if (o.device == "cpu") {
+    cpu_model = load_model(dir, format, o.seed);
+    runner = std::make_unique<ModelRunner>(*cpu_model, ro);
+  } else {
+#ifdef MOEFOLD_HAVE_CUDA
+    CudaExecutorOptions co;
+    co.num_blocks = ro.num_blocks;
+    co.block_size = ro.block_size;
+    co.num_slots = ro.max_seqs;
+    co.max_rows = o.max_num_batched_tokens;
+    runner = std::make_unique<ModelRunner>(make_cuda_executor(dir, format, o.seed, co), ro);
+#else
+    fail("--device cuda: this binary was built without the CUDA backend");
+#endif
+  }
+
+  std::string name = o.served_model_name;
+  if (name.empty()) {
+    std::filesystem::path p = std::filesystem::path(dir).lexically_normal();
+    if (!p.has_filename()) p = p.parent_path();
+    name = p.filename().string();
+  }
+  ModelInfo info;
+  info.name = name;
+  info.max_model_len = pool.max_model_len;
+  info.vocab_size = cfg.vocab_size;
+  info.max_n = o.max_n;
+  info.tokenizer = &tokenizer;
+  info.chat_template = chat_template ? &*chat_template : nullptr;
+
+  EngineOptions eo;
+  eo.scheduler = {o.max_num_seqs, o.max_num_batched_tokens, o.max_prefill_chunk, pool.max_model_len};
+  eo.max_queue = o.max_queue;
+
+  // Signals: SIGPIPE ignored (a vanished client is a failed write). SIGINT/SIGTERM may land on any
+  // thread (BLAS threads exist before main), so their handler only writes to a pipe that a
+  // watcher thread reads.
+  ::signal(SIGPIPE, SIG_IGN);
+  MOEFOLD_CHECK(::pipe(g_signal_pipe) == 0, "cannot create the signal pipe");
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  ::sigaction(SIGINT, &sa, nullptr);
+  ::sigaction(SIGTERM, &sa, nullptr);
+
+  Metrics metrics;
+  Engine engine(std::move(runner), tokenizer, eo, metrics);
+  HttpApi api(engine, info, metrics, o.http_threads);
+  const int port = api.bind(o.host, o.port);
+  std::thread watcher([&] {
+    unsigned char sig = 0;
+    while (::read(g_signal_pipe[0], &sig, 1) < 0 && errno == EINTR) {
+    }
+    if (sig != 0) std::fprintf(stderr, "moefold serve: signal %d, shutting down\n", int(sig));
+    engine.stop();  // in-flight requests end with an error, so that their handlers return
+    api.stop();
+  });
+  std::fprintf(stderr,
+               "moefold serve: model '%s' (%s), max-model-len %d, %d KV pages of %d tokens, %d sequences, "
+               "budget %d tokens/step\n",
+               name.c_str(), family_name(cfg.family).c_str(), pool.max_model_len, pool.num_blocks, o.block_size,
+               o.max_num_seqs, o.max_num_batched_tokens);
+  std::printf("moefold serve: listening on http://%s:%d\n", o.host.c_str(), port);
+  std::fflush(stdout);
+  const bool ok = api.listen();
+  // listen() returned (after a signal, or on its own): wake the watcher if it still waits.
+  const unsigned char zero = 0;
+  (void)!::write(g_signal_pipe[1], &zero, 1);
+  watcher.join();
+  engine.stop();
+  return ok ? 0 : 1;
+}
+
+}  // namespace moefold::server

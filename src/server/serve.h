@@ -1,0 +1,37 @@
+// `moefold serve`: loads a model, sizes the KV page pool and DeltaNet state slots, starts the
+// engine thread and the HTTP server, and serves until SIGINT or SIGTERM.
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace moefold::server {
+
+struct ServeOptions {
+  std::string model_dir;
+  std::string served_model_name;  ///< "" = the model directory's basename
+  std::string load_format = "auto";
+  std::string device = "cpu";
+  uint64_t seed = 0;  ///< dummy-weight seed
+  std::string host = "127.0.0.1";
+  int port = 8000;  ///< 0 = any free port (printed at start)
+  int32_t max_num_seqs = 32;
+  int32_t max_num_batched_tokens = 2048;
+  int32_t max_prefill_chunk = 0;  ///< 0 = the whole budget
+  int32_t max_model_len = 0;      ///< 0 = max_position_embeddings, capped by the KV pool
+  int64_t kv_cache_memory = int64_t(1) << 30;  ///< bytes for KV pages (fp32 on the CPU backend)
+  int32_t num_kv_blocks = 0;                   ///< overrides kv_cache_memory when > 0
+  int32_t block_size = 16;
+  int32_t max_queue = 1024;  ///< waiting sequences before requests get 503
+  int32_t max_n = 16;        ///< largest `n` accepted
+  int32_t http_threads = 512;
+};
+
+/// Parses a byte count with an optional K/M/G/T suffix (powers of 1024), e.g. "512M".
+/// Throws Error for anything else.
+int64_t parse_bytes(const std::string& s);
+
+/// Runs the server; returns the process exit code. Throws Error for a bad model directory or
+/// inconsistent options (before anything is served).
+int run_server(const ServeOptions& opt);
+
+}  // namespace moefold::server
