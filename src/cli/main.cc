@@ -11,6 +11,7 @@
 #include "models/load_model.h"
 #include "models/weight_loader.h"
 #include "runtime/model_runner.h"
+#include "cli/serve_command.h"
 
 using namespace moefold;
 using json = nlohmann::json;
@@ -105,9 +106,12 @@ int main(int argc, char** argv) {
   generate->add_option("--temperature", temperature, "0 = greedy");
   generate->add_option("--output", output, "text | json");
 
+  auto serve = add_serve_command(app);
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (*inspect) return cmd_inspect(model_dir, as_json);
+    if (*serve->app) return serve->run();
     check_device(device);
     auto ids = parse_ids(prompt_ids);
     auto model = load_model(model_dir, parse_load_format(load_format), seed);
