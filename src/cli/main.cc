@@ -11,7 +11,15 @@
 #include "models/load_model.h"
 #include "models/weight_loader.h"
 #include "runtime/model_runner.h"
+#include "runtime/sampler.h"
+#include "runtime/text_generation.h"
+#include "text/chat_template.h"
+#include "text/tokenizer.h"
+#include "cli/bench_command.h"
 #include "cli/serve_command.h"
+#ifdef MOEFOLD_HAVE_CUDA
+#include "models/cuda/cuda_executor.h"
+#endif
 
 using namespace moefold;
 using json = nlohmann::json;
@@ -39,8 +47,29 @@ std::vector<int32_t> parse_ids(const std::string& s) {
   return ids;
 }
 
-void check_device(const std::string& device) {
-  if (device != "cpu") fail("--device {}: only 'cpu' is available in this build", device);
+/// A runner for one sequence of up to `tokens` tokens on `device` ("cpu" or "cuda").
+std::unique_ptr<ModelRunner> make_runner(const std::string& dir, LoadFormat format, uint64_t seed,
+                                         const std::string& device, int32_t tokens,
+                                         std::unique_ptr<Model>& cpu_model) {
+  const int32_t bs = 16;
+  RunnerOptions opt{(tokens + bs - 1) / bs + 1, bs, 1};
+  if (device == "cpu") {
+    cpu_model = load_model(dir, format, seed);
+    return std::make_unique<ModelRunner>(*cpu_model, opt);
+  }
+  if (device == "cuda") {
+#ifdef MOEFOLD_HAVE_CUDA
+    CudaExecutorOptions co;
+    co.num_blocks = opt.num_blocks;
+    co.block_size = bs;
+    co.num_slots = 1;
+    co.max_rows = std::max(tokens, 1);
+    return std::make_unique<ModelRunner>(make_cuda_executor(dir, format, seed, co), opt);
+#else
+    fail("--device cuda: this binary was built without the CUDA backend");
+#endif
+  }
+  fail("--device {}: expected cpu or cuda", device);
 }
 
 int cmd_inspect(const std::string& dir, bool as_json) {
@@ -71,25 +100,63 @@ int cmd_inspect(const std::string& dir, bool as_json) {
   return 0;
 }
 
-int argmax(const std::vector<float>& v) {
-  return int(std::max_element(v.begin(), v.end()) - v.begin());
-}
-
 }  // namespace
+
+/// Sampling options shared by generate and chat.
+struct SamplingOpts {
+  double temperature = 0, top_p = 1, min_p = 0, repetition_penalty = 1;
+  int top_k = 0, max_tokens = 256;
+  int64_t seed = -1;
+  std::vector<std::string> stop;
+  void add(CLI::App* c) {
+    c->add_option("--max-tokens", max_tokens, "tokens to generate")->check(CLI::PositiveNumber);
+    c->add_option("--temperature", temperature, "0 = greedy");
+    c->add_option("--top-p", top_p, "nucleus sampling (1 = off)");
+    c->add_option("--top-k", top_k, "top-k sampling (0 = off)");
+    c->add_option("--min-p", min_p, "min-p sampling (0 = off)");
+    c->add_option("--repetition-penalty", repetition_penalty, "1 = off");
+    c->add_option("--sampling-seed", seed, "seed for sampling (default: random)");
+    c->add_option("--stop", stop, "stop string (repeatable)");
+  }
+  SamplingParams params() const {
+    SamplingParams p;
+    p.temperature = float(temperature);
+    p.top_p = float(top_p);
+    p.top_k = top_k;
+    p.min_p = float(min_p);
+    p.repetition_penalty = float(repetition_penalty);
+    p.max_tokens = max_tokens;
+    p.stop = stop;
+    if (seed >= 0) p.seed = seed;
+    return p;
+  }
+};
+
+/// Streams one generation to stdout; returns the result.
+TextGenerationResult stream_generation(ModelRunner& runner, const Tokenizer& tok, const std::vector<int32_t>& ids,
+                                       const SamplingParams& params, int64_t context) {
+  auto r = generate_text(runner, tok, ids, params, context, [](const std::string& piece) {
+    std::fwrite(piece.data(), 1, piece.size(), stdout);
+    std::fflush(stdout);
+  });
+  std::printf("\n");
+  return r;
+}
 
 int main(int argc, char** argv) {
   CLI::App app{"moefold: an inference engine for sparse mixture-of-experts LLMs"};
   app.require_subcommand(1);
-  std::string model_dir, load_format = "auto", device = "cpu", prompt_ids, out_path, output = "text";
-  bool as_json = false;
-  int max_tokens = 16;
-  double temperature = 0;
+  std::string model_dir, load_format = "auto", device = "cpu", prompt_ids, prompt_text, out_path, output = "text";
+  std::string message, system_prompt;
+  bool as_json = false, enable_thinking = false;
+  int max_model_len = 4096;
   uint64_t seed = 0;
+  SamplingOpts sopts;
 
   auto add_model_opts = [&](CLI::App* c) {
     c->add_option("--model", model_dir, "model directory (config.json + safetensors)")->required();
     c->add_option("--load-format", load_format, "auto | safetensors | dummy (seeded random weights)");
-    c->add_option("--device", device, "cpu");
+    c->add_option("--device", device, "cpu | cuda");
     c->add_option("--seed", seed, "seed for dummy weights");
   };
   auto* inspect = app.add_subcommand("inspect", "model facts from config.json, without loading weights");
@@ -99,39 +166,93 @@ int main(int argc, char** argv) {
   add_model_opts(logits);
   logits->add_option("--prompt-ids", prompt_ids, "comma-separated token ids")->required();
   logits->add_option("--out", out_path, "output .npy path")->required();
-  auto* generate = app.add_subcommand("generate", "generate tokens from a prompt");
+  auto* generate = app.add_subcommand("generate", "continue a prompt (text or token ids)");
   add_model_opts(generate);
-  generate->add_option("--prompt-ids", prompt_ids, "comma-separated token ids")->required();
-  generate->add_option("--max-tokens", max_tokens, "tokens to generate")->check(CLI::PositiveNumber);
-  generate->add_option("--temperature", temperature, "0 = greedy");
-  generate->add_option("--output", output, "text | json");
+  auto* ids_opt = generate->add_option("--prompt-ids", prompt_ids, "comma-separated token ids");
+  auto* text_opt = generate->add_option("--prompt", prompt_text, "prompt text (needs tokenizer.json)");
+  ids_opt->excludes(text_opt);
+  generate->add_option("--output", output, "text | json (json: {\"tokens\": [...]} for --prompt-ids)");
+  sopts.add(generate);
+  auto* chat = app.add_subcommand("chat", "chat through the model's chat template (interactive without --message)");
+  add_model_opts(chat);
+  chat->add_option("--message", message, "one user message: answer it and exit");
+  chat->add_option("--system", system_prompt, "system message");
+  chat->add_flag("--enable-thinking", enable_thinking, "template kwarg enable_thinking (Qwen3.5/3.6)");
+  chat->add_option("--max-model-len", max_model_len, "context length (prompt + output tokens)");
+  sopts.add(chat);
 
   auto serve = add_serve_command(app);
+  auto bench = add_bench_command(app);
 
   CLI11_PARSE(app, argc, argv);
   try {
     if (*inspect) return cmd_inspect(model_dir, as_json);
     if (*serve->app) return serve->run();
-    check_device(device);
-    auto ids = parse_ids(prompt_ids);
-    auto model = load_model(model_dir, parse_load_format(load_format), seed);
-    const int32_t bs = 16;
-    const int32_t total = int32_t(ids.size()) + (*generate ? max_tokens : 0);
-    ModelRunner runner(*model, {(total + bs - 1) / bs + 1, bs, 1});
-    int32_t seq = runner.add_sequence(ids);
-    if (*logits) {
-      auto out = runner.step({{seq, int32_t(ids.size()), true}});
-      write_npy(out_path, {int64_t(ids.size()), model->config().vocab_size}, out[0]);
+    if (*bench->app) return bench->run();
+    const LoadFormat format = parse_load_format(load_format);
+    std::unique_ptr<Model> cpu_model;
+    if (*chat) {
+      Tokenizer tok = Tokenizer::from_file(model_dir);
+      ChatTemplate tmpl = ChatTemplate::from_model_dir(model_dir);
+      auto runner = make_runner(model_dir, format, seed, device, max_model_len, cpu_model);
+      nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+      if (!system_prompt.empty()) messages.push_back({{"role", "system"}, {"content", system_prompt}});
+      const nlohmann::ordered_json kwargs = {{"enable_thinking", enable_thinking}};
+      auto turn = [&](const std::string& user) {
+        messages.push_back({{"role", "user"}, {"content", user}});
+        auto ids = tok.encode(tmpl.render(messages, nullptr, true, kwargs), false);
+        auto r = stream_generation(*runner, tok, ids, sopts.params(), max_model_len);
+        messages.push_back({{"role", "assistant"}, {"content", r.text}});
+      };
+      if (!message.empty()) {
+        turn(message);
+        return 0;
+      }
+      std::string line;
+      while (std::printf("> "), std::fflush(stdout), std::getline(std::cin, line)) {
+        if (line.empty()) continue;
+        try {
+          turn(line);
+        } catch (const Error& e) {
+          std::fprintf(stderr, "error: %s\n", e.what());
+          messages.erase(messages.end() - 1);
+        }
+      }
       return 0;
     }
-    if (temperature != 0) fail("--temperature: only greedy (0) is available in this build");
+    if (*generate && !prompt_text.empty()) {
+      Tokenizer tok = Tokenizer::from_file(model_dir);
+      auto ids = tok.encode(prompt_text, true);
+      const int32_t total = int32_t(ids.size()) + sopts.max_tokens;
+      auto runner = make_runner(model_dir, format, seed, device, total, cpu_model);
+      auto r = stream_generation(*runner, tok, ids, sopts.params(), total);
+      if (output == "json") std::cout << json{{"tokens", r.output_ids}, {"text", r.text}}.dump() << "\n";
+      return 0;
+    }
+    MOEFOLD_CHECK(!prompt_ids.empty(), "give --prompt-ids or --prompt");
+    auto ids = parse_ids(prompt_ids);
+    const int32_t total = int32_t(ids.size()) + (*generate ? sopts.max_tokens : 0);
+    auto runner_ptr = make_runner(model_dir, format, seed, device, total, cpu_model);
+    ModelRunner& runner = *runner_ptr;
+    const ModelConfig& cfg = runner.config();
+    if (*logits) {
+      int32_t seq = runner.add_sequence(ids);
+      auto out = runner.step({{seq, int32_t(ids.size()), true}});
+      write_npy(out_path, {int64_t(ids.size()), cfg.vocab_size}, out[0]);
+      return 0;
+    }
+    // Token ids in, token ids out: sampled with the same Sampler as text generation.
+    SamplingParams params = sopts.params();
+    params.validate();
+    Sampler sampler(params);
     std::vector<int32_t> gen;
+    int32_t seq = runner.add_sequence(ids);
     auto out = runner.step({{seq, int32_t(ids.size()), false}});
-    const auto& eos = model->config().eos_token_ids;
-    for (int i = 0; i < max_tokens; ++i) {
-      int32_t tok = argmax(out[0]);
+    const auto& eos = cfg.eos_token_ids;
+    for (int i = 0; i < sopts.max_tokens; ++i) {
+      int32_t tok = sampler.sample(out[0], ids, gen).token;
       gen.push_back(tok);
-      if (std::find(eos.begin(), eos.end(), tok) != eos.end() || i + 1 == max_tokens) break;
+      if (std::find(eos.begin(), eos.end(), tok) != eos.end() || i + 1 == sopts.max_tokens) break;
       runner.append_token(seq, tok);
       out = runner.step({{seq, 1, false}});
     }
