@@ -154,7 +154,8 @@ ModelConfig ModelConfig::from_json(const json& root) {
   // MoE placement.
   c.layer_is_moe.assign(size_t(c.num_layers), false);
   if (c.family == Family::Qwen3_5Moe || c.family == Family::Qwen3Next || c.family == Family::Qwen3Moe) {
-    c.num_experts = req<int64_t>(j, "num_experts");
+    // transformers v5 writes Qwen3-MoE configs with num_local_experts; released files say num_experts.
+    c.num_experts = j.contains("num_experts") ? req<int64_t>(j, "num_experts") : req<int64_t>(j, "num_local_experts");
     c.num_experts_per_tok = req<int64_t>(j, "num_experts_per_tok");
     c.moe_intermediate_size = req<int64_t>(j, "moe_intermediate_size");
     c.shared_expert_intermediate_size = opt<int64_t>(j, "shared_expert_intermediate_size", 0);

@@ -239,7 +239,7 @@ TEST(Loader, BlockScaledFp8IsDequantised) {
   write_safetensors((d.path / "model.safetensors").string(), views);
   auto src = checkpoint_source(d.path.string());
   auto w = load_weights(cfg, *src);
-  std::vector<float> gate(w.layers[0].mlp.gate_up.w.begin(), w.layers[0].mlp.gate_up.w.begin() + 260 * 130);
+  std::vector<float> gate(w.layers[0].mlp.gate_up.w.host.begin(), w.layers[0].mlp.gate_up.w.host.begin() + 260 * 130);
   EXPECT_EQ(gate, expected_gate);
 }
 
