@@ -305,7 +305,7 @@ def family_config(family: str) -> dict:
             "bos_token_id": 1,
             "dtype": "bfloat16",
             "eos_token_id": 3,
-            "head_dim": 16,
+            "head_dim": 32,  # the smallest head_dim the GPU attention kernels take
             "hidden_act": "silu",
             "hidden_size": HIDDEN,
             "initializer_range": 0.02,
