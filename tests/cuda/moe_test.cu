@@ -438,6 +438,18 @@ TEST(MoeChain, E16k4) {
   check_chain(w, 1000, 24, false, ++seed);
 }
 
+// The fixtures' shape (hidden 128, intermediate 64: one or two K tiles) in a large bucket with few live
+// rows, as the CUDA executor runs it (capacity = the most rows a step may hold).
+TEST(MoeChain, TinyShapeLargeCapacityFewLiveRows) {
+  MOEFOLD_REQUIRE_GPU();
+  static std::unique_ptr<MoeWeights> w = make_weights(16, 4, 128, 64, 2500);
+  uint64_t seed = 700;
+  for (int T : {1, 2, 7, 63, 64, 65, 130}) check_chain(*w, T, 0, false, ++seed);
+  for (int T : {1, 2, 7, 63, 64, 65, 130}) check_chain(*w, T, 2048 - T, T % 2 == 1, ++seed);
+  static std::unique_ptr<MoeWeights> w8 = make_weights(8, 2, 128, 64, 2600);
+  for (int T : {1, 63, 130}) check_chain(*w8, T, 2048 - T, false, ++seed);
+}
+
 TEST(MoeChain, E256k8RealShape) {
   MOEFOLD_REQUIRE_GPU();
   MoeWeights& w = real_weights();
