@@ -12,6 +12,7 @@ class CpuExecutor : public Executor {
       : model_(m), kv_(m.config(), nb, bs), states_(m.config(), ns) {}
   const ModelConfig& config() const override { return model_.config(); }
   std::string device() const override { return "cpu"; }
+  int32_t num_kv_blocks() const override { return kv_.num_blocks; }
   void reset_slot(int32_t s) override { states_.reset(s); }
   void forward(const ForwardBatch& b, std::vector<float>& logits) override { model_.forward(b, kv_, states_, logits); }
 

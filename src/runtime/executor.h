@@ -20,6 +20,8 @@ class Executor {
   virtual const ModelConfig& config() const = 0;
   /// "cpu" or "cuda:N".
   virtual std::string device() const = 0;
+  /// KV pages this executor holds (fixed at creation).
+  virtual int32_t num_kv_blocks() const = 0;
   /// Zeroes DeltaNet state slot `slot` (a new sequence starts from the zero state).
   virtual void reset_slot(int32_t slot) = 0;
   /// One step: writes K/V of every row into the pages named by the block tables, advances each

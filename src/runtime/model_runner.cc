@@ -10,7 +10,11 @@ ModelRunner::ModelRunner(const Model& model, RunnerOptions opt)
     : ModelRunner(make_cpu_executor(model, opt.num_blocks, opt.block_size, opt.max_seqs), opt) {}
 
 ModelRunner::ModelRunner(std::unique_ptr<Executor> executor, RunnerOptions opt)
-    : exec_(std::move(executor)), opt_(opt), blocks_(opt.num_blocks) {
+    : exec_(std::move(executor)),
+      opt_{opt.num_blocks > 0 ? opt.num_blocks : exec_->num_kv_blocks(), opt.block_size, opt.max_seqs},
+      blocks_(opt_.num_blocks) {
+  MOEFOLD_CHECK(opt_.num_blocks <= exec_->num_kv_blocks(), "runner wants {} KV pages; the executor holds {}",
+                opt_.num_blocks, exec_->num_kv_blocks());
   for (int32_t s = opt.max_seqs - 1; s >= 0; --s) free_slots_.push_back(s);
 }
 

@@ -31,7 +31,8 @@ class ModelRunner {
  public:
   /// Runs on the CPU reference executor over `model` (which must outlive the runner).
   ModelRunner(const Model& model, RunnerOptions opt);
-  /// Runs on `executor`, whose pages and slots must match `opt`.
+  /// Runs on `executor`, whose pages and slots must match `opt` (opt.num_blocks <= 0: all of the
+  /// executor's pages, e.g. a GPU executor that sized its KV cache from free memory).
   ModelRunner(std::unique_ptr<Executor> executor, RunnerOptions opt);
 
   /// Registers a sequence with its prompt; takes a state slot (zeroed). Throws Error when no slot is
@@ -62,7 +63,7 @@ class ModelRunner {
 
  private:
   SequenceState& seq_ref(int32_t seq);
-  std::unique_ptr<Executor> exec_;
+  std::unique_ptr<Executor> exec_;  // declared before opt_: opt_ may take its page count
   RunnerOptions opt_;
   BlockAllocator blocks_;
   std::vector<int32_t> free_slots_;

@@ -39,7 +39,6 @@ class CudaExecutor : public Executor {
   CudaExecutor(ModelConfig cfg, const CudaExecutorOptions& opt) : cfg_(std::move(cfg)), opt_(opt) {
     MOEFOLD_CUDA_CHECK(cudaSetDevice(opt.device));
     MOEFOLD_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    if (opt_.max_blocks_per_seq <= 0) opt_.max_blocks_per_seq = opt_.num_blocks;
   }
   ~CudaExecutor() override {
     if (stream_) cudaStreamDestroy(stream_);
@@ -87,7 +86,6 @@ class CudaExecutor : public Executor {
     cu_seqlens_ = DeviceBuffer<int32_t>(S + 1);
     context_lens_ = DeviceBuffer<int32_t>(S);
     state_slots_ = DeviceBuffer<int32_t>(S);
-    block_tables_ = DeviceBuffer<int32_t>(size_t(S) * size_t(opt_.max_blocks_per_seq));
     counts_ = DeviceBuffer<int32_t>(4);  // num_rows, num_seqs, oob flag, logits rows
     // Activations (zero-filled once: GEMM inputs of padding rows stay finite).
     auto act = [&](int64_t cols) {
@@ -98,16 +96,11 @@ class CudaExecutor : public Executor {
     h_ = act(H);
     x_ = act(H);
     y_ = act(H);
-    int64_t mixer_in = 0, mixer_mid = 0;
     if (c.num_layers_of(LayerType::FullAttention)) {
       qg_ = act(c.q_proj_rows());
       k_ = act(c.num_kv_heads * c.head_dim);
       v_ = act(c.num_kv_heads * c.head_dim);
       o_ = act(c.num_heads * c.head_dim);
-      kv_elems_ = int64_t(opt_.num_blocks) * opt_.block_size * c.num_kv_heads * c.head_dim;
-      cuda::AttentionShape sh = attention_shape();
-      decode_ws_bytes_ = cuda::attention_decode_workspace_bytes(S, sh, int64_t(opt_.max_blocks_per_seq) * opt_.block_size);
-      decode_ws_ = DeviceBuffer<uint8_t>(std::max<size_t>(decode_ws_bytes_, 1));
     }
     if (c.num_layers_of(LayerType::LinearAttention)) {
       mixed_ = act(c.conv_dim());
@@ -117,8 +110,6 @@ class CudaExecutor : public Executor {
       ga_ = act(c.linear_num_value_heads);
       go_ = act(c.value_dim());
     }
-    (void)mixer_in;
-    (void)mixer_mid;
     int64_t ffn = 0;
     for (int64_t l = 0; l < c.num_layers; ++l)
       ffn = std::max(ffn, c.layer_is_moe[size_t(l)] ? c.shared_expert_intermediate_size : c.intermediate_size);
@@ -134,21 +125,44 @@ class CudaExecutor : public Executor {
     }
     hr_ = DeviceBuffer<bf16>(size_t(opt_.max_logits_rows) * size_t(H));
     logits_ = DeviceBuffer<float>(size_t(opt_.max_logits_rows) * size_t(c.vocab_size));
-    // KV cache and state pool.
-    for (int64_t l = 0; l < c.num_layers; ++l) {
-      if (c.layer_types[size_t(l)] == LayerType::FullAttention) {
-        k_cache_.emplace_back(size_t(kv_elems_));
-        v_cache_.emplace_back(size_t(kv_elems_));
-        conv_state_.emplace_back();
-        rec_state_.emplace_back();
-      } else {
-        k_cache_.emplace_back();
-        v_cache_.emplace_back();
+    // KV cache and state pool: the state pool first, then the KV pages, sized from free memory when
+    // num_blocks <= 0 (everything else is allocated by now).
+    for (int64_t l = 0; l < c.num_layers; ++l)
+      if (c.layer_types[size_t(l)] == LayerType::LinearAttention) {
         conv_state_.emplace_back(size_t(S) * size_t(c.conv_dim() * (c.linear_conv_kernel_dim - 1)));
         rec_state_.emplace_back(size_t(S) * size_t(c.linear_num_value_heads * c.linear_key_head_dim *
                                                      c.linear_value_head_dim));
         conv_state_.back().fill_bytes(0);
         rec_state_.back().fill_bytes(0);
+      } else {
+        conv_state_.emplace_back();
+        rec_state_.emplace_back();
+      }
+    if (opt_.num_blocks <= 0) {
+      size_t free_b = 0, total_b = 0;
+      MOEFOLD_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+      const double budget = double(free_b) - (1.0 - opt_.gpu_memory_utilization) * double(total_b);
+      const double per_block = double(c.kv_bytes_per_token(2)) * opt_.block_size;
+      const int64_t blocks = per_block > 0 ? int64_t(budget / per_block) : 1;
+      MOEFOLD_CHECK(blocks >= 1, "no GPU memory left for the KV cache ({:.1f} GiB free of {:.1f} GiB)",
+                    double(free_b) / 1073741824.0, double(total_b) / 1073741824.0);
+      opt_.num_blocks = int32_t(std::min<int64_t>(blocks, 1 << 24));
+    }
+    if (opt_.max_blocks_per_seq <= 0 || opt_.max_blocks_per_seq > opt_.num_blocks) opt_.max_blocks_per_seq = opt_.num_blocks;
+    block_tables_ = DeviceBuffer<int32_t>(size_t(S) * size_t(opt_.max_blocks_per_seq));
+    if (c.num_layers_of(LayerType::FullAttention)) {
+      decode_ws_bytes_ = cuda::attention_decode_workspace_bytes(S, attention_shape(),
+                                                                int64_t(opt_.max_blocks_per_seq) * opt_.block_size);
+      decode_ws_ = DeviceBuffer<uint8_t>(std::max<size_t>(decode_ws_bytes_, 1));
+    }
+    kv_elems_ = int64_t(opt_.num_blocks) * opt_.block_size * c.num_kv_heads * c.head_dim;
+    for (int64_t l = 0; l < c.num_layers; ++l) {
+      if (c.layer_types[size_t(l)] == LayerType::FullAttention) {
+        k_cache_.emplace_back(size_t(kv_elems_));
+        v_cache_.emplace_back(size_t(kv_elems_));
+      } else {
+        k_cache_.emplace_back();
+        v_cache_.emplace_back();
       }
     }
     MOEFOLD_CUDA_CHECK(cudaDeviceSynchronize());
@@ -156,6 +170,7 @@ class CudaExecutor : public Executor {
 
   const ModelConfig& config() const override { return cfg_; }
   std::string device() const override { return "cuda:" + std::to_string(opt_.device); }
+  int32_t num_kv_blocks() const override { return opt_.num_blocks; }
 
   void reset_slot(int32_t s) override {
     MOEFOLD_CHECK(s >= 0 && s < opt_.num_slots, "state slot {} outside [0, {})", s, opt_.num_slots);

@@ -13,7 +13,8 @@ namespace moefold {
 
 struct CudaExecutorOptions {
   int device = 0;
-  int32_t num_blocks = 256;   ///< KV pages
+  int32_t num_blocks = 256;   ///< KV pages; <= 0: as many as fit in gpu_memory_utilization of the GPU
+  double gpu_memory_utilization = 0.9;  ///< share of total GPU memory the process may use (auto sizing)
   int32_t block_size = 16;    ///< tokens per page
   int32_t num_slots = 8;      ///< DeltaNet state slots = most sequences per step
   int32_t max_rows = 8192;    ///< most token rows per step (activation buffers are sized for it)
