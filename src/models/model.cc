@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/dtype.h"
 #include "core/error.h"
 #include "ops/cpu/attention.h"
 #include "ops/cpu/gated_delta_net.h"
@@ -20,6 +21,16 @@ void project(const Linear& l, const float* x, float* y, int64_t T) {
   linear(x, l.w.data(), l.b.empty() ? nullptr : l.b.data(), y, T, l.in, l.out);
 }
 }  // namespace
+
+void Model::round_act(float* p, int64_t n) const {
+  if (emulate_bf16_)
+    for (int64_t i = 0; i < n; ++i) p[i] = bf16_to_f32(f32_to_bf16(p[i]));
+}
+
+void Model::proj(const Linear& l, const float* x, float* y, int64_t T) const {
+  project(l, x, y, T);
+  round_act(y, T * l.out);
+}
 
 Model::Model(ModelConfig cfg, ModelWeights weights) : cfg_(std::move(cfg)), w_(std::move(weights)) {
   inv_freq_ = rope_inv_freq(cfg_.rotary_dim, cfg_.rope_theta, cfg_.rope_llama3_factor, cfg_.rope_llama3_low_freq,
@@ -46,14 +57,18 @@ void Model::forward(const ForwardBatch& b, KvCache& kv, StatePool& st, std::vect
     const LayerWeights& L = w_.layers[l];
     // h = h + Mixer(RMSNorm_in(h))
     rms_norm(h.data(), L.input_norm.data(), x.data(), T, H, eps, nk);
+    round_act(x.data(), T * H);
     if (cfg_.layer_types[l] == LayerType::FullAttention) attention(l, b, x.data(), y.data(), kv);
     else deltanet(l, b, x.data(), y.data(), st);
     for (size_t i = 0; i < h.size(); ++i) h[i] += y[i];
+    round_act(h.data(), T * H);
     // h = h + FFN(RMSNorm_post(h))
     rms_norm(h.data(), L.post_attention_norm.data(), x.data(), T, H, eps, nk);
+    round_act(x.data(), T * H);
     if (cfg_.layer_is_moe[l]) moe(l, x.data(), y.data(), T);
     else mlp(l, x.data(), y.data(), T);
     for (size_t i = 0; i < h.size(); ++i) h[i] += y[i];
+    round_act(h.data(), T * H);
   }
 
   // logits = lm_head(RMSNorm_final(h[logits_rows]))
@@ -64,6 +79,7 @@ void Model::forward(const ForwardBatch& b, KvCache& kv, StatePool& st, std::vect
     MOEFOLD_CHECK(row >= 0 && row < T, "logits row {} outside the batch's {} rows", row, T);
     rms_norm(&h[size_t(row) * size_t(H)], w_.final_norm.data(), &hr[size_t(r * H)], 1, H, eps, nk);
   }
+  round_act(hr.data(), R * H);
   logits.resize(size_t(R * V));
   linear(hr.data(), w_.lm_head_param().data(), nullptr, logits.data(), R, H, V);
 }
@@ -78,9 +94,9 @@ void Model::attention(size_t l, const ForwardBatch& b, const float* x, float* ou
   const NormKind nk = cfg_.norm_zero_centred ? NormKind::ZeroCentred : NormKind::Plain;
   std::vector<float> qg(static_cast<size_t>(T * a.q_proj.out)), q(static_cast<size_t>(T * Hq * D)), gate, k(static_cast<size_t>(T * Hkv * D)),
       v(static_cast<size_t>(T * Hkv * D)), o(static_cast<size_t>(T * Hq * D));
-  project(a.q_proj, x, qg.data(), T);
-  project(a.k_proj, x, k.data(), T);
-  project(a.v_proj, x, v.data(), T);
+  proj(a.q_proj, x, qg.data(), T);
+  proj(a.k_proj, x, k.data(), T);
+  proj(a.v_proj, x, v.data(), T);
   if (cfg_.attn_output_gate) {  // per head: [query D | gate D]
     gate.resize(size_t(T * Hq * D));
     for (int64_t r = 0; r < T * Hq; ++r) {
@@ -93,9 +109,13 @@ void Model::attention(size_t l, const ForwardBatch& b, const float* x, float* ou
   if (cfg_.qk_norm) {
     rms_norm(q.data(), a.q_norm.data(), q.data(), T * Hq, D, float(cfg_.rms_norm_eps), nk);
     rms_norm(k.data(), a.k_norm.data(), k.data(), T * Hkv, D, float(cfg_.rms_norm_eps), nk);
+    round_act(q.data(), T * Hq * D);
+    round_act(k.data(), T * Hkv * D);
   }
   apply_rope(q.data(), b.positions.data(), T, Hq, D, cfg_.rotary_dim, inv_freq_.data());
   apply_rope(k.data(), b.positions.data(), T, Hkv, D, cfg_.rotary_dim, inv_freq_.data());
+  round_act(q.data(), T * Hq * D);
+  round_act(k.data(), T * Hkv * D);
   const float scale = float(1.0 / std::sqrt(double(D)));
   for (int32_t s = 0; s < b.num_seqs(); ++s) {
     const int64_t r0 = b.cu_seqlens[size_t(s)], n = b.cu_seqlens[size_t(s + 1)] - r0, start = b.context_lens[size_t(s)];
@@ -109,7 +129,8 @@ void Model::attention(size_t l, const ForwardBatch& b, const float* x, float* ou
   }
   if (cfg_.attn_output_gate)
     for (size_t i = 0; i < o.size(); ++i) o[i] *= sigmoid(gate[i]);
-  project(a.o_proj, o.data(), out, T);
+  round_act(o.data(), int64_t(o.size()));
+  proj(a.o_proj, o.data(), out, T);
 }
 
 // Gated DeltaNet (transformers Qwen3_5MoeGatedDeltaNet; design doc section 4.4):
@@ -125,10 +146,10 @@ void Model::deltanet(size_t l, const ForwardBatch& b, const float* x, float* out
   const GdnShape shape{Hk, Hv, dk, dv};
   std::vector<float> mixed(static_cast<size_t>(T * C)), conv(static_cast<size_t>(T * C)), z(static_cast<size_t>(T * Hv * dv)), braw(static_cast<size_t>(T * Hv)),
       araw(static_cast<size_t>(T * Hv)), gl(static_cast<size_t>(T * Hv)), beta(static_cast<size_t>(T * Hv)), o(static_cast<size_t>(T * Hv * dv));
-  project(g.in_proj_qkv, x, mixed.data(), T);
-  project(g.in_proj_z, x, z.data(), T);
-  project(g.in_proj_b, x, braw.data(), T);
-  project(g.in_proj_a, x, araw.data(), T);
+  proj(g.in_proj_qkv, x, mixed.data(), T);
+  proj(g.in_proj_z, x, z.data(), T);
+  proj(g.in_proj_b, x, braw.data(), T);
+  proj(g.in_proj_a, x, araw.data(), T);
   gdn_gating(araw.data(), braw.data(), g.A_log.data(), g.dt_bias.data(), gl.data(), beta.data(), T, Hv);
   std::vector<float> q, k, v;
   for (int32_t s = 0; s < b.num_seqs(); ++s) {
@@ -137,6 +158,7 @@ void Model::deltanet(size_t l, const ForwardBatch& b, const float* x, float* out
     const int32_t slot = b.state_slots[size_t(s)];
     MOEFOLD_CHECK(slot >= 0 && slot < st.num_slots, "sequence {} has state slot {} outside [0, {})", s, slot, st.num_slots);
     causal_conv1d_silu(&mixed[size_t(r0 * C)], g.conv1d.data(), st.conv_state(l, slot), &conv[size_t(r0 * C)], n, C, K);
+    round_act(&conv[size_t(r0 * C)], n * C);
     q.resize(size_t(n * kd));
     k.resize(size_t(n * kd));
     v.resize(size_t(n * Hv * dv));
@@ -153,8 +175,10 @@ void Model::deltanet(size_t l, const ForwardBatch& b, const float* x, float* out
     if (n == 1) gated_delta_rule_recurrent(q.data(), k.data(), v.data(), gs, bs, S, os, n, shape);
     else gated_delta_rule_chunked(q.data(), k.data(), v.data(), gs, bs, S, os, n, shape);
   }
+  round_act(o.data(), int64_t(o.size()));
   gated_rms_norm(o.data(), z.data(), g.norm.data(), o.data(), T * Hv, dv, float(cfg_.rms_norm_eps));
-  project(g.out_proj, o.data(), out, T);
+  round_act(o.data(), int64_t(o.size()));
+  proj(g.out_proj, o.data(), out, T);
 }
 
 // MoE (transformers Qwen3_5MoeSparseMoeBlock): p = softmax(router(x)); top-k (renormalised);
@@ -167,13 +191,15 @@ void Model::moe(size_t l, const float* x, float* out, int64_t T) const {
   project(m.router, x, rl.data(), T);
   router_topk(rl.data(), T, E, k, cfg_.norm_topk_prob, ids.data(), wts.data());
   std::fill_n(out, T * H, 0.0f);
-  moe_experts(x, m.gate_up.data(), m.down.data(), ids.data(), wts.data(), out, T, H, cfg_.moe_intermediate_size, E, k);
+  moe_experts(x, m.gate_up.data(), m.down.data(), ids.data(), wts.data(), out, T, H, cfg_.moe_intermediate_size, E, k,
+              emulate_bf16_);
   if (cfg_.shared_expert_intermediate_size > 0) {
     const int64_t Is = cfg_.shared_expert_intermediate_size;
     std::vector<float> gu(static_cast<size_t>(T * 2 * Is)), act(static_cast<size_t>(T * Is)), ys(static_cast<size_t>(T * H)), sg(static_cast<size_t>(T));
-    project(m.shared_gate_up, x, gu.data(), T);
+    proj(m.shared_gate_up, x, gu.data(), T);
     swiglu(gu.data(), act.data(), T, Is);
-    project(m.shared_down, act.data(), ys.data(), T);
+    round_act(act.data(), T * Is);
+    proj(m.shared_down, act.data(), ys.data(), T);
     project(m.shared_expert_gate, x, sg.data(), T);
     for (int64_t t = 0; t < T; ++t) {
       const float s = sigmoid(sg[size_t(t)]);
@@ -187,9 +213,10 @@ void Model::mlp(size_t l, const float* x, float* out, int64_t T) const {
   const MlpWeights& m = w_.layers[l].mlp;
   const int64_t I = m.down.in;
   std::vector<float> gu(static_cast<size_t>(T * 2 * I)), act(static_cast<size_t>(T * I));
-  project(m.gate_up, x, gu.data(), T);
+  proj(m.gate_up, x, gu.data(), T);
   swiglu(gu.data(), act.data(), T, I);
-  project(m.down, act.data(), out, T);
+  round_act(act.data(), T * I);
+  proj(m.down, act.data(), out, T);
 }
 
 }  // namespace moefold

@@ -25,14 +25,24 @@ class Model {
 
   const ModelConfig& config() const { return cfg_; }
 
+  /// With `on`, rounds activations to bf16 wherever the CUDA executor stores them in bf16 (norm, GEMM
+  /// and SwiGLU outputs, q/k after norm and RoPE, attention and DeltaNet outputs, the residual stream,
+  /// expert activations and outputs) while keeping fp32 where it keeps fp32 (router logits, softmax,
+  /// DeltaNet state, the MoE combine): the ideal bf16 chain the GPU forward is checked against.
+  void set_emulate_bf16(bool on) { emulate_bf16_ = on; }
+
  private:
   void attention(size_t layer, const ForwardBatch& b, const float* x, float* out, KvCache& kv) const;
   void deltanet(size_t layer, const ForwardBatch& b, const float* x, float* out, StatePool& st) const;
   void moe(size_t layer, const float* x, float* out, int64_t T) const;
   void mlp(size_t layer, const float* x, float* out, int64_t T) const;
 
+  void round_act(float* p, int64_t n) const;
+  void proj(const Linear& l, const float* x, float* y, int64_t T) const;
+
   ModelConfig cfg_;
   ModelWeights w_;
+  bool emulate_bf16_ = false;
   std::vector<double> inv_freq_;
 };
 

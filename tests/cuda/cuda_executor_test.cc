@@ -69,6 +69,8 @@ TEST_P(CudaForward, LogitsMatchReferenceAndGreedyMatchesCpu) {
   std::ifstream f(kFixtures / fam / "reference.json");
   json ref = json::parse(f);
   auto cpu_model = load_model((kFixtures / fam).string(), LoadFormat::Safetensors);
+  auto bf16_model = load_model((kFixtures / fam).string(), LoadFormat::Safetensors);
+  bf16_model->set_emulate_bf16(true);  // the ideal bf16 chain (Model::set_emulate_bf16)
   const int64_t V = cpu_model->config().vocab_size;
   for (auto& p : ref["prompts"]) {
     auto ids = p["ids"].get<std::vector<int32_t>>();
@@ -76,9 +78,17 @@ TEST_P(CudaForward, LogitsMatchReferenceAndGreedyMatchesCpu) {
     auto gpu = gpu_runner(fam);
     int32_t s = gpu->add_sequence(ids);
     auto got = gpu->step({{s, int32_t(ids.size()), true}})[0];
+    ModelRunner ideal(*bf16_model, {256, 16, 1});
+    int32_t q = ideal.add_sequence(ids);
+    auto chain = ideal.step({{q, int32_t(ids.size()), true}})[0];
     const std::string shape = fam + ",T=" + std::to_string(ids.size());
-    test::contract("forward_logits_vs_transformers_whole", shape, test::rel_err(got, expect.data), INFINITY);
-    EXPECT_TRUE(test::contract("forward_logits_vs_transformers_p90_row", shape, p90_row_error(got, expect.data, V), 2e-2));
+    // The GPU against the ideal bf16 chain on the CPU: equal up to accumulation order.
+    EXPECT_TRUE(test::contract("forward_logits_vs_cpu_bf16_chain_p90_row", shape, p90_row_error(got, chain, V), 1e-2));
+    // Against transformers' fp32 reference: no further from it than the ideal bf16 chain is (in a tiny
+    // random MoE the bf16 chain itself flips routing decisions; see docs/gpu_results.md).
+    const double ideal_err = test::rel_err(chain, expect.data), gpu_err = test::rel_err(got, expect.data);
+    test::contract("forward_logits_vs_transformers_cpu_bf16_chain", shape, ideal_err, INFINITY);
+    EXPECT_TRUE(test::contract("forward_logits_vs_transformers", shape, gpu_err, std::max(2e-2, 1.5 * ideal_err + 5e-3)));
     // Greedy decode on both backends from the same prompt; compare while the CPU's margin is clear.
     ModelRunner cpu(*cpu_model, {256, 16, 1});
     int32_t c = cpu.add_sequence(ids);
@@ -168,6 +178,7 @@ TEST(CudaForwardSmall, HybridPrefillAndDecode) {
   MOEFOLD_REQUIRE_GPU();
   const std::string fam = "qwen3_5_moe";
   auto cpu_model = load_model((kFixtures / fam).string(), LoadFormat::Safetensors);
+  cpu_model->set_emulate_bf16(true);
   const int64_t V = cpu_model->config().vocab_size;
   std::vector<int32_t> ids = {5, 17, 42, 99, 3, 250, 7};
   auto gpu = gpu_runner(fam, 2);
@@ -181,7 +192,7 @@ TEST(CudaForwardSmall, HybridPrefillAndDecode) {
   auto r1 = cpu.step({{c, 1, true}})[0];
   g.insert(g.end(), g1.begin(), g1.end());
   r.insert(r.end(), r1.begin(), r1.end());
-  EXPECT_TRUE(test::contract("forward_small_vs_cpu_p90_row", fam + ",T=7+1", p90_row_error(g, r, V), 2e-2));
+  EXPECT_TRUE(test::contract("forward_small_vs_cpu_bf16_chain_p90_row", fam + ",T=7+1", p90_row_error(g, r, V), 1e-2));
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, CudaForward, ::testing::ValuesIn(families()));

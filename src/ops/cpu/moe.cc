@@ -5,6 +5,7 @@
 #include <cstring>
 #include <numeric>
 
+#include "core/dtype.h"
 #include "core/error.h"
 #include "ops/cpu/linear.h"
 
@@ -58,7 +59,11 @@ MoePlan moe_plan(const int32_t* ids, int64_t T, int64_t k, int64_t E) {
 }
 
 void moe_experts(const float* x, const float* gate_up, const float* down, const int32_t* ids, const float* weights,
-                 float* out, int64_t T, int64_t H, int64_t I, int64_t E, int64_t k) {
+                 float* out, int64_t T, int64_t H, int64_t I, int64_t E, int64_t k, bool round_bf16) {
+  auto rnd = [&](std::vector<float>& v) {
+    if (round_bf16)
+      for (auto& f : v) f = bf16_to_f32(f32_to_bf16(f));
+  };
   MoePlan plan = moe_plan(ids, T, k, E);
   std::vector<float> y(static_cast<size_t>(T * k * H));  // expert output of each (row, slot) pair
   std::vector<float> xs, gu, act, ys;
@@ -73,7 +78,9 @@ void moe_experts(const float* x, const float* gate_up, const float* down, const 
     for (int64_t r = 0; r < n; ++r) std::memcpy(&xs[size_t(r * H)], x + (pairs[r] / k) * H, size_t(H) * 4);
     linear(xs.data(), gate_up + e * 2 * I * H, nullptr, gu.data(), n, H, 2 * I);
     swiglu(gu.data(), act.data(), n, I);
+    rnd(act);
     linear(act.data(), down + e * H * I, nullptr, ys.data(), n, I, H);
+    rnd(ys);
     for (int64_t r = 0; r < n; ++r) std::memcpy(&y[size_t(pairs[r]) * size_t(H)], &ys[size_t(r * H)], size_t(H) * 4);
   }
   for (int64_t t = 0; t < T; ++t)
