@@ -680,3 +680,15 @@ TEST(GdnArgs, RejectsBadShapes) {
                                                         nullptr),
                moefold::Error);
 }
+
+// The fixture shapes: qwen3_5_moe_text has dk 32 != dv 16 (dv below one 32-column value tile), and
+// qwen3_5_moe / qwen3_next dk 16, dv 32.
+TEST(GdnPrefill, FixtureShapes) {
+  MOEFOLD_REQUIRE_GPU();
+  for (const GdnDims d : {GdnDims{2, 4, 32, 16}, GdnDims{2, 4, 16, 32}}) {
+    prefill_case(d, {1, 2, 63, 65, 130}, 901);
+    for (int T : {1, 2, 65}) prefill_case(d, {T}, 911 + uint64_t(T));
+    chunked_vs_recurrent_case(d, 130, 921);
+    decode_case(d, 3, 931);
+  }
+}
