@@ -13,6 +13,7 @@
 #include "models/cuda/cuda_executor.h"
 #include "models/load_model.h"
 #include "runtime/model_runner.h"
+#include "fixture_util.h"
 #include "test_util.h"
 
 using namespace moefold;
@@ -21,16 +22,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const fs::path kFixtures = fs::path(MOEFOLD_SOURCE_DIR) / "tests" / "fixtures";
-
-std::vector<std::string> families() {
-  std::vector<std::string> out;
-  if (fs::exists(kFixtures))
-    for (auto& e : fs::directory_iterator(kFixtures))
-      if (fs::exists(e.path() / "reference.json")) out.push_back(e.path().filename().string());
-  std::sort(out.begin(), out.end());
-  return out;
-}
+using test::kFixtures;
+const auto families = test::fixture_families;
 
 std::unique_ptr<ModelRunner> gpu_runner(const std::string& fam, int32_t slots = 8) {
   CudaExecutorOptions o;

@@ -11,6 +11,7 @@
 #include "io/npy.h"
 #include "models/load_model.h"
 #include "runtime/model_runner.h"
+#include "fixture_util.h"
 
 using namespace moefold;
 using json = nlohmann::json;
@@ -18,16 +19,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const fs::path kFixtures = fs::path(MOEFOLD_SOURCE_DIR) / "tests" / "fixtures";
-
-std::vector<std::string> families() {
-  std::vector<std::string> out;
-  if (fs::exists(kFixtures))
-    for (auto& e : fs::directory_iterator(kFixtures))
-      if (fs::exists(e.path() / "reference.json")) out.push_back(e.path().filename().string());
-  std::sort(out.begin(), out.end());
-  return out;
-}
+using test::kFixtures;
+const auto families = test::fixture_families;
 
 json reference(const std::string& fam) {
   std::ifstream f(kFixtures / fam / "reference.json");
