@@ -12,7 +12,8 @@ void kv_cache_write(const float* k, const float* v, float* k_cache, float* v_cac
                     int64_t start, int64_t n, int64_t block_size, int64_t kv_dim);
 
 /// out[i, h, :] = softmax_j(scale * q[i, h] . K[j, h / (Hq / Hkv)]) V[j, ...] over cached positions
-/// j <= start + i (causal), for n query rows of one sequence at positions start .. start+n-1.
+/// j <= start + i (causal), for n query rows of one sequence at positions start .. start+n-1
+/// (per KV head: Q K^T and P V through OpenBLAS sgemm).
 /// q, out: [n, Hq, D]. Softmax in fp32 with max subtraction, scores accumulated in fp32.
 void paged_attention(const float* q, const float* k_cache, const float* v_cache, const int32_t* block_table,
                      int64_t start, int64_t n, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
