@@ -1,6 +1,7 @@
 // moefold command line: inspect | logits | generate.
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <filesystem>
 #include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -42,6 +43,7 @@ std::vector<int32_t> parse_ids(const std::string& s) {
       fail("--prompt-ids: '{}' is not an integer (expected e.g. 1,2,3)", tok);
     }
     i = j + 1;
+    if (j + 1 == s.size()) fail("--prompt-ids: trailing comma in '{}'", s);
   }
   if (ids.empty()) fail("--prompt-ids is empty");
   return ids;
@@ -110,7 +112,7 @@ struct SamplingOpts {
   int64_t seed = -1;
   std::vector<std::string> stop;
   void add(CLI::App* c) {
-    c->add_option("--max-tokens", max_tokens, "tokens to generate")->check(CLI::PositiveNumber);
+    c->add_option("--max-tokens", max_tokens, "tokens to generate (1 .. 1048576)")->check(CLI::Range(1, 1 << 20));
     c->add_option("--temperature", temperature, "0 = greedy");
     c->add_option("--top-p", top_p, "nucleus sampling (1 = off)");
     c->add_option("--top-k", top_k, "top-k sampling (0 = off)");
@@ -174,7 +176,8 @@ int main(int argc, char** argv) {
   auto* ids_opt = generate->add_option("--prompt-ids", prompt_ids, "comma-separated token ids");
   auto* text_opt = generate->add_option("--prompt", prompt_text, "prompt text (needs tokenizer.json)");
   ids_opt->excludes(text_opt);
-  generate->add_option("--output", output, "text | json (json: {\"tokens\": [...]} for --prompt-ids)");
+  generate->add_option("--output", output, "text | json (json: {\"tokens\": [...]} for --prompt-ids)")
+      ->check(CLI::IsMember({"text", "json"}));
   sopts.add(generate);
   auto* chat = app.add_subcommand("chat", "chat through the model's chat template (interactive without --message)");
   add_model_opts(chat);
@@ -193,6 +196,8 @@ int main(int argc, char** argv) {
     if (*serve->app) return serve->run();
     if (*bench->app) return bench->run();
     const LoadFormat format = parse_load_format(load_format);
+    if (!std::filesystem::is_directory(model_dir))
+      fail("--model {}: not a model directory (expected a folder with config.json)", model_dir);
     std::unique_ptr<Model> cpu_model;
     if (*chat) {
       Tokenizer tok = Tokenizer::from_file(model_dir);
@@ -223,7 +228,8 @@ int main(int argc, char** argv) {
       }
       return 0;
     }
-    if (*generate && !prompt_text.empty()) {
+    if (*generate && text_opt->count() > 0) {
+      MOEFOLD_CHECK(!prompt_text.empty(), "--prompt is empty");
       Tokenizer tok = Tokenizer::from_file(model_dir);
       auto ids = tok.encode(prompt_text, true);
       const int32_t total = int32_t(ids.size()) + sopts.max_tokens;

@@ -14,7 +14,7 @@ std::unique_ptr<ServeCommand> add_serve_command(CLI::App& app) {
   c->add_option("--device", o.device, "cpu");
   c->add_option("--seed", o.seed, "seed for dummy weights");
   c->add_option("--host", o.host, "address to listen on")->capture_default_str();
-  c->add_option("--port", o.port, "port to listen on; 0 picks a free one")->capture_default_str();
+  c->add_option("--port", o.port, "port to listen on; 0 picks a free one")->capture_default_str()->check(CLI::Range(0, 65535));
   c->add_option("--max-num-seqs", o.max_num_seqs, "sequences running at once (= DeltaNet state slots)")
       ->capture_default_str();
   c->add_option("--max-num-batched-tokens", o.max_num_batched_tokens, "token rows per step")->capture_default_str();
