@@ -191,6 +191,14 @@ TEST(Cli, ErrorsExitNonZeroWithOneMessage) {
   EXPECT_NE(err.find("unknown model_type 'mamba'"), std::string::npos) << err;
   EXPECT_NE(run("logits --model " + d.path.string() + " --prompt-ids 1,x --out /tmp/x.npy", &err), 0);
   EXPECT_NE(err.find("error:"), std::string::npos) << err;
+  EXPECT_NE(run("generate --model /nonexistent/model --prompt hi", &err), 0);
+  EXPECT_NE(err.find("not a model directory"), std::string::npos) << err;
+  EXPECT_NE(run("generate --model " + d.path.string() + " --prompt-ids 1,2,", &err), 0);
+  EXPECT_NE(err.find("trailing comma"), std::string::npos) << err;
+  EXPECT_NE(run("generate --model " + d.path.string() + " --prompt-ids 1 --output xml", &err), 0);
+  EXPECT_NE(run("generate --model " + d.path.string() + " --prompt-ids 1 --max-tokens 0", &err), 0);
+  EXPECT_NE(run("serve --model " + d.path.string() + " --port 70000", &err), 0);
+  EXPECT_NE(err.find("65535"), std::string::npos) << err;
 }
 
 }  // namespace
