@@ -275,7 +275,7 @@ def family_config(family: str) -> dict:
             "bos_token_id": 380,
             "dtype": "bfloat16",
             "eos_token_id": 381,
-            "head_dim": 32,
+            "head_dim": 64,  # != hidden / heads (32), as in the real Qwen3 models
             "hidden_act": "silu",
             "hidden_size": HIDDEN,
             "initializer_range": 0.02,
