@@ -351,45 +351,36 @@ void json_string(std::string& out, const std::string& s, bool ensure_ascii) {
     std::snprintf(buf, sizeof buf, "\\u%04x", u);
     out += buf;
   };
-  if (!ensure_ascii) {
-    for (unsigned char c : s) {
-      switch (c) {
-        case '"': out += "\\\""; break;
-        case '\\': out += "\\\\"; break;
-        case '\n': out += "\\n"; break;
-        case '\r': out += "\\r"; break;
-        case '\t': out += "\\t"; break;
-        case '\b': out += "\\b"; break;
-        case '\f': out += "\\f"; break;
-        default:
-          if (c < 0x20) hex4(c);
-          else out += static_cast<char>(c);
-      }
+  // One character (a byte without ensure_ascii, a code point with it): the short escapes, \uXXXX for
+  // the other control characters and, with ensure_ascii, for everything outside printable ASCII
+  // (UTF-16 surrogate pairs above the BMP), as Python's json.dumps writes them.
+  auto put = [&](char32_t c) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      case '\b': out += "\\b"; break;
+      case '\f': out += "\\f"; break;
+      default:
+        if (c < 0x20) {
+          hex4(uint32_t(c));
+        } else if (!ensure_ascii || c <= 0x7e) {
+          out += static_cast<char>(c);
+        } else if (c >= 0x10000) {
+          const uint32_t v = uint32_t(c) - 0x10000;
+          hex4(0xD800 + (v >> 10));
+          hex4(0xDC00 + (v & 0x3FF));
+        } else {
+          hex4(uint32_t(c));
+        }
     }
+  };
+  if (ensure_ascii) {
+    for (char32_t cp : utf8_decode(s)) put(cp);
   } else {
-    for (char32_t cp : utf8_decode(s)) {
-      switch (cp) {
-        case '"': out += "\\\""; break;
-        case '\\': out += "\\\\"; break;
-        case '\n': out += "\\n"; break;
-        case '\r': out += "\\r"; break;
-        case '\t': out += "\\t"; break;
-        case '\b': out += "\\b"; break;
-        case '\f': out += "\\f"; break;
-        default:
-          if (cp < 0x20 || cp > 0x7e) {
-            if (cp >= 0x10000) {
-              uint32_t v = cp - 0x10000;
-              hex4(0xD800 + (v >> 10));
-              hex4(0xDC00 + (v & 0x3FF));
-            } else {
-              hex4(cp);
-            }
-          } else {
-            out += static_cast<char>(cp);
-          }
-      }
-    }
+    for (unsigned char c : s) put(c);
   }
   out += '"';
 }

@@ -46,6 +46,17 @@ struct Args {
   float scale_log2;
 };
 
+/// Query rows [row0, row0 + n) of sequence s: from cu_seqlens (prefill), or row s alone (decode).
+__device__ __forceinline__ void seq_rows(const Args& a, int s, int& row0, int& n) {
+  if (a.cu) {
+    row0 = a.cu[s];
+    n = a.cu[s + 1] - row0;
+  } else {
+    row0 = s;
+    n = 1;
+  }
+}
+
 template <int D>
 constexpr int kv_stride() { return D + 8; }
 
@@ -69,13 +80,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32) attn_kernel(const Args a) {
   const int qtile = int(blockIdx.x) % a.qtiles, split = int(blockIdx.x) / a.qtiles;
   const int kvh = int(blockIdx.y) / a.head_chunks, hchunk = int(blockIdx.y) % a.head_chunks;
   int row0, n;
-  if (a.cu) {
-    row0 = a.cu[s];
-    n = a.cu[s + 1] - row0;
-  } else {
-    row0 = s;
-    n = 1;
-  }
+  seq_rows(a, s, row0, n);
   const int ctx = a.ctx_lens[s];
   if (ctx < 0) return;
   const int t0 = qtile * a.TB;
@@ -218,13 +223,7 @@ template <int D>
 __global__ void combine_kernel(const Args a) {
   const int t = blockIdx.x, h = blockIdx.y, s = blockIdx.z, d = threadIdx.x;
   int row0, n;
-  if (a.cu) {
-    row0 = a.cu[s];
-    n = a.cu[s + 1] - row0;
-  } else {
-    row0 = s;
-    n = 1;
-  }
+  seq_rows(a, s, row0, n);
   const int ctx = a.ctx_lens[s];
   if (ctx < 0 || t >= n) return;
   const int kv_end = ctx + t + 1;
