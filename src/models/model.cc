@@ -1,5 +1,6 @@
 #include "models/model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -37,13 +38,27 @@ Model::Model(ModelConfig cfg, ModelWeights weights) : cfg_(std::move(cfg)), w_(s
                             cfg_.rope_llama3_high_freq, cfg_.rope_llama3_original_max);
 }
 
-void Model::forward(const ForwardBatch& b, KvCache& kv, StatePool& st, std::vector<float>& logits) const {
+void Model::forward(const ForwardBatch& b, KvCache& kv, StatePool& st, std::vector<float>& logits,
+                    RoutingControl routing) const {
   const int64_t T = b.num_rows(), H = cfg_.hidden_size, V = cfg_.vocab_size;
   MOEFOLD_CHECK(b.cu_seqlens.size() == size_t(b.num_seqs() + 1) && b.cu_seqlens.back() == T &&
                     b.positions.size() == size_t(T) && b.state_slots.size() == size_t(b.num_seqs()),
                 "ForwardBatch is inconsistent: {} rows, {} sequences", T, b.num_seqs());
   const NormKind nk = cfg_.norm_zero_centred ? NormKind::ZeroCentred : NormKind::Plain;
   const float eps = float(cfg_.rms_norm_eps);
+  const int64_t moe_layers = std::count(cfg_.layer_is_moe.begin(), cfg_.layer_is_moe.end(), true);
+  const size_t pairs = size_t(T * cfg_.num_experts_per_tok);
+  if (routing.replay)
+    MOEFOLD_CHECK(routing.replay->layers.size() == size_t(moe_layers) &&
+                      std::all_of(routing.replay->layers.begin(), routing.replay->layers.end(),
+                                  [&](const auto& v) { return v.size() == pairs; }),
+                  "routing replay holds {} layers; this step needs {} MoE layers of {} rows x top-{}",
+                  routing.replay->layers.size(), moe_layers, T, cfg_.num_experts_per_tok);
+  if (routing.capture) {
+    routing.capture->top_k = int32_t(cfg_.num_experts_per_tok);
+    routing.capture->layers.assign(size_t(moe_layers), std::vector<int32_t>(pairs));
+  }
+  size_t moe_index = 0;
 
   // h = embed(tokens)
   std::vector<float> h(static_cast<size_t>(T * H)), x(static_cast<size_t>(T * H)), y(static_cast<size_t>(T * H));
@@ -65,8 +80,13 @@ void Model::forward(const ForwardBatch& b, KvCache& kv, StatePool& st, std::vect
     // h = h + FFN(RMSNorm_post(h))
     rms_norm(h.data(), L.post_attention_norm.data(), x.data(), T, H, eps, nk);
     round_act(x.data(), T * H);
-    if (cfg_.layer_is_moe[l]) moe(l, x.data(), y.data(), T);
-    else mlp(l, x.data(), y.data(), T);
+    if (cfg_.layer_is_moe[l]) {
+      moe(l, x.data(), y.data(), T, routing.replay ? routing.replay->layers[moe_index].data() : nullptr,
+          routing.capture ? routing.capture->layers[moe_index].data() : nullptr);
+      ++moe_index;
+    } else {
+      mlp(l, x.data(), y.data(), T);
+    }
     for (size_t i = 0; i < h.size(); ++i) h[i] += y[i];
     round_act(h.data(), T * H);
   }
@@ -117,6 +137,10 @@ void Model::attention(size_t l, const ForwardBatch& b, const float* x, float* ou
   round_act(q.data(), T * Hq * D);
   round_act(k.data(), T * Hkv * D);
   const float scale = float(1.0 / std::sqrt(double(D)));
+  // The GPU runs the tensor-core prefill kernel (bf16 P V) unless every sequence decodes one token.
+  bool decode_step = true;
+  for (int32_t s = 0; s < b.num_seqs(); ++s)
+    decode_step = decode_step && b.cu_seqlens[size_t(s + 1)] - b.cu_seqlens[size_t(s)] == 1 && b.context_lens[size_t(s)] > 0;
   for (int32_t s = 0; s < b.num_seqs(); ++s) {
     const int64_t r0 = b.cu_seqlens[size_t(s)], n = b.cu_seqlens[size_t(s + 1)] - r0, start = b.context_lens[size_t(s)];
     if (n == 0) continue;
@@ -125,7 +149,7 @@ void Model::attention(size_t l, const ForwardBatch& b, const float* x, float* ou
     kv_cache_write(&k[size_t(r0 * Hkv * D)], &v[size_t(r0 * Hkv * D)], kv.k[l].data(), kv.v[l].data(),
                    b.block_table(s), start, n, kv.block_size, kv.kv_dim);
     paged_attention(&q[size_t(r0 * Hq * D)], kv.k[l].data(), kv.v[l].data(), b.block_table(s), start, n, Hq, Hkv, D,
-                    kv.block_size, scale, &o[size_t(r0 * Hq * D)]);
+                    kv.block_size, scale, &o[size_t(r0 * Hq * D)], emulate_bf16_ && !decode_step);
   }
   if (cfg_.attn_output_gate)
     for (size_t i = 0; i < o.size(); ++i) o[i] *= sigmoid(gate[i]);
@@ -183,13 +207,15 @@ void Model::deltanet(size_t l, const ForwardBatch& b, const float* x, float* out
 
 // MoE (transformers Qwen3_5MoeSparseMoeBlock): p = softmax(router(x)); top-k (renormalised);
 //   out = sum_k w_k E_k(x) + sigmoid(shared_expert_gate(x)) * SharedExpert(x)
-void Model::moe(size_t l, const float* x, float* out, int64_t T) const {
+// replay: experts to use instead of the top-k ([T, k], or null); chosen: receives the experts used.
+void Model::moe(size_t l, const float* x, float* out, int64_t T, const int32_t* replay, int32_t* chosen) const {
   const MoeWeights& m = w_.layers[l].moe;
   const int64_t H = cfg_.hidden_size, E = cfg_.num_experts, k = cfg_.num_experts_per_tok;
   std::vector<float> rl(static_cast<size_t>(T * E)), wts(static_cast<size_t>(T * k));
   std::vector<int32_t> ids(static_cast<size_t>(T * k));
   project(m.router, x, rl.data(), T);
-  router_topk(rl.data(), T, E, k, cfg_.norm_topk_prob, ids.data(), wts.data());
+  router_topk(rl.data(), T, E, k, cfg_.norm_topk_prob, ids.data(), wts.data(), replay);
+  if (chosen) std::copy(ids.begin(), ids.end(), chosen);
   std::fill_n(out, T * H, 0.0f);
   moe_experts(x, m.gate_up.data(), m.down.data(), ids.data(), wts.data(), out, T, H, cfg_.moe_intermediate_size, E, k,
               emulate_bf16_);

@@ -10,6 +10,7 @@
 #include "models/weights.h"
 #include "runtime/forward_batch.h"
 #include "runtime/kv_cache.h"
+#include "runtime/routed_experts.h"
 
 namespace moefold {
 
@@ -20,21 +21,24 @@ class Model {
   /// Runs one step. Writes K/V of every row into the KV cache and advances each sequence's DeltaNet
   /// state in `states`. logits: resized to [batch.logits_rows.size(), vocab_size], fp32.
   /// Preconditions: block tables cover every position; state slots hold the state after
-  /// context_lens[s] tokens (zero for a new sequence). Throws Error on an inconsistent batch.
-  void forward(const ForwardBatch& batch, KvCache& kv, StatePool& states, std::vector<float>& logits) const;
+  /// context_lens[s] tokens (zero for a new sequence). `routing`: capture the MoE layers' chosen
+  /// experts and/or replay given ones (runtime/routed_experts.h). Throws Error on an inconsistent batch
+  /// or a replay that does not match it.
+  void forward(const ForwardBatch& batch, KvCache& kv, StatePool& states, std::vector<float>& logits,
+               RoutingControl routing = {}) const;
 
   const ModelConfig& config() const { return cfg_; }
 
   /// With `on`, rounds activations to bf16 wherever the CUDA executor stores them in bf16 (norm, GEMM
   /// and SwiGLU outputs, q/k after norm and RoPE, attention and DeltaNet outputs, the residual stream,
-  /// expert activations and outputs) while keeping fp32 where it keeps fp32 (router logits, softmax,
+  /// expert activations and outputs, the prefill attention probabilities before P V) while keeping fp32 where it keeps fp32 (router logits, softmax,
   /// DeltaNet state, the MoE combine): the ideal bf16 chain the GPU forward is checked against.
   void set_emulate_bf16(bool on) { emulate_bf16_ = on; }
 
  private:
   void attention(size_t layer, const ForwardBatch& b, const float* x, float* out, KvCache& kv) const;
   void deltanet(size_t layer, const ForwardBatch& b, const float* x, float* out, StatePool& st) const;
-  void moe(size_t layer, const float* x, float* out, int64_t T) const;
+  void moe(size_t layer, const float* x, float* out, int64_t T, const int32_t* replay, int32_t* chosen) const;
   void mlp(size_t layer, const float* x, float* out, int64_t T) const;
 
   void round_act(float* p, int64_t n) const;

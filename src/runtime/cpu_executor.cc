@@ -14,12 +14,16 @@ class CpuExecutor : public Executor {
   std::string device() const override { return "cpu"; }
   int32_t num_kv_blocks() const override { return kv_.num_blocks; }
   void reset_slot(int32_t s) override { states_.reset(s); }
-  void forward(const ForwardBatch& b, std::vector<float>& logits) override { model_.forward(b, kv_, states_, logits); }
+  void forward(const ForwardBatch& b, std::vector<float>& logits) override {
+    model_.forward(b, kv_, states_, logits, routing_);
+  }
+  void set_routing(RoutingControl routing) override { routing_ = routing; }
 
  private:
   const Model& model_;
   KvCache kv_;
   StatePool states_;
+  RoutingControl routing_;
 };
 
 }  // namespace

@@ -9,6 +9,7 @@
 
 #include "io/model_config.h"
 #include "runtime/forward_batch.h"
+#include "runtime/routed_experts.h"
 
 namespace moefold {
 
@@ -27,6 +28,8 @@ class Executor {
   /// One step: writes K/V of every row into the pages named by the block tables, advances each
   /// sequence's state slot, and returns fp32 logits [batch.logits_rows.size(), vocab].
   virtual void forward(const ForwardBatch& batch, std::vector<float>& logits) = 0;
+  /// Routing capture / replay for later forwards (runtime/routed_experts.h); {} turns both off.
+  virtual void set_routing(RoutingControl routing) = 0;
 };
 
 /// The CPU reference executor over `model` with `num_blocks` pages of `block_size` tokens and

@@ -360,6 +360,58 @@ TEST(MoeRouter, TopkMatchesCpu) {
   check_topk(16, 4, 113, 3, LogitKind::kAllNegative, false, ++seed);
 }
 
+// Routing replay: given experts (distinct, random, expert 0 and the least likely ones included) instead
+// of the top-k; weights must be cpu::router_topk's replay weights; padding rows' replay entries name real
+// experts and must not be read or their outputs written.
+void check_topk_replay(int E, int k, int T, int pad, bool renorm, uint64_t seed) {
+  const int cap = T + pad;
+  MoeShape shape{cap, E, k, 128, 64};
+  std::vector<float> l = crafted_logits(LogitKind::kRandom, cap, E, seed);
+  std::vector<int32_t> replay(size_t(cap) * k);
+  uint64_t s = seed;
+  for (int t = 0; t < cap; ++t)
+    for (int j = 0; j < k; ++j) {
+      int32_t e;
+      bool dup;
+      do {
+        e = j == 0 && t % 3 == 0 ? 0 : int32_t(splitmix(s) % uint64_t(E));
+        dup = false;
+        for (int q = 0; q < j; ++q) dup |= replay[size_t(t) * k + q] == e;
+      } while (dup);
+      replay[size_t(t) * k + j] = e;
+    }
+  DevBuf d_l(l.size() * 4), d_r(replay.size() * 4), d_ids(size_t(cap) * k * 4), d_w(size_t(cap) * k * 4), d_rows(4);
+  upload(d_l.p, l);
+  upload(d_r.p, replay);
+  upload(d_rows.p, std::vector<int32_t>{T});
+  MOEFOLD_CUDA_CHECK(cudaMemset(d_ids.p, 0xFF, d_ids.bytes));
+  MOEFOLD_CUDA_CHECK(cudaMemset(d_w.p, 0xFF, d_w.bytes));
+  moe_router_topk(d_l.as<float>(), d_rows.as<int32_t>(), shape, renorm, d_ids.as<int32_t>(), d_w.as<float>(), nullptr,
+                  d_r.as<int32_t>());
+  MOEFOLD_CUDA_CHECK(cudaDeviceSynchronize());
+  auto ids = download<int32_t>(d_ids.p, size_t(T) * k);
+  auto wts = download<float>(d_w.p, size_t(T) * k);
+  std::vector<int32_t> iref(size_t(T) * k);
+  std::vector<float> wref(size_t(T) * k);
+  cpu::router_topk(l.data(), T, E, k, renorm, iref.data(), wref.data(), replay.data());
+  size_t mis = 0;
+  for (size_t i = 0; i < ids.size(); ++i) mis += ids[i] != iref[i];
+  const std::string shp = shape_str(E, k, 0, 0, T, cap) + (renorm ? ",renorm" : ",raw");
+  EXPECT_TRUE(contract_exact("moe_router_replay_ids", shp, mis));
+  EXPECT_TRUE(contract("moe_router_replay_weights", shp, rel_err(wts, wref), 1e-6));
+  const size_t pad_w = count_unpoisoned(d_ids.as<int32_t>() + size_t(T) * k, size_t(pad) * k * 4) +
+                       count_unpoisoned(d_w.as<float>() + size_t(T) * k, size_t(pad) * k * 4);
+  EXPECT_TRUE(contract_exact("moe_router_replay_padding", shp, pad_w));
+}
+
+TEST(MoeRouter, ReplayMatchesCpu) {
+  MOEFOLD_REQUIRE_GPU();
+  uint64_t seed = 500;
+  for (auto [E, k] : {std::pair{256, 8}, std::pair{16, 4}})
+    for (int T : {1, 17, 128})
+      for (bool renorm : {true, false}) check_topk_replay(E, k, T, T % 2 ? 5 : 0, renorm, ++seed);
+}
+
 // ---- plan on given ids ------------------------------------------------------------------------------------
 void check_plan(int E, int k, int T, int pad, int bad_ids, uint64_t seed) {
   const int cap = T + pad;

@@ -292,6 +292,37 @@ TEST(CpuOps, RouterTopkTiesNegativesNaNAndExpertZero) {
   EXPECT_NEAR(w[0], std::exp(0.0) / den, 1e-7);
 }
 
+TEST(CpuOps, RouterReplayUsesGivenExpertsWithSoftmaxWeights) {
+  const int64_t T = 5, E = 16, k = 4;
+  auto logits = test::randn(T * E, 11);
+  std::vector<int32_t> ids(T * k), ids2(T * k);
+  std::vector<float> w(T * k), w2(T * k, NAN);
+  // Replaying the router's own choice reproduces it bit for bit.
+  router_topk(logits.data(), T, E, k, true, ids.data(), w.data());
+  router_topk(logits.data(), T, E, k, true, ids2.data(), w2.data(), ids.data());
+  EXPECT_EQ(ids2, ids);
+  EXPECT_EQ(w2, w);
+  // Any other experts: their softmax probabilities (fp64 check), in the replayed slot order.
+  std::vector<int32_t> replay(T * k);
+  for (int64_t i = 0; i < T * k; ++i) replay[size_t(i)] = int32_t((i * 7 + 3) % E);
+  for (bool renorm : {false, true}) {
+    router_topk(logits.data(), T, E, k, renorm, ids2.data(), w2.data(), replay.data());
+    EXPECT_EQ(ids2, replay);
+    for (int64_t t = 0; t < T; ++t) {
+      double mx = -1e30, den = 0, sum = 0;
+      for (int64_t e = 0; e < E; ++e) mx = std::max(mx, double(logits[size_t(t * E + e)]));
+      for (int64_t e = 0; e < E; ++e) den += std::exp(double(logits[size_t(t * E + e)]) - mx);
+      for (int64_t s = 0; s < k; ++s) sum += std::exp(double(logits[size_t(t * E + replay[size_t(t * k + s)])]) - mx) / den;
+      for (int64_t s = 0; s < k; ++s) {
+        const double p = std::exp(double(logits[size_t(t * E + replay[size_t(t * k + s)])]) - mx) / den;
+        EXPECT_NEAR(w2[size_t(t * k + s)], renorm ? p / sum : p, 1e-6) << "row " << t << " slot " << s;
+      }
+    }
+  }
+  replay[7] = int32_t(E);
+  EXPECT_THROW(router_topk(logits.data(), T, E, k, true, ids2.data(), w2.data(), replay.data()), Error);
+}
+
 TEST(CpuOps, MoePlanCoversEveryPairOnce) {
   const int64_t T = 113, k = 8, E = 256;
   std::vector<int32_t> ids(T * k);

@@ -183,6 +183,7 @@ class CudaExecutor : public Executor {
   }
 
   void forward(const ForwardBatch& b, std::vector<float>& logits) override;
+  void set_routing(RoutingControl routing) override { routing_ = routing; }
 
  private:
   cuda::AttentionShape attention_shape() const {
@@ -204,7 +205,7 @@ class CudaExecutor : public Executor {
   }
   void attention(size_t l, const ForwardBatch& b, int64_t T, bool decode, int max_q_len);
   void deltanet(size_t l, const ForwardBatch& b, int64_t T, bool decode);
-  void ffn(size_t l, int64_t T);
+  void ffn(size_t l, int64_t T, size_t moe_index);
 
   ModelConfig cfg_;
   CudaExecutorOptions opt_;
@@ -225,6 +226,8 @@ class CudaExecutor : public Executor {
   cuda::MoeWorkspace moe_ws_;
   std::vector<DeviceBuffer<bf16>> k_cache_, v_cache_, conv_state_;
   std::vector<DeviceBuffer<float>> rec_state_;
+  RoutingControl routing_;
+  DeviceBuffer<int32_t> replay_ids_;  // [MoE layers, T, k] of the current step when replaying
 };
 
 void CudaExecutor::forward(const ForwardBatch& b, std::vector<float>& logits) {
@@ -254,6 +257,22 @@ void CudaExecutor::forward(const ForwardBatch& b, std::vector<float>& logits) {
   up(block_tables_, b.block_tables);
   const std::vector<int32_t> counts = {int32_t(T), S, 0, int32_t(b.logits_rows.size())};
   up(counts_, counts);
+  const int64_t moe_layers = std::count(c.layer_is_moe.begin(), c.layer_is_moe.end(), true);
+  const size_t pairs = size_t(T * c.num_experts_per_tok);
+  if (routing_.replay) {
+    const auto& r = routing_.replay->layers;
+    MOEFOLD_CHECK(r.size() == size_t(moe_layers) &&
+                      std::all_of(r.begin(), r.end(), [&](const auto& v) { return v.size() == pairs; }),
+                  "routing replay holds {} layers; this step needs {} MoE layers of {} rows x top-{}", r.size(),
+                  moe_layers, T, c.num_experts_per_tok);
+    if (replay_ids_.size() < size_t(moe_layers) * pairs) replay_ids_ = DeviceBuffer<int32_t>(size_t(moe_layers) * pairs);
+    for (size_t i = 0; i < r.size(); ++i) replay_ids_.upload(r[i].data(), pairs, i * pairs, stream_, true);
+  }
+  if (routing_.capture) {
+    routing_.capture->top_k = int32_t(c.num_experts_per_tok);
+    routing_.capture->layers.assign(size_t(moe_layers), std::vector<int32_t>(pairs));
+  }
+  size_t moe_index = 0;
   const int32_t* num_rows = counts_.data();
 
   // h = embed(tokens); x = RMSNorm_in(h) for layer 0
@@ -271,7 +290,8 @@ void CudaExecutor::forward(const ForwardBatch& b, std::vector<float>& logits) {
     else deltanet(l, b, T, decode);
     // h = h + FFN(RMSNorm_post(h))
     cuda::add_rms_norm(h_.data(), y_.data(), dev(L.post_attention_norm), x_.data(), T, H, eps, nk, num_rows, stream_);
-    ffn(l, T);
+    ffn(l, T, moe_index);
+    moe_index += c.layer_is_moe[l] ? 1 : 0;
   }
 
   // logits = lm_head(RMSNorm_final(h[logits_rows])), max_logits_rows rows per pass
@@ -355,7 +375,7 @@ void CudaExecutor::deltanet(size_t l, const ForwardBatch& b, int64_t T, bool dec
 
 // FFN with its residual add: h += MoE(x) (routed experts + gated shared expert, residual fused into
 // the combine) or h += MLP(x).
-void CudaExecutor::ffn(size_t l, int64_t T) {
+void CudaExecutor::ffn(size_t l, int64_t T, size_t moe_index) {
   const LayerWeights& L = w_.layers[l];
   const ModelConfig& c = cfg_;
   const int32_t* num_rows = counts_.data();
@@ -369,9 +389,14 @@ void CudaExecutor::ffn(size_t l, int64_t T) {
       gemm(m.shared_down, ffn_act_.data(), y_.data(), T);
       shared_out = y_.data();
     }
+    const size_t pairs = size_t(T * c.num_experts_per_tok);
     cuda::moe_forward(x_.data(), dev(m.router.w), dev(m.gate_up), dev(m.down), shared_out,
                       shared_out ? dev(m.shared_expert_gate.w) : nullptr, h_.data(), num_rows, moe_shape_,
-                      c.norm_topk_prob, moe_ws_, h_.data(), stream_);
+                      c.norm_topk_prob, moe_ws_, h_.data(), stream_,
+                      routing_.replay ? replay_ids_.data() + moe_index * pairs : nullptr);
+    if (routing_.capture)
+      MOEFOLD_CUDA_CHECK(cudaMemcpyAsync(routing_.capture->layers[moe_index].data(), moe_ws_.ids,
+                                         pairs * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
   } else {
     const MlpWeights& m = L.mlp;
     gemm(m.gate_up, x_.data(), gu_.data(), T);

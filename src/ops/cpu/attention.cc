@@ -7,6 +7,8 @@
 #include <cstring>
 #include <vector>
 
+#include "core/dtype.h"
+
 namespace moefold::cpu {
 
 void kv_cache_write(const float* k, const float* v, float* k_cache, float* v_cache, const int32_t* block_table,
@@ -24,7 +26,7 @@ void kv_cache_write(const float* k, const float* v, float* k_cache, float* v_cac
 // max subtracted), O = P V (sgemm).
 void paged_attention(const float* q, const float* k_cache, const float* v_cache, const int32_t* block_table,
                      int64_t start, int64_t n, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-                     int64_t block_size, float scale, float* out) {
+                     int64_t block_size, float scale, float* out, bool round_p_bf16) {
   const int64_t group = num_heads / num_kv_heads, kv_dim = num_kv_heads * head_dim, D = head_dim;
   const int64_t ctx = start + n;
   std::vector<float> K(size_t(ctx * D)), V(size_t(ctx * D)), Q(size_t(n * D)), S(size_t(n * ctx)), O(size_t(n * D));
@@ -45,7 +47,7 @@ void paged_attention(const float* q, const float* k_cache, const float* v_cache,
         float denom = 0;
         for (int64_t j = 0; j < len; ++j) denom += (row[j] = std::exp(row[j] - m));
         const float inv = 1.0f / denom;
-        for (int64_t j = 0; j < len; ++j) row[j] *= inv;
+        for (int64_t j = 0; j < len; ++j) row[j] = (round_p_bf16 ? bf16_to_f32(f32_to_bf16(row[j])) : row[j]) * inv;
         std::fill(row + len, row + ctx, 0.0f);
       }
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(n), int(D), int(ctx), 1.0f, S.data(), int(ctx),

@@ -15,8 +15,10 @@ void kv_cache_write(const float* k, const float* v, float* k_cache, float* v_cac
 /// j <= start + i (causal), for n query rows of one sequence at positions start .. start+n-1
 /// (per KV head: Q K^T and P V through OpenBLAS sgemm).
 /// q, out: [n, Hq, D]. Softmax in fp32 with max subtraction, scores accumulated in fp32.
+/// round_p_bf16: round the unnormalised probabilities exp(s - max) to bf16 before P V (the sum stays
+/// fp32), as tensor-core prefill kernels do (the ideal bf16 chain of the GPU prefill kernel).
 void paged_attention(const float* q, const float* k_cache, const float* v_cache, const int32_t* block_table,
                      int64_t start, int64_t n, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-                     int64_t block_size, float scale, float* out);
+                     int64_t block_size, float scale, float* out, bool round_p_bf16 = false);
 
 }  // namespace moefold::cpu

@@ -12,7 +12,7 @@
 namespace moefold::cpu {
 
 void router_topk(const float* logits, int64_t T, int64_t E, int64_t k, bool renormalize, int32_t* ids,
-                 float* weights) {
+                 float* weights, const int32_t* replay) {
   std::vector<float> p(static_cast<size_t>(E));
   std::vector<int32_t> order(static_cast<size_t>(E));
   for (int64_t t = 0; t < T; ++t) {
@@ -26,14 +26,22 @@ void router_topk(const float* logits, int64_t T, int64_t E, int64_t k, bool reno
       denom += p[size_t(e)];
     }
     for (int64_t e = 0; e < E; ++e) p[size_t(e)] = denom > 0 ? float(p[size_t(e)] / denom) : 0.0f;
-    // Ranking key: probability, NaN logits last, ties by lower index.
-    std::iota(order.begin(), order.end(), 0);
-    std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
-      bool na = std::isnan(l[a]), nb = std::isnan(l[b]);
-      if (na != nb) return nb;
-      if (p[size_t(a)] != p[size_t(b)]) return p[size_t(a)] > p[size_t(b)];
-      return a < b;
-    });
+    if (replay) {
+      for (int64_t s = 0; s < k; ++s) {
+        const int32_t e = replay[t * k + s];
+        if (e < 0 || e >= E) fail("router_topk: replayed expert id {} at row {} is outside [0, {})", e, t, E);
+        order[size_t(s)] = e;
+      }
+    } else {
+      // Ranking key: probability, NaN logits last, ties by lower index.
+      std::iota(order.begin(), order.end(), 0);
+      std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
+        bool na = std::isnan(l[a]), nb = std::isnan(l[b]);
+        if (na != nb) return nb;
+        if (p[size_t(a)] != p[size_t(b)]) return p[size_t(a)] > p[size_t(b)];
+        return a < b;
+      });
+    }
     double sum = 0;
     for (int64_t s = 0; s < k; ++s) sum += p[size_t(order[size_t(s)])];
     for (int64_t s = 0; s < k; ++s) {

@@ -11,8 +11,11 @@ namespace moefold::cpu {
 /// ties broken by the lower expert index, NaN ranks below every number, expert 0 like any other);
 /// weights = p of the picks, divided by their sum when `renormalize`. logits: [T, E];
 /// ids: [T, k] int32; weights: [T, k] fp32.
+/// Routing replay: when `replay` ([T, k]) is given, ids = replay (in its slot order) instead of the
+/// top-k, and weights are the softmax probabilities of those experts (renormalised the same way);
+/// throws Error if a replayed id is outside [0, E).
 void router_topk(const float* logits, int64_t T, int64_t E, int64_t k, bool renormalize, int32_t* ids,
-                 float* weights);
+                 float* weights, const int32_t* replay = nullptr);
 
 /// The per-expert plan: for each expert e, the (row, slot) pairs routed to it, grouped by expert in
 /// ascending row order. offsets: [E + 1]; pairs[offsets[e] .. offsets[e+1]) hold row * k + slot.

@@ -74,9 +74,13 @@ void moe_router_logits(const __nv_bfloat16* x, const __nv_bfloat16* w_router, co
 /// with e = exp(l - max) rounded to fp32 and the sum in fp64; ranking by p, NaN logits below every number,
 /// ties by the lower expert index, expert 0 like any other, k distinct experts; weights divided by their
 /// (fp64) sum when `renormalize`. logits: [T, E] fp32; ids: [T, k] int32; weights: [T, k] fp32. Rows
-/// >= *num_rows are neither read nor written. Asynchronous; throws moefold::Error on a launch error.
+/// >= *num_rows are neither read nor written. Routing replay: when `replay` ([T, k] int32, device) is
+/// given, ids = replay in its slot order and weights are the softmax probabilities of those experts
+/// (renormalised the same way), bit-compatible with cpu::router_topk's replay; a replayed id outside
+/// [0, E) is written as is (weight 0) and moe_plan reports it in ws.status. Asynchronous; throws
+/// moefold::Error on a launch error.
 void moe_router_topk(const float* logits, const int32_t* num_rows, const MoeShape& shape, bool renormalize,
-                     int32_t* ids, float* weights, cudaStream_t stream);
+                     int32_t* ids, float* weights, cudaStream_t stream, const int32_t* replay = nullptr);
 
 /// The plan of cpu::moe_plan over the LIVE pairs only (the first *num_rows * k entries of ids [T, k]):
 /// ws.counts, ws.offsets (exclusive scan), ws.pairs (grouped by expert, ascending pair id within one:
@@ -108,10 +112,11 @@ void moe_combine(const float* weights, const MoeWorkspace& ws, const __nv_bfloat
                  const int32_t* num_rows, const MoeShape& shape, __nv_bfloat16* out, cudaStream_t stream);
 
 /// The whole routed chain: router logits -> top-k -> plan -> gate_up -> down -> combine, results in
-/// ws (logits, ids, weights, plan) and out. Same arguments and preconditions as the steps above.
+/// ws (logits, ids, weights, plan) and out. Same arguments and preconditions as the steps above;
+/// `replay` as in moe_router_topk.
 void moe_forward(const __nv_bfloat16* x, const __nv_bfloat16* w_router, const __nv_bfloat16* gate_up,
                  const __nv_bfloat16* down, const __nv_bfloat16* shared_out, const __nv_bfloat16* shared_gate_w,
                  const __nv_bfloat16* residual, const int32_t* num_rows, const MoeShape& shape, bool renormalize,
-                 const MoeWorkspace& ws, __nv_bfloat16* out, cudaStream_t stream);
+                 const MoeWorkspace& ws, __nv_bfloat16* out, cudaStream_t stream, const int32_t* replay = nullptr);
 
 }  // namespace moefold::cuda

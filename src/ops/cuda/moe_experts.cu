@@ -262,9 +262,9 @@ void moe_combine(const float* weights, const MoeWorkspace& ws, const __nv_bfloat
 void moe_forward(const __nv_bfloat16* x, const __nv_bfloat16* w_router, const __nv_bfloat16* gate_up,
                  const __nv_bfloat16* down, const __nv_bfloat16* shared_out, const __nv_bfloat16* shared_gate_w,
                  const __nv_bfloat16* residual, const int32_t* num_rows, const MoeShape& shape, bool renormalize,
-                 const MoeWorkspace& ws, __nv_bfloat16* out, cudaStream_t stream) {
+                 const MoeWorkspace& ws, __nv_bfloat16* out, cudaStream_t stream, const int32_t* replay) {
   moe_router_logits(x, w_router, num_rows, shape, ws.logits, stream);
-  moe_router_topk(ws.logits, num_rows, shape, renormalize, ws.ids, ws.weights, stream);
+  moe_router_topk(ws.logits, num_rows, shape, renormalize, ws.ids, ws.weights, stream, replay);
   moe_plan(ws.ids, num_rows, shape, ws, stream);
   moe_expert_gate_up(x, gate_up, shape, ws, stream);
   moe_expert_down(down, shape, ws, stream);

@@ -119,7 +119,8 @@ constexpr int kTopkWarps = 8;
 template <int VPT>
 __global__ void __launch_bounds__(kTopkWarps * 32)
     router_topk_kernel(const float* __restrict__ logits, const int32_t* __restrict__ num_rows, int capacity,
-                       int E, int k, bool renormalize, int32_t* __restrict__ ids, float* __restrict__ weights) {
+                       int E, int k, bool renormalize, const int32_t* __restrict__ replay,
+                       int32_t* __restrict__ ids, float* __restrict__ weights) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int t = blockIdx.x * kTopkWarps + warp;
   int live = *num_rows;
@@ -172,18 +173,26 @@ __global__ void __launch_bounds__(kTopkWarps * 32)
   float* out_w = weights + int64_t(t) * k;
   for (int s = 0; s < k; ++s) {
     uint64_t best = 0;
+    int e_replay = -1;
+    if (replay) {  // the replayed expert's key (0 when the id is outside [0, E))
+      e_replay = replay[int64_t(t) * k + s];
 #pragma unroll
-    for (int i = 0; i < VPT; ++i) best = key[i] > best ? key[i] : best;
+      for (int i = 0; i < VPT; ++i)
+        if (i * 32 + lane == e_replay) best = key[i];
+    } else {
+#pragma unroll
+      for (int i = 0; i < VPT; ++i) best = key[i] > best ? key[i] : best;
+    }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
       const uint64_t other = __shfl_xor_sync(0xffffffffu, best, o);
       best = other > best ? other : best;
     }
-    const int e = int(~uint32_t(best & 0xffffffffu));
+    const int e = replay ? e_replay : int(~uint32_t(best & 0xffffffffu));
     const float p = __uint_as_float(uint32_t(best >> 32) & 0x7fffffffu);
 #pragma unroll
     for (int i = 0; i < VPT; ++i)
-      if (key[i] == best) key[i] = 0;
+      if (key[i] == best && !replay) key[i] = 0;
     sum += double(p);
     if (lane == 0) {
       out_ids[s] = e;
@@ -196,11 +205,11 @@ __global__ void __launch_bounds__(kTopkWarps * 32)
 }
 
 template <int VPT>
-void launch_topk(const float* logits, const int32_t* num_rows, const MoeShape& s, bool renormalize, int32_t* ids,
-                 float* weights, cudaStream_t stream) {
+void launch_topk(const float* logits, const int32_t* num_rows, const MoeShape& s, bool renormalize,
+                 const int32_t* replay, int32_t* ids, float* weights, cudaStream_t stream) {
   const int blocks = (s.capacity + kTopkWarps - 1) / kTopkWarps;
   router_topk_kernel<VPT><<<blocks, kTopkWarps * 32, 0, stream>>>(logits, num_rows, s.capacity, s.E, s.k,
-                                                                    renormalize, ids, weights);
+                                                                    renormalize, replay, ids, weights);
   MOEFOLD_CUDA_CHECK_LAUNCH();
 }
 
@@ -220,15 +229,15 @@ void moe_router_logits(const __nv_bfloat16* x, const __nv_bfloat16* w_router, co
 }
 
 void moe_router_topk(const float* logits, const int32_t* num_rows, const MoeShape& s, bool renormalize,
-                     int32_t* ids, float* weights, cudaStream_t stream) {
+                     int32_t* ids, float* weights, cudaStream_t stream, const int32_t* replay) {
   MOEFOLD_CHECK(s.E >= 1 && s.E <= 512 && s.k >= 1 && s.k <= s.E, fmt::runtime("moe_router_topk: unsupported E={} k={}"),
                 s.E, s.k);
   const int vpt = (s.E + 31) / 32;
-  if (vpt <= 1) launch_topk<1>(logits, num_rows, s, renormalize, ids, weights, stream);
-  else if (vpt <= 2) launch_topk<2>(logits, num_rows, s, renormalize, ids, weights, stream);
-  else if (vpt <= 4) launch_topk<4>(logits, num_rows, s, renormalize, ids, weights, stream);
-  else if (vpt <= 8) launch_topk<8>(logits, num_rows, s, renormalize, ids, weights, stream);
-  else launch_topk<16>(logits, num_rows, s, renormalize, ids, weights, stream);
+  if (vpt <= 1) launch_topk<1>(logits, num_rows, s, renormalize, replay, ids, weights, stream);
+  else if (vpt <= 2) launch_topk<2>(logits, num_rows, s, renormalize, replay, ids, weights, stream);
+  else if (vpt <= 4) launch_topk<4>(logits, num_rows, s, renormalize, replay, ids, weights, stream);
+  else if (vpt <= 8) launch_topk<8>(logits, num_rows, s, renormalize, replay, ids, weights, stream);
+  else launch_topk<16>(logits, num_rows, s, renormalize, replay, ids, weights, stream);
 }
 
 }  // namespace moefold::cuda
