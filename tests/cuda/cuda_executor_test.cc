@@ -1,7 +1,8 @@
 // The whole forward on the GPU against the CPU reference, for every family's fixture (made by
-// scripts/make_fixtures.py): logits within bf16 tolerance of transformers' reference, greedy tokens
-// equal to the CPU backend's wherever the CPU's top-two margin exceeds 0.1, and on the GPU itself
-// chunked prefill equal to whole prefill and batched equal to alone.
+// scripts/make_fixtures.py): logits within bf16 tolerance of transformers' reference and greedy tokens
+// equal to the CPU backend's wherever the CPU's top-two margin exceeds 0.1 (routing pinned to the
+// reference's, see below), and on the GPU itself chunked prefill equal to whole prefill and batched
+// equal to alone.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -37,12 +38,7 @@ std::unique_ptr<ModelRunner> gpu_runner(const std::string& fam, int32_t slots = 
 
 int32_t argmax(const float* v, int64_t n) { return int32_t(std::max_element(v, v + n) - v); }
 
-// bf16 activations move router logits by ~1e-2, so in a tiny random MoE a few positions route to a
-// different expert than the fp32 reference (the fixtures' closest top-k gaps are ~1e-4) and their
-// logits differ by far more than rounding; positions whose routing agrees differ by bf16 rounding.
-// So the logits check is per position: the 90th percentile of the row-wise relative error must be
-// within the bf16 tolerance (at most 10% of positions may have flipped a routing decision), and the
-// whole-tensor error is printed beside it. Dense families have no routing and meet it at every row.
+// Row-wise relative error of logits [rows, V]: its 90th percentile (a summary robust to one row).
 double p90_row_error(const std::vector<float>& got, const std::vector<float>& ref, int64_t V) {
   if (got.size() != ref.size() || got.empty()) return INFINITY;
   std::vector<double> rows;
@@ -52,6 +48,26 @@ double p90_row_error(const std::vector<float>& got, const std::vector<float>& re
   }
   std::sort(rows.begin(), rows.end());
   return rows[std::min(rows.size() - 1, size_t(0.9 * double(rows.size())))];
+}
+
+// In a tiny random MoE the router's top-k gaps are as small as ~1e-4 while bf16 activations move router
+// logits by ~1e-2, so a bf16 forward (transformers' own bf16 run included) flips some routing decisions,
+// and a flipped position differs by far more than rounding, which attention and the DeltaNet state then
+// carry to later positions. The per-position checks therefore pin the routing: the fp32 CPU reference
+// (equal to transformers' logits to ~1e-5) captures the experts every MoE layer chose, and the GPU and
+// the bf16-emulating CPU chain replay them (runtime/routed_experts.h). Everything else (router softmax
+// weights, experts, combine, attention, DeltaNet) is computed by the GPU as in production.
+//
+// The bf16 tolerance of a whole forward is measured, not guessed: scripts/make_bf16_yardstick.py ran
+// transformers' own bf16 forward on each fixture prompt, routing pinned the same way, and stored its
+// relative error (prompts[i].transformers_bf16.rel_err_pinned: 0.9e-2 .. 1.8e-2 dense, up to 6e-2 for
+// the most sensitive hybrid fixture). The GPU must be within 2e-2 or within 1.5x of that: equally valid
+// bf16 evaluations of the sensitive fixtures spread that far (docs/gpu_results.md: perturbing the ideal
+// bf16 chain's inputs to each rounding by 1e-6 moves qwen3_5_moe_text's T=2 logits from 1.5e-2 to 7.2e-2
+// of the reference, with routing pinned).
+double bf16_tolerance(const json& prompt, const char* key) {
+  const double hf = prompt.contains("transformers_bf16") ? prompt["transformers_bf16"][key].get<double>() : 0.0;
+  return std::max(2e-2, 1.5 * hf);
 }
 
 class CudaForward : public ::testing::TestWithParam<std::string> {};
@@ -67,26 +83,49 @@ TEST_P(CudaForward, LogitsMatchReferenceAndGreedyMatchesCpu) {
   const int64_t V = cpu_model->config().vocab_size;
   for (auto& p : ref["prompts"]) {
     auto ids = p["ids"].get<std::vector<int32_t>>();
+    const int32_t T = int32_t(ids.size());
     auto expect = read_npy((kFixtures / fam / p["logits"].get<std::string>()).string());
-    auto gpu = gpu_runner(fam);
-    int32_t s = gpu->add_sequence(ids);
-    auto got = gpu->step({{s, int32_t(ids.size()), true}})[0];
-    ModelRunner ideal(*bf16_model, {256, 16, 1});
-    int32_t q = ideal.add_sequence(ids);
-    auto chain = ideal.step({{q, int32_t(ids.size()), true}})[0];
-    const std::string shape = fam + ",T=" + std::to_string(ids.size());
-    // The GPU against the ideal bf16 chain on the CPU: equal up to accumulation order.
-    EXPECT_TRUE(test::contract("forward_logits_vs_cpu_bf16_chain_p90_row", shape, p90_row_error(got, chain, V), 1e-2));
-    // Against transformers' fp32 reference: no further from it than the ideal bf16 chain is (in a tiny
-    // random MoE the bf16 chain itself flips routing decisions; see docs/gpu_results.md).
-    const double ideal_err = test::rel_err(chain, expect.data), gpu_err = test::rel_err(got, expect.data);
-    test::contract("forward_logits_vs_transformers_cpu_bf16_chain", shape, ideal_err, INFINITY);
-    EXPECT_TRUE(test::contract("forward_logits_vs_transformers", shape, gpu_err, std::max(2e-2, 1.5 * ideal_err + 5e-3)));
-    // Greedy decode on both backends from the same prompt; compare while the CPU's margin is clear.
+    const std::string shape = fam + ",T=" + std::to_string(T);
+    // The fp32 reference's routing.
+    RoutedExperts routing;
     ModelRunner cpu(*cpu_model, {256, 16, 1});
+    cpu.executor().set_routing({nullptr, &routing});
     int32_t c = cpu.add_sequence(ids);
-    auto cl = cpu.step({{c, int32_t(ids.size()), false}})[0];
-    std::vector<float> gl(got.end() - V, got.end());
+    auto cpu_all = cpu.step({{c, T, true}})[0];
+    EXPECT_TRUE(test::contract("forward_cpu_fp32_vs_transformers", shape, test::rel_err(cpu_all, expect.data), 1e-3));
+    // The GPU, routing pinned to the reference's.
+    auto gpu = gpu_runner(fam);
+    gpu->executor().set_routing({&routing, nullptr});
+    int32_t s = gpu->add_sequence(ids);
+    auto got = gpu->step({{s, T, true}})[0];
+    const double hf_pinned = p.contains("transformers_bf16") ? p["transformers_bf16"]["rel_err_pinned"].get<double>() : 0.0;
+    test::contract("forward_transformers_bf16_vs_transformers_pinned", shape, hf_pinned, INFINITY);
+    EXPECT_TRUE(test::contract("forward_logits_vs_transformers_pinned", shape, test::rel_err(got, expect.data),
+                               bf16_tolerance(p, "rel_err_pinned")));
+    // The ideal bf16 chain on the CPU, same routing: as close to the GPU as a bf16 forward is to fp64.
+    ModelRunner ideal(*bf16_model, {256, 16, 1});
+    ideal.executor().set_routing({&routing, nullptr});
+    int32_t q = ideal.add_sequence(ids);
+    auto chain = ideal.step({{q, T, true}})[0];
+    EXPECT_TRUE(test::contract("forward_logits_vs_cpu_bf16_chain_pinned", shape, test::rel_err(got, chain),
+                               std::max(1e-2, 1.5 * hf_pinned)));
+    // Unpinned (production routing): flips make this a loose check; no further from transformers than
+    // 1.5x the worse of transformers' own bf16 run and the ideal bf16 chain.
+    auto gpu_free = gpu_runner(fam);
+    int32_t sf = gpu_free->add_sequence(ids);
+    auto free_logits = gpu_free->step({{sf, T, true}})[0];
+    ModelRunner ideal_free(*bf16_model, {256, 16, 1});
+    int32_t qf = ideal_free.add_sequence(ids);
+    const double ideal_err = test::rel_err(ideal_free.step({{qf, T, true}})[0], expect.data);
+    const double hf_err = p.contains("transformers_bf16") ? p["transformers_bf16"]["rel_err"].get<double>() : 0.0;
+    test::contract("forward_cpu_bf16_chain_vs_transformers_unpinned", shape, ideal_err, INFINITY);
+    test::contract("forward_transformers_bf16_vs_transformers_unpinned", shape, hf_err, INFINITY);
+    EXPECT_TRUE(test::contract("forward_logits_vs_transformers_unpinned", shape, test::rel_err(free_logits, expect.data),
+                               std::max(2e-2, 1.5 * std::max(ideal_err, hf_err) + 5e-3)));
+
+    // Greedy decode, 16 steps, on both backends from the same prompt; each step the CPU's routing is
+    // replayed on the GPU. Tokens must be equal wherever the CPU's top-two margin exceeds 0.1.
+    std::vector<float> cl(cpu_all.end() - V, cpu_all.end()), gl(got.end() - V, got.end());
     size_t mismatches = 0, compared = 0;
     for (int i = 0; i < 16; ++i) {
       std::vector<float> sorted = cl;
@@ -99,10 +138,11 @@ TEST_P(CudaForward, LogitsMatchReferenceAndGreedyMatchesCpu) {
       if (ct != gt) break;  // the sequences diverge; later steps are not comparable
       cpu.append_token(c, ct);
       gpu->append_token(s, gt);
-      cl = cpu.step({{c, 1, false}})[0];
+      cl = cpu.step({{c, 1, false}})[0];  // captures this step's routing into `routing`
       gl = gpu->step({{s, 1, false}})[0];
     }
-    EXPECT_TRUE(test::contract_exact("forward_greedy_vs_cpu", shape + ",compared=" + std::to_string(compared), mismatches));
+    EXPECT_TRUE(test::contract_exact("forward_greedy_vs_cpu_pinned", shape + ",compared=" + std::to_string(compared),
+                                     mismatches));
   }
 }
 
@@ -166,7 +206,8 @@ TEST_P(CudaForward, ChunkedPrefillAndBatchingInvariants) {
   EXPECT_TRUE(test::contract_exact("forward_batched_vs_alone", fam, mismatches));
 }
 
-// A short run of the hybrid family for the sanitizers (compute-sanitizer runs *Small* cases).
+// A short run of the hybrid family for the sanitizers (compute-sanitizer runs *Small* cases): prefill
+// and one decode step against the ideal bf16 chain, routing pinned to the chain's.
 TEST(CudaForwardSmall, HybridPrefillAndDecode) {
   MOEFOLD_REQUIRE_GPU();
   const std::string fam = "qwen3_5_moe";
@@ -174,18 +215,22 @@ TEST(CudaForwardSmall, HybridPrefillAndDecode) {
   cpu_model->set_emulate_bf16(true);
   const int64_t V = cpu_model->config().vocab_size;
   std::vector<int32_t> ids = {5, 17, 42, 99, 3, 250, 7};
+  RoutedExperts routing;
   auto gpu = gpu_runner(fam, 2);
   ModelRunner cpu(*cpu_model, {64, 16, 1});
+  cpu.executor().set_routing({nullptr, &routing});
+  gpu->executor().set_routing({&routing, nullptr});
   int32_t s = gpu->add_sequence(ids), c = cpu.add_sequence(ids);
-  auto g = gpu->step({{s, int32_t(ids.size()), true}})[0];
   auto r = cpu.step({{c, int32_t(ids.size()), true}})[0];
+  auto g = gpu->step({{s, int32_t(ids.size()), true}})[0];
   gpu->append_token(s, 11);
   cpu.append_token(c, 11);
-  auto g1 = gpu->step({{s, 1, true}})[0];
   auto r1 = cpu.step({{c, 1, true}})[0];
+  auto g1 = gpu->step({{s, 1, true}})[0];
   g.insert(g.end(), g1.begin(), g1.end());
   r.insert(r.end(), r1.begin(), r1.end());
-  EXPECT_TRUE(test::contract("forward_small_vs_cpu_bf16_chain_p90_row", fam + ",T=7+1", p90_row_error(g, r, V), 1e-2));
+  EXPECT_TRUE(test::contract("forward_small_vs_cpu_bf16_chain_pinned_p90_row", fam + ",T=7+1", p90_row_error(g, r, V),
+                             1e-2));
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, CudaForward, ::testing::ValuesIn(families()));
