@@ -1,6 +1,8 @@
 // Continuous-batching scheduler (contract: scheduler.h).
 #include "runtime/scheduler.h"
 
+#include <cmath>
+
 #include <algorithm>
 #include <limits>
 
@@ -190,6 +192,9 @@ std::vector<TokenOutput> Scheduler::step() {
     TokenOutput o;
     o.id = r.id;
     try {
+      if (!opt_.sampleable.empty())
+        for (size_t v = 0; v < logits[i].size(); ++v)
+          if (v >= opt_.sampleable.size() || !opt_.sampleable[v]) logits[i][v] = -INFINITY;
       SampleResult s = r.sampler.sample(logits[i], r.prompt, r.output);
       o.token = s.token;
       o.logprob = s.logprob;

@@ -42,6 +42,10 @@ struct SchedulerOptions {
   int32_t max_num_batched_tokens = 2048; ///< token rows per step (decode rows + prefill chunks)
   int32_t max_prefill_chunk = 0;         ///< most prompt tokens of one request per step; 0 = budget
   int32_t max_model_len = 4096;          ///< prompt + generated tokens; <= the KV pool's capacity
+  /// Token ids that may be sampled (empty: all). An id whose entry is false (or beyond the mask) gets
+  /// logit -inf before sampling: e.g. the model vocabulary's padding ids that the tokenizer cannot
+  /// decode. Logprobs are then those of the masked distribution.
+  std::vector<bool> sampleable;
 };
 
 /// One sampled token of one request, as step() reports it.

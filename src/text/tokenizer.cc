@@ -1010,6 +1010,10 @@ std::string Tokenizer::id_to_token(int32_t id) const {
 
 size_t Tokenizer::vocab_size() const { return impl_->id_valid.size(); }
 
+bool Tokenizer::contains(int32_t id) const {
+  return id >= 0 && static_cast<size_t>(id) < impl_->id_valid.size() && impl_->id_valid[size_t(id)];
+}
+
 bool Tokenizer::is_special(int32_t id) const {
   return id >= 0 && static_cast<size_t>(id) < impl_->id_special.size() && impl_->id_special[id];
 }

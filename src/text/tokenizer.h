@@ -90,6 +90,9 @@ class Tokenizer {
   /// [0, vocab_size()) that no token uses are holes: decode rejects them.
   size_t vocab_size() const;
 
+  /// True if some token (vocabulary or added) has id `id`: decode accepts it.
+  bool contains(int32_t id) const;
+
   /// True if `id` is an added token marked special.
   bool is_special(int32_t id) const;
 

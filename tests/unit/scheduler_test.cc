@@ -281,6 +281,31 @@ TEST(SchedulerEos, EosStopsUnlessIgnored) {
   EXPECT_EQ(ignored.finish[0], FinishReason::kLength);
 }
 
+// Ids outside SchedulerOptions::sampleable are never sampled; masking ids that greedy never picks
+// changes nothing.
+TEST_F(SchedulerTest, UnsampleableIdsAreNeverSampled) {
+  RunResult base = run_alone(*model_, {{prompt(9, 3), greedy(8)}});
+  SchedulerOptions so{1, 4096, 0, 1024};
+  so.sampleable.assign(kVocab, true);
+  for (int32_t t : base.tokens[0]) so.sampleable[size_t(t)] = false;
+  RunResult masked = run_all(*model_, {64, 16, 1}, so, {{prompt(9, 3), greedy(8)}});
+  ASSERT_EQ(masked.tokens[0].size(), 8u);
+  for (int32_t t : masked.tokens[0]) EXPECT_TRUE(so.sampleable[size_t(t)]) << t;
+  SchedulerOptions keep{1, 4096, 0, 1024};
+  keep.sampleable.assign(kVocab, false);
+  for (int32_t t : base.tokens[0]) keep.sampleable[size_t(t)] = true;
+  EXPECT_EQ(run_all(*model_, {64, 16, 1}, keep, {{prompt(9, 3), greedy(8)}}).tokens[0], base.tokens[0]);
+  // A shorter mask than the vocabulary masks the rest; sampled (non-greedy) tokens obey it too.
+  SchedulerOptions low{1, 4096, 0, 1024};
+  low.sampleable.assign(10, true);
+  SamplingParams hot = greedy(20);
+  hot.temperature = 1.5f;
+  hot.seed = 7;
+  RunResult hot_run = run_all(*model_, {64, 16, 1}, low, {{prompt(9, 3), hot}});
+  ASSERT_EQ(hot_run.tokens[0].size(), 20u);
+  for (int32_t t : hot_run.tokens[0]) EXPECT_LT(t, 10);
+}
+
 TEST_F(SchedulerTest, BadRequestsAndOptionsThrow) {
   ModelRunner runner(*model_, {8, 16, 2});
   EXPECT_THROW(Scheduler(runner, {3, 64, 0, 100}), Error);   // more seqs than slots
