@@ -5,6 +5,7 @@
 #include <set>
 
 #include "core/parallel.h"
+#include "models/dummy_init.h"
 
 #include "core/error.h"
 #include "io/safetensors.h"
@@ -74,65 +75,74 @@ class CheckpointSource : public WeightSource {
   std::set<std::string> used_;
 };
 
-uint64_t splitmix64(uint64_t& s) {
-  uint64_t z = (s += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
 class DummySource : public WeightSource {
  public:
-  DummySource(uint64_t seed, bool fused) : seed_(seed), fused_(fused) {}
+  DummySource(uint64_t seed, bool fused, bool defer) : seed_(seed), fused_(fused), defer_(defer) {}
   bool has(const std::string& name) const override {
     return name.find("mlp.experts.gate_up_proj") == std::string::npos || fused_;
   }
-  std::vector<float> load(const TensorSpec& spec) override {
-    int64_t n = 1;
-    for (auto d : spec.shape) n *= d;
+  std::vector<float> load(const TensorSpec& spec) override { return load_param(spec, false).host; }
+  Param load_param(const TensorSpec& spec, bool may_defer) override {
+    const int64_t n = numel(spec);
     uint64_t s = seed_;
     for (char c : spec.name) s = (s ^ uint64_t(uint8_t(c))) * 0x100000001b3ull;  // FNV-1a over the name
     const int64_t fan_in = spec.shape.back();
-    std::vector<float> out(static_cast<size_t>(n));
-    // Element i is a pure function of (seed, name, i), so chunks fill in parallel and reproducibly.
     // Uniform(-1, 1) has std 1/sqrt(3): scale by sqrt(3) * std.
     const float r3 = std::sqrt(3.0f), inv_fan = 1.0f / std::sqrt(float(fan_in));
     const TensorRole role = spec.role;
+    // Roles whose value is one scale times u (a DummyRecipe): may stay unmaterialised.
+    float scale = 0.0f;
+    bool product = true;
+    switch (role) {
+      case TensorRole::Embedding: scale = r3; break;
+      case TensorRole::LmHead:
+      case TensorRole::Linear:
+      case TensorRole::RoutedExpert: scale = r3 * inv_fan; break;
+      case TensorRole::Router: scale = 4.0f * r3 * inv_fan; break;
+      default: product = false;
+    }
+    if (product && defer_ && may_defer && n > kDeferMinElements) {
+      Param p;
+      p.numel = n;
+      p.dummy = DummyRecipe{s, scale};
+      return p;
+    }
+    std::vector<float> out(static_cast<size_t>(n));
     auto fill = [&, s](int64_t lo, int64_t hi) {
       for (int64_t i = lo; i < hi; ++i) {
-        uint64_t st = s + uint64_t(i) * 0x9e3779b97f4a7c15ull;
-        const float u = float(double(splitmix64(st) >> 11) * 0x1.0p-53 * 2.0 - 1.0);
+        const float u = dummy_uniform(s, i);
         float& v = out[size_t(i)];
         switch (role) {
-          case TensorRole::Embedding: v = r3 * u; break;
-          case TensorRole::LmHead:
-          case TensorRole::Linear:
-          case TensorRole::RoutedExpert: v = r3 * u * inv_fan; break;
-          case TensorRole::Router: v = 4.0f * r3 * u * inv_fan; break;
           case TensorRole::NormZeroCentred: v = 0.1f * r3 * u; break;
           case TensorRole::NormPlain: v = 1.0f + 0.1f * r3 * u; break;
           case TensorRole::Conv: v = 0.5f * r3 * u; break;
           case TensorRole::ALog: v = std::log(1.0f + 7.5f * (u + 1.0f)); break;  // A in [1, 16]
           case TensorRole::DtBias: v = u; break;
           case TensorRole::Bias: v = 0.02f * r3 * u; break;
+          default: v = dummy_value(DummyRecipe{s, scale}, i);
         }
       }
     };
     parallel_for(n, fill);
-    return out;
+    return Param(std::move(out));
   }
 
  private:
+  static int64_t numel(const TensorSpec& spec) {
+    int64_t n = 1;
+    for (auto d : spec.shape) n *= d;
+    return n;
+  }
   uint64_t seed_;
-  bool fused_;
+  bool fused_, defer_;
 };
 
 Linear make_linear(WeightSource& src, const std::string& name, int64_t out, int64_t in, bool bias,
-                   TensorRole role = TensorRole::Linear) {
+                   TensorRole role = TensorRole::Linear, bool may_defer = true) {
   Linear l;
   l.out = out;
   l.in = in;
-  l.w = src.load({name + ".weight", {out, in}, role});
+  l.w = src.load_param({name + ".weight", {out, in}, role}, may_defer);
   if (bias) l.b = src.load({name + ".bias", {out}, TensorRole::Bias});
   return l;
 }
@@ -179,8 +189,8 @@ bool CountingSource::has(const std::string& name) const {
 }
 
 std::unique_ptr<WeightSource> checkpoint_source(const std::string& dir) { return std::make_unique<CheckpointSource>(dir); }
-std::unique_ptr<WeightSource> dummy_source(uint64_t seed, bool fused_experts) {
-  return std::make_unique<DummySource>(seed, fused_experts);
+std::unique_ptr<WeightSource> dummy_source(uint64_t seed, bool fused_experts, bool defer) {
+  return std::make_unique<DummySource>(seed, fused_experts, defer);
 }
 
 ModelWeights load_weights(const ModelConfig& c, WeightSource& src, const std::function<void(Param&)>& place) {
@@ -188,9 +198,9 @@ ModelWeights load_weights(const ModelConfig& c, WeightSource& src, const std::fu
   const int64_t H = c.hidden_size, V = c.vocab_size;
   const TensorRole norm_role = c.norm_zero_centred ? TensorRole::NormZeroCentred : TensorRole::NormPlain;
   ModelWeights w;
-  w.embed = src.load({P + "embed_tokens.weight", {V, H}, TensorRole::Embedding});
+  w.embed = src.load_param({P + "embed_tokens.weight", {V, H}, TensorRole::Embedding}, true);
   w.final_norm = src.load({P + "norm.weight", {H}, norm_role});
-  if (!c.tie_word_embeddings) w.lm_head = src.load({"lm_head.weight", {V, H}, TensorRole::LmHead});
+  if (!c.tie_word_embeddings) w.lm_head = src.load_param({"lm_head.weight", {V, H}, TensorRole::LmHead}, true);
   w.layers.resize(size_t(c.num_layers));
   for (int64_t i = 0; i < c.num_layers; ++i) {
     LayerWeights& L = w.layers[size_t(i)];
@@ -242,8 +252,8 @@ ModelWeights load_weights(const ModelConfig& c, WeightSource& src, const std::fu
       const int64_t E = c.num_experts, I = c.moe_intermediate_size;
       m.router = make_linear(src, mp + "gate", E, H, false, TensorRole::Router);
       if (src.has(mp + "experts.gate_up_proj")) {
-        m.gate_up = src.load({mp + "experts.gate_up_proj", {E, 2 * I, H}, TensorRole::RoutedExpert});
-        m.down = src.load({mp + "experts.down_proj", {E, H, I}, TensorRole::RoutedExpert});
+        m.gate_up = src.load_param({mp + "experts.gate_up_proj", {E, 2 * I, H}, TensorRole::RoutedExpert}, true);
+        m.down = src.load_param({mp + "experts.down_proj", {E, H, I}, TensorRole::RoutedExpert}, true);
       } else {
         std::vector<float> gate_up, down;
         for (int64_t e = 0; e < E; ++e) {
@@ -259,16 +269,16 @@ ModelWeights load_weights(const ModelConfig& c, WeightSource& src, const std::fu
         m.down = std::move(down);
       }
       if (const int64_t Is = c.shared_expert_intermediate_size; Is > 0) {
-        auto gp = make_linear(src, mp + "shared_expert.gate_proj", Is, H, false);
-        auto up = make_linear(src, mp + "shared_expert.up_proj", Is, H, false);
+        auto gp = make_linear(src, mp + "shared_expert.gate_proj", Is, H, false, TensorRole::Linear, false);
+        auto up = make_linear(src, mp + "shared_expert.up_proj", Is, H, false, TensorRole::Linear, false);
         m.shared_gate_up = {2 * Is, H, concat_rows(std::move(gp.w.host), up.w.host), {}};
         m.shared_down = make_linear(src, mp + "shared_expert.down_proj", H, Is, false);
         m.shared_expert_gate = make_linear(src, mp + "shared_expert_gate", 1, H, false);
       }
     } else {
       const int64_t I = c.intermediate_size;
-      auto gp = make_linear(src, mp + "gate_proj", I, H, c.mlp_bias);
-      auto up = make_linear(src, mp + "up_proj", I, H, c.mlp_bias);
+      auto gp = make_linear(src, mp + "gate_proj", I, H, c.mlp_bias, TensorRole::Linear, false);
+      auto up = make_linear(src, mp + "up_proj", I, H, c.mlp_bias, TensorRole::Linear, false);
       L.mlp.gate_up = {2 * I, H, concat_rows(std::move(gp.w.host), up.w.host), concat_rows(std::move(gp.b.host), up.b.host)};
       L.mlp.down = make_linear(src, mp + "down_proj", H, I, c.mlp_bias);
     }

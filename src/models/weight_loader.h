@@ -23,25 +23,41 @@ struct TensorSpec {
 };
 
 /// Where tensors come from. load() returns the tensor as fp32 (empty for the counting source).
+/// load_param(spec, may_defer): the same as a Param; when `may_defer` (the caller uses the tensor as a
+/// whole, never its host values) a source may return it unmaterialised (Param::dummy set, host empty).
 class WeightSource {
  public:
   virtual ~WeightSource() = default;
   virtual bool has(const std::string& name) const = 0;
   virtual std::vector<float> load(const TensorSpec& spec) = 0;
+  virtual Param load_param(const TensorSpec& spec, bool may_defer) {
+    (void)may_defer;
+    return Param(load(spec));
+  }
 };
+
+/// Dummy tensors of at least this many elements may be deferred (smaller ones, e.g. norms and the
+/// DeltaNet parameters, are always materialised: executors keep their host copies).
+inline constexpr int64_t kDeferMinElements = 65536;
 
 /// Reads from a checkpoint directory; a missing or mis-shaped tensor throws one Error naming the tensor
 /// and both shapes.
 std::unique_ptr<WeightSource> checkpoint_source(const std::string& dir);
 /// Seeded random values, scaled per role so activations stay finite and routing is not degenerate.
 /// `fused_experts` picks which expert layout `has` reports (the layout of the family's release).
-std::unique_ptr<WeightSource> dummy_source(uint64_t seed, bool fused_experts);
+/// `defer`: large tensors used whole (projections, experts, embedding, lm_head) are returned as a
+/// DummyRecipe for the executor to generate on its device (models/dummy_init.h); same values.
+std::unique_ptr<WeightSource> dummy_source(uint64_t seed, bool fused_experts, bool defer = false);
 /// Records every spec and allocates nothing.
 class CountingSource : public WeightSource {
  public:
   explicit CountingSource(bool fused_experts) : fused_(fused_experts) {}
   bool has(const std::string& name) const override;
   std::vector<float> load(const TensorSpec& spec) override {
+    specs.push_back(spec);
+    return {};
+  }
+  Param load_param(const TensorSpec& spec, bool) override {
     specs.push_back(spec);
     return {};
   }

@@ -4,9 +4,11 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <vector>
 
 #include "io/model_config.h"
+#include "models/dummy_init.h"
 
 namespace moefold {
 
@@ -16,6 +18,8 @@ struct Param {
   std::vector<float> host;
   int64_t numel = 0;
   void* device = nullptr;
+  /// Set for a dummy tensor left unmaterialised (host empty): its values are dummy_value(*dummy, i).
+  std::optional<DummyRecipe> dummy;
   Param() = default;
   Param(std::vector<float> v) : host(std::move(v)), numel(int64_t(host.size())) {}  // NOLINT: implicit by design
   const float* data() const { return host.data(); }

@@ -252,3 +252,25 @@ TEST(Loader, BlockScaledFp8IsDequantised) {
 }
 
 }  // namespace
+
+// A deferred dummy tensor (DummyRecipe, generated later on a device) holds exactly the values the
+// materialised one does; small tensors and roles that are not one scale times u are never deferred.
+TEST(Loader, DeferredDummyTensorsEqualMaterialisedOnes) {
+  auto eager = dummy_source(9, true, false), lazy = dummy_source(9, true, true);
+  for (TensorRole role : {TensorRole::Embedding, TensorRole::LmHead, TensorRole::Linear, TensorRole::Router,
+                          TensorRole::RoutedExpert}) {
+    const TensorSpec spec{"model.layers.3.mlp.experts.gate_up_proj", {4, 96, 256}, role};
+    const std::vector<float> want = eager->load(spec);
+    Param p = lazy->load_param(spec, true);
+    ASSERT_TRUE(p.dummy.has_value());
+    EXPECT_TRUE(p.host.empty());
+    EXPECT_EQ(p.numel, int64_t(want.size()));
+    size_t mismatches = 0;
+    for (size_t i = 0; i < want.size(); ++i) mismatches += dummy_value(*p.dummy, int64_t(i)) != want[i];
+    EXPECT_EQ(mismatches, 0u);
+    EXPECT_FALSE(lazy->load_param(spec, false).dummy.has_value());  // the caller needs host values
+  }
+  EXPECT_FALSE(lazy->load_param({"x.weight", {16, 16}, TensorRole::Linear}, true).dummy.has_value());   // small
+  EXPECT_FALSE(lazy->load_param({"n.weight", {512, 256}, TensorRole::NormPlain}, true).dummy.has_value());
+  EXPECT_FALSE(eager->load_param({"y.weight", {512, 256}, TensorRole::Linear}, true).dummy.has_value());
+}

@@ -13,6 +13,7 @@
 #include "ops/cuda/causal_conv1d.h"
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/device_buffer.h"
+#include "ops/cuda/dummy_fill.h"
 #include "ops/cuda/elementwise.h"
 #include "ops/cuda/gated_delta_net.h"
 #include "ops/cuda/gated_rms_norm.h"
@@ -47,6 +48,12 @@ class CudaExecutor : public Executor {
   /// Uploads one finished Param as bf16 and drops its host copy (small ones are kept: the fp32
   /// DeltaNet parameters are uploaded again as fp32 from them).
   void place(Param& p) {
+    if (p.dummy) {  // unmaterialised dummy tensor: generate it here
+      weights_store_.emplace_back(size_t(p.numel));
+      cuda::dummy_fill_bf16(*p.dummy, weights_store_.back().data(), p.numel, nullptr);
+      p.device = weights_store_.back().data();
+      return;
+    }
     std::vector<uint16_t> bits(p.host.size());
     parallel_for(int64_t(bits.size()), [&](int64_t lo, int64_t hi) {
       for (int64_t i = lo; i < hi; ++i) bits[size_t(i)] = f32_to_bf16(p.host[size_t(i)]);
@@ -414,7 +421,7 @@ std::unique_ptr<Executor> make_cuda_executor(const std::string& dir, LoadFormat 
   ModelConfig cfg = ModelConfig::from_dir(dir);
   auto exec = std::make_unique<CudaExecutor>(cfg, opt);
   std::unique_ptr<WeightSource> src = format == LoadFormat::Dummy
-                                          ? dummy_source(seed, cfg.family == Family::Qwen3_5Moe)
+                                          ? dummy_source(seed, cfg.family == Family::Qwen3_5Moe, opt.dummy_on_device)
                                           : checkpoint_source(dir);
   ModelWeights w = load_weights(cfg, *src, [&](Param& p) { exec->place(p); });
   exec->finish_load(std::move(w));

@@ -20,6 +20,7 @@ struct CudaExecutorOptions {
   int32_t max_rows = 8192;    ///< most token rows per step (activation buffers are sized for it)
   int32_t max_blocks_per_seq = 0;  ///< 0 = num_blocks
   int32_t max_logits_rows = 256;   ///< logits computed per lm_head pass (larger requests loop)
+  bool dummy_on_device = true;     ///< --load-format dummy: generate large tensors on the GPU (same values)
 };
 
 /// Loads the model in `dir` straight onto the GPU (each layer uploaded as bf16 as soon as it is read;
