@@ -1,4 +1,5 @@
-#include "cli/bench_command.h"
+// `moefold bench offline` (contract: bench_offline_command.h).
+#include "cli/bench_offline_command.h"
 
 #include <algorithm>
 #include <chrono>
@@ -23,9 +24,10 @@
 
 namespace moefold {
 
-std::unique_ptr<BenchCommand> add_bench_command(CLI::App& app) {
-  auto b = std::make_unique<BenchCommand>();
-  b->app = app.add_subcommand("bench", "prefill and decode speed on the GPU against the measured rooflines");
+std::unique_ptr<BenchOfflineCommand> add_bench_offline_command(CLI::App& bench) {
+  auto b = std::make_unique<BenchOfflineCommand>();
+  b->app = bench.add_subcommand("offline", "prefill and decode speed on the GPU at fixed shapes, in one process, "
+                                           "against the rooflines measured in the same run");
   b->app->add_option("--model", b->model_dir, "model directory (config.json; weights unless dummy)")->required();
   b->app->add_option("--load-format", b->load_format, "dummy (default) | safetensors");
   b->app->add_option("--prefill", b->prefill, "prompt lengths to prefill, one sequence each")->delimiter(',');
@@ -39,7 +41,7 @@ std::unique_ptr<BenchCommand> add_bench_command(CLI::App& app) {
 }
 
 #ifndef MOEFOLD_HAVE_CUDA
-int BenchCommand::run() { fail("bench: this binary was built without the CUDA backend"); }
+int BenchOfflineCommand::run() { fail("bench offline: this binary was built without the CUDA backend"); }
 #else
 
 namespace {
@@ -98,7 +100,7 @@ std::vector<int32_t> random_tokens(int n, int64_t vocab, uint32_t seed) {
 
 }  // namespace
 
-int BenchCommand::run() {
+int BenchOfflineCommand::run() {
   const ModelConfig cfg = ModelConfig::from_dir(model_dir);
   const ParamCounts pc = count_params(cfg);
   cudaDeviceProp prop{};
