@@ -97,6 +97,19 @@ httplib::Headers headers(const Target& target) {
   return h;
 }
 
+/// What a cpp-httplib failure means for the user.
+std::string describe(httplib::Error e) {
+  switch (e) {
+    case httplib::Error::Connection: return "could not connect (nothing listening, or the host is unreachable)";
+    case httplib::Error::ConnectionTimeout: return "the connection timed out";
+    case httplib::Error::Read: return "reading the response failed (connection closed, or --request-timeout passed)";
+    case httplib::Error::Write: return "sending the request failed (connection closed)";
+    case httplib::Error::SSLConnection: return "the TLS connection failed";
+    case httplib::Error::SSLServerVerification: return "the server's TLS certificate was not accepted";
+    default: return httplib::to_string(e);
+  }
+}
+
 /// The `error.message` of an OpenAI error body, else the body itself (shortened).
 std::string error_message(const std::string& body) {
   const auto j = nlohmann::json::parse(body, nullptr, false);
@@ -120,7 +133,7 @@ ModelList fetch_models(const Target& target) {
     cli->set_read_timeout(30, 0);
     auto res = cli->Get(base.path_prefix + "/v1/models", headers(target));
     if (!res) {
-      out.error = "cannot reach " + url + ": " + httplib::to_string(res.error());
+      out.error = "cannot reach " + url + ": " + describe(res.error());
       return out;
     }
     out.reachable = true;
@@ -184,7 +197,7 @@ RequestOutput send_request(const Target& target, const SampleRequest& req, const
     const bool ok = cli->send(hreq, hres, err);
     if (status != 0 && status != 200) return fail_with("HTTP " + std::to_string(status) + ": " + error_message(other_body));
     if (!ok) {
-      std::string msg = "request to " + base.scheme_host_port + hreq.path + " failed: " + httplib::to_string(err);
+      std::string msg = "request to " + base.scheme_host_port + hreq.path + " failed: " + describe(err);
       if (status == 200) msg += " (mid-stream)";
       return fail_with(msg);
     }

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
@@ -182,6 +183,9 @@ int BenchServeCommand::run() {
               max_concurrency > 0 ? std::to_string(max_concurrency).c_str() : "none");
   std::fflush(stdout);
 
+  // A server that closes a connection while a request is written makes that request fail; it must
+  // not kill the client.
+  std::signal(SIGPIPE, SIG_IGN);
   std::vector<Run> runs;
   if (b)
     runs = {{"A1", &a, {}, {}}, {"B1", &*b, {}, {}}, {"B2", &*b, {}, {}}, {"A2", &a, {}, {}}};
