@@ -1,4 +1,4 @@
-"""transformers reference speed on the same shape as `moefold bench` (run in the same command).
+"""transformers reference speed on the same shape as `moefold bench offline` (run in the same command).
 
 Builds the text model of a Qwen3.5/3.6-MoE config.json with random bf16 weights directly on the GPU
 (transformers' own initialisation; no checkpoint, nothing downloaded) and times prefill of one

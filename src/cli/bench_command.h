@@ -1,25 +1,27 @@
-// The `moefold bench` subcommand: prefill and decode speed of a model on the GPU, with the hardware
-// ceilings (device copy bandwidth, bf16 GEMM rate) measured in the same run, and each result as a
-// fraction of its roofline.
+// The `moefold bench` command group: `bench offline` (GPU prefill/decode at fixed shapes in one
+// process, against measured rooflines) and `bench serve` (an OpenAI-compatible server under load,
+// in the manner of `vllm bench serve`). `moefold bench` alone lists them.
 #pragma once
 #include <CLI/CLI.hpp>
 #include <memory>
-#include <string>
-#include <vector>
+
+#include "cli/bench_offline_command.h"
+#include "cli/bench_serve_command.h"
 
 namespace moefold {
 
 struct BenchCommand {
   CLI::App* app = nullptr;
-  std::string model_dir, load_format = "dummy", json_out;
-  std::vector<int> prefill = {4096, 32768};
-  std::vector<int> decode_batch = {1, 8, 64};
-  int decode_context = 512, decode_steps = 32, repeats = 3;
-  uint64_t seed = 0;
-  /// Runs the benchmark and prints a table; returns the exit code. Throws moefold::Error.
+  std::unique_ptr<BenchOfflineCommand> offline;
+  std::unique_ptr<BenchServeCommand> serve;
+
+  /// Runs the chosen subcommand, or prints the help that lists them (exit code 0) when none was
+  /// given. Returns the exit code. Throws moefold::Error.
   int run();
 };
 
+/// Adds `bench` with its subcommands to `app`. The returned object must live until parsing and
+/// run() are done.
 std::unique_ptr<BenchCommand> add_bench_command(CLI::App& app);
 
 }  // namespace moefold

@@ -1,4 +1,4 @@
-// moefold command line: inspect | logits | generate.
+// moefold command line: inspect | logits | generate | chat | serve | bench (offline, serve).
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <filesystem>

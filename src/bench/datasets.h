@@ -1,0 +1,62 @@
+// The prompts of a serving benchmark (`moefold bench serve --dataset-name random|file`).
+//
+// random: like vLLM's RandomDataset. Input and output lengths are drawn uniformly from
+// [floor(len * (1 - r)), ceil(len * (1 + r))] (r = --random-range-ratio, lower bounds at least 1);
+// a prompt is that many token ids drawn uniformly from the tokenizer's vocabulary (special tokens
+// and unused ids left out). It is sent either as those ids (a token-id list, which /v1/completions
+// of moefold and vLLM accept: exact lengths) or as their decoded text, re-encoded and trimmed or
+// extended with more random ids up to 10 times until it re-encodes to the drawn length, as vLLM
+// does (a few prompts may stay a token or two off).
+//
+// file: one prompt per line of a text file, or, for a `.jsonl` file, one JSON object per line
+// with the prompt in a string field (e.g. "question" for GSM8K). The prompts are shuffled with the
+// seed and the first num_prompts taken, repeating the file when it has fewer.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "text/tokenizer.h"
+
+namespace moefold::bench {
+
+/// One request to send.
+struct SampleRequest {
+  std::string prompt;               ///< the prompt text (unused when prompt_ids is not empty)
+  std::vector<int32_t> prompt_ids;  ///< token ids sent instead of text (/v1/completions only)
+  int64_t prompt_len = 0;           ///< prompt tokens by the client's tokenizer (0: unknown)
+  int64_t output_len = 0;           ///< output tokens to ask for (max_tokens)
+};
+
+/// The inclusive length range [floor(len * (1 - ratio)), ceil(len * (1 + ratio))], its lower end
+/// raised to 1. Throws moefold::Error unless len >= 1 and 0 <= ratio < 1.
+std::pair<int64_t, int64_t> length_range(int64_t len, double ratio);
+
+struct RandomDatasetOptions {
+  int64_t num_prompts = 1000;
+  int64_t input_len = 1024;
+  int64_t output_len = 128;
+  double range_ratio = 0.0;
+  uint64_t seed = 0;
+  bool token_ids = false;  ///< send token-id lists instead of decoded text
+};
+
+/// Random-token requests (see the file comment). Deterministic for a tokenizer and options.
+/// Throws moefold::Error for invalid options or a tokenizer without ordinary tokens.
+std::vector<SampleRequest> sample_random_requests(const Tokenizer& tokenizer, const RandomDatasetOptions& opt);
+
+struct FileDatasetOptions {
+  std::string path;
+  std::string field = "prompt";  ///< the JSON field of a .jsonl file holding the prompt
+  int64_t num_prompts = 1000;
+  int64_t output_len = 128;
+  uint64_t seed = 0;
+};
+
+/// Requests from a prompt file (see the file comment). With a tokenizer, prompt_len is the prompt's
+/// token count; without, 0. Throws moefold::Error naming the file (and line) when it cannot be
+/// read, a .jsonl line is not JSON or lacks the field as a string, or there is no prompt.
+std::vector<SampleRequest> sample_file_requests(const FileDatasetOptions& opt, const Tokenizer* tokenizer);
+
+}  // namespace moefold::bench

@@ -1,0 +1,51 @@
+// One serving benchmark run (contract: serve_runner.h).
+#include "bench/serve_runner.h"
+
+#include <semaphore>
+#include <system_error>
+#include <thread>
+
+#include "core/error.h"
+
+namespace moefold::bench {
+
+RunResult run_requests(const std::vector<double>& arrivals, int64_t max_concurrency, const SendFn& send,
+                       ProgressBar* bar) {
+  using Clock = std::chrono::steady_clock;
+  MOEFOLD_CHECK(max_concurrency >= 0, "--max-concurrency must be >= 1 (got {})", max_concurrency);
+  RunResult result;
+  result.outputs.resize(arrivals.size());
+  // The dispatcher (this thread) is the only one that acquires, so places go in arrival order.
+  std::counting_semaphore<> places(max_concurrency > 0 ? std::ptrdiff_t(max_concurrency) : 0);
+  const bool limited = max_concurrency > 0;
+  std::vector<std::thread> threads;
+  threads.reserve(arrivals.size());
+  const Clock::time_point start = Clock::now();
+  auto run_one = [&](size_t i) {
+    try {
+      result.outputs[i] = send(i, start);
+    } catch (const std::exception& e) {
+      result.outputs[i].error = std::string("request failed: ") + e.what();
+      result.outputs[i].start_s = std::chrono::duration<double>(Clock::now() - start).count();
+    }
+    if (limited) places.release();
+    if (bar) bar->tick();
+  };
+  for (size_t i = 0; i < arrivals.size(); ++i) {
+    std::this_thread::sleep_until(start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(arrivals[i])));
+    if (limited) places.acquire();
+    try {
+      threads.emplace_back(run_one, i);
+    } catch (const std::system_error& e) {
+      result.outputs[i].error = std::string("could not start a request thread: ") + e.what();
+      result.outputs[i].start_s = std::chrono::duration<double>(Clock::now() - start).count();
+      if (limited) places.release();
+      if (bar) bar->tick();
+    }
+  }
+  for (std::thread& t : threads) t.join();
+  result.duration_s = std::chrono::duration<double>(Clock::now() - start).count();
+  return result;
+}
+
+}  // namespace moefold::bench

@@ -1,0 +1,202 @@
+// `moefold bench offline` (contract: bench_offline_command.h).
+#include "cli/bench_offline_command.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "core/error.h"
+#include "models/load_model.h"
+#include "models/weight_loader.h"
+#include "runtime/model_runner.h"
+#ifdef MOEFOLD_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "models/cuda/cuda_executor.h"
+#include "ops/cuda/cuda_check.h"
+#include "ops/cuda/device_buffer.h"
+#include "ops/cuda/gemm.h"
+#endif
+
+namespace moefold {
+
+std::unique_ptr<BenchOfflineCommand> add_bench_offline_command(CLI::App& bench) {
+  auto b = std::make_unique<BenchOfflineCommand>();
+  b->app = bench.add_subcommand("offline", "prefill and decode speed on the GPU at fixed shapes, in one process, "
+                                           "against the rooflines measured in the same run");
+  b->app->add_option("--model", b->model_dir, "model directory (config.json; weights unless dummy)")->required();
+  b->app->add_option("--load-format", b->load_format, "dummy (default) | safetensors");
+  b->app->add_option("--prefill", b->prefill, "prompt lengths to prefill, one sequence each")->delimiter(',');
+  b->app->add_option("--decode-batch", b->decode_batch, "decode batch sizes")->delimiter(',');
+  b->app->add_option("--decode-context", b->decode_context, "tokens in each sequence before decoding");
+  b->app->add_option("--decode-steps", b->decode_steps, "timed decode steps per batch size");
+  b->app->add_option("--repeats", b->repeats, "timed prefills per length (median reported)");
+  b->app->add_option("--seed", b->seed, "dummy-weight seed");
+  b->app->add_option("--json", b->json_out, "also write the results as JSON");
+  return b;
+}
+
+#ifndef MOEFOLD_HAVE_CUDA
+int BenchOfflineCommand::run() { fail("bench offline: this binary was built without the CUDA backend"); }
+#else
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+/// Device-to-device copy bandwidth, bytes read + written per second (median of 10 copies of 2 GiB).
+double measure_copy_bandwidth() {
+  const size_t bytes = size_t(2) << 30;
+  cuda::DeviceBuffer<uint8_t> a(bytes), b(bytes);
+  a.fill_bytes(1);
+  std::vector<double> t;
+  for (int i = 0; i < 12; ++i) {
+    MOEFOLD_CUDA_CHECK(cudaDeviceSynchronize());
+    auto t0 = Clock::now();
+    MOEFOLD_CUDA_CHECK(cudaMemcpy(b.data(), a.data(), bytes, cudaMemcpyDeviceToDevice));
+    MOEFOLD_CUDA_CHECK(cudaDeviceSynchronize());
+    if (i >= 2) t.push_back(seconds_since(t0));
+  }
+  return 2.0 * double(bytes) / median(t);
+}
+
+/// bf16 GEMM rate of cuBLASLt at 8192^3 on random data, FLOP/s (median of 10).
+double measure_gemm_rate() {
+  const int64_t n = 8192;
+  std::vector<float> h(size_t(n * n));
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<float> d(-1, 1);
+  for (auto& v : h) v = d(rng);
+  auto a = cuda::to_device_bf16(h), w = cuda::to_device_bf16(h);
+  cuda::DeviceBuffer<__nv_bfloat16> y(size_t(n * n));
+  std::vector<double> t;
+  for (int i = 0; i < 12; ++i) {
+    MOEFOLD_CUDA_CHECK(cudaDeviceSynchronize());
+    auto t0 = Clock::now();
+    cuda::gemm_bf16(a.data(), w.data(), nullptr, y.data(), n, n, n, nullptr);
+    MOEFOLD_CUDA_CHECK(cudaDeviceSynchronize());
+    if (i >= 2) t.push_back(seconds_since(t0));
+  }
+  return 2.0 * double(n) * double(n) * double(n) / median(t);
+}
+
+std::vector<int32_t> random_tokens(int n, int64_t vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int32_t> d(0, int32_t(std::min<int64_t>(vocab, 200000)) - 1);
+  std::vector<int32_t> v(static_cast<size_t>(n));
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+}  // namespace
+
+int BenchOfflineCommand::run() {
+  const ModelConfig cfg = ModelConfig::from_dir(model_dir);
+  const ParamCounts pc = count_params(cfg);
+  cudaDeviceProp prop{};
+  MOEFOLD_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device: %s, model: %s (%s), %.2f B params, %.2f B active/token\n", prop.name, model_dir.c_str(),
+              family_name(cfg.family).c_str(), double(pc.total) / 1e9, double(pc.active_per_token) / 1e9);
+  const double bw = measure_copy_bandwidth(), peak = measure_gemm_rate();
+  std::printf("measured ceilings: copy %.2f TB/s (read + write), bf16 GEMM 8192^3 %.0f TFLOP/s\n", bw / 1e12,
+              peak / 1e12);
+
+  const int max_prefill = prefill.empty() ? 0 : *std::max_element(prefill.begin(), prefill.end());
+  const int max_batch = decode_batch.empty() ? 1 : *std::max_element(decode_batch.begin(), decode_batch.end());
+  const int bs = 16;
+  const int decode_tokens = decode_context + decode_steps + 2;
+  const int blocks = std::max((max_prefill + bs - 1) / bs + 1, max_batch * ((decode_tokens + bs - 1) / bs + 1)) + 8;
+  CudaExecutorOptions o;
+  o.num_blocks = blocks;
+  o.block_size = bs;
+  o.num_slots = max_batch;
+  o.max_rows = std::max({max_prefill, max_batch * decode_context, max_batch, 1});
+  o.max_blocks_per_seq = std::max((max_prefill + bs - 1) / bs + 1, (decode_tokens + bs - 1) / bs + 1);
+  o.max_logits_rows = max_batch;
+  auto t_load = Clock::now();
+  ModelRunner runner(make_cuda_executor(model_dir, parse_load_format(load_format), seed, o),
+                     RunnerOptions{blocks, bs, max_batch});
+  std::printf("weights loaded and uploaded in %.1f s\n", seconds_since(t_load));
+
+  nlohmann::json results = {{"device", prop.name},
+                            {"model", model_dir},
+                            {"copy_bandwidth_bytes_per_s", bw},
+                            {"bf16_gemm_flops", peak},
+                            {"prefill", nlohmann::json::array()},
+                            {"decode", nlohmann::json::array()}};
+  const double D = double(cfg.head_dim), Hq = double(cfg.num_heads);
+  const double attn_layers = double(cfg.num_layers_of(LayerType::FullAttention));
+  std::printf("\n%-28s %12s %12s %12s %10s\n", "case", "median", "spread", "tokens/s", "roofline");
+  for (int T : prefill) {
+    std::vector<double> times;
+    for (int r = 0; r < repeats + 1; ++r) {
+      int32_t s = runner.add_sequence(random_tokens(T, cfg.vocab_size, uint32_t(r)));
+      auto t0 = Clock::now();
+      runner.step({{s, T, false}});
+      if (r > 0) times.push_back(seconds_since(t0));  // first run warms up
+      runner.release(s);
+    }
+    // FLOPs: 2 x active params per token, plus causal attention (QK^T and PV, half the square).
+    const double flops = 2.0 * double(pc.active_per_token) * T + attn_layers * 2.0 * 2.0 * Hq * D * double(T) * T / 2;
+    const double med = median(times);
+    const double spread = *std::max_element(times.begin(), times.end()) - *std::min_element(times.begin(), times.end());
+    std::printf("%-28s %10.1f ms %10.1f ms %12.0f %9.1f%%\n", ("prefill " + std::to_string(T)).c_str(), med * 1e3,
+                spread * 1e3, T / med, 100.0 * flops / med / peak);
+    results["prefill"].push_back({{"tokens", T}, {"median_s", med}, {"spread_s", spread}, {"flops", flops},
+                                  {"fraction_of_bf16_peak", flops / med / peak}});
+  }
+  for (int B : decode_batch) {
+    std::vector<int32_t> seqs;
+    std::vector<ModelRunner::Work> work;
+    for (int b = 0; b < B; ++b) {
+      seqs.push_back(runner.add_sequence(random_tokens(decode_context, cfg.vocab_size, uint32_t(100 + b))));
+      work.push_back({seqs.back(), decode_context, false});
+    }
+    runner.step(work);  // prefill all contexts in one step
+    std::vector<double> times;
+    std::mt19937 rng(7);
+    for (int step = 0; step < decode_steps + 2; ++step) {
+      work.clear();
+      for (int32_t s : seqs) {
+        runner.append_token(s, int32_t(rng() % 1000));
+        work.push_back({s, 1, false});
+      }
+      auto t0 = Clock::now();
+      runner.step(work);
+      if (step >= 2) times.push_back(seconds_since(t0));
+    }
+    for (int32_t s : seqs) runner.release(s);
+    // HBM floor of one step: every non-routed-expert weight once, the distinct routed experts a batch
+    // of B tokens touches in expectation (E (1 - (1 - k/E)^B) per layer), KV and DeltaNet state traffic.
+    const double E = double(std::max<int64_t>(cfg.num_experts, 1)), k = double(cfg.num_experts_per_tok);
+    const double per_expert = cfg.num_experts ? double(pc.routed_expert) / E : 0;
+    const double touched = cfg.num_experts ? E * (1 - std::pow(1 - k / E, B)) : 0;
+    const double weight_bytes = 2.0 * (double(pc.total - pc.embedding - pc.routed_expert) + touched * per_expert);
+    const double kv_bytes = double(B) * (decode_context + decode_steps / 2.0) * double(cfg.kv_bytes_per_token(2));
+    const double state_bytes = 2.0 * double(B) * double(cfg.deltanet_state_bytes_per_seq(2));
+    const double floor_s = (weight_bytes + kv_bytes + state_bytes) / bw;
+    const double med = median(times);
+    const double spread = *std::max_element(times.begin(), times.end()) - *std::min_element(times.begin(), times.end());
+    std::printf("%-28s %10.2f ms %10.2f ms %12.0f %9.1f%%\n", ("decode batch " + std::to_string(B)).c_str(),
+                med * 1e3, spread * 1e3, B / med, 100.0 * floor_s / med);
+    results["decode"].push_back({{"batch", B}, {"context", decode_context}, {"median_step_s", med},
+                                 {"spread_s", spread}, {"tokens_per_s", B / med}, {"hbm_floor_s", floor_s},
+                                 {"fraction_of_hbm_roofline", floor_s / med}});
+  }
+  if (!json_out.empty()) std::ofstream(json_out) << results.dump(2) << "\n";
+  return 0;
+}
+
+#endif
+
+}  // namespace moefold

@@ -1,0 +1,28 @@
+// The `moefold bench offline` subcommand: prefill and decode speed of a model on the GPU in one
+// process (no server), with the hardware ceilings (device copy bandwidth, bf16 GEMM rate) measured
+// in the same run, and each result as a fraction of its roofline.
+#pragma once
+#include <CLI/CLI.hpp>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace moefold {
+
+/// The offline benchmark and the options it fills.
+struct BenchOfflineCommand {
+  CLI::App* app = nullptr;
+  std::string model_dir, load_format = "dummy", json_out;
+  std::vector<int> prefill = {4096, 32768};
+  std::vector<int> decode_batch = {1, 8, 64};
+  int decode_context = 512, decode_steps = 32, repeats = 3;
+  uint64_t seed = 0;
+  /// Runs the benchmark and prints a table; returns the exit code. Throws moefold::Error (also
+  /// when the binary has no CUDA backend).
+  int run();
+};
+
+/// Adds `offline` to `bench`. The returned object must live until parsing and run() are done.
+std::unique_ptr<BenchOfflineCommand> add_bench_offline_command(CLI::App& bench);
+
+}  // namespace moefold

@@ -1,0 +1,90 @@
+// Tests of one serving benchmark run without a server (src/bench/serve_runner.h): every request
+// is sent exactly once, results stay in request order, the concurrency limit is never exceeded
+// (checked by the fake sender itself, not by timing), failures from the sender are contained;
+// and the progress bar's text (src/bench/progress_bar.h).
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <stdexcept>
+#include <thread>
+
+#include "bench/progress_bar.h"
+#include "bench/serve_runner.h"
+#include "core/error.h"
+
+namespace moefold::bench {
+namespace {
+
+/// A sender that records how many calls overlap; each call yields a few times so that overlaps
+/// can happen when they are allowed.
+struct FakeSender {
+  std::atomic<int> in_flight{0}, peak{0}, calls{0};
+  RequestOutput operator()(size_t i) {
+    const int now = ++in_flight;
+    int p = peak.load();
+    while (now > p && !peak.compare_exchange_weak(p, now)) {
+    }
+    ++calls;
+    for (int k = 0; k < 50; ++k) std::this_thread::yield();
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    RequestOutput r;
+    r.success = true;
+    r.output_tokens = int64_t(i);  // lets the test check the order of the results
+    r.latency_s = 0.001;
+    --in_flight;
+    return r;
+  }
+};
+
+TEST(RunRequests, ConcurrencyLimitIsNeverExceeded) {
+  for (int64_t limit : {1, 3}) {
+    FakeSender fake;
+    const std::vector<double> arrivals(24, 0.0);  // all at once: only the limit holds them back
+    const RunResult res = run_requests(arrivals, limit, [&](size_t i, auto) { return fake(i); }, nullptr);
+    EXPECT_EQ(fake.calls.load(), 24);
+    EXPECT_LE(fake.peak.load(), limit);
+    ASSERT_EQ(res.outputs.size(), 24u);
+    for (size_t i = 0; i < res.outputs.size(); ++i) EXPECT_EQ(res.outputs[i].output_tokens, int64_t(i));
+    EXPECT_GT(res.duration_s, 0);
+  }
+  FakeSender unlimited;
+  run_requests(std::vector<double>(16, 0.0), 0, [&](size_t i, auto) { return unlimited(i); }, nullptr);
+  EXPECT_EQ(unlimited.calls.load(), 16);
+}
+
+TEST(RunRequests, ArrivalTimesAreRespectedAndFailuresContained) {
+  // Request i may not be sent before arrivals[i]: the sender sees the time since the start.
+  const std::vector<double> arrivals = {0.0, 0.02, 0.04, 0.06};
+  std::vector<double> sent(arrivals.size());
+  const RunResult res = run_requests(
+      arrivals, 0,
+      [&](size_t i, std::chrono::steady_clock::time_point start) {
+        sent[i] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        if (i == 2) throw std::runtime_error("boom");
+        RequestOutput r;
+        r.success = true;
+        return r;
+      },
+      nullptr);
+  for (size_t i = 0; i < arrivals.size(); ++i) EXPECT_GE(sent[i], arrivals[i]) << i;
+  EXPECT_TRUE(res.outputs[1].success);
+  EXPECT_FALSE(res.outputs[2].success);
+  EXPECT_NE(res.outputs[2].error.find("boom"), std::string::npos);
+  EXPECT_THROW(run_requests({0.0}, -1, [](size_t, auto) { return RequestOutput{}; }, nullptr), Error);
+}
+
+TEST(ProgressBar, RendersFractionCountsAndRate) {
+  const std::string s = ProgressBar::render("A1", 37, 100, 5.0);
+  EXPECT_EQ(s.rfind("A1  37%|", 0), 0u) << s;
+  EXPECT_NE(s.find("| 37/100 [00:05<00:08, 7.40 req/s]"), std::string::npos) << s;
+  const std::string done = ProgressBar::render("", 4, 4, 3700.0);
+  EXPECT_NE(done.find("100%|"), std::string::npos) << done;
+  EXPECT_NE(done.find("[1:01:40<00:00"), std::string::npos) << done;
+  EXPECT_NE(ProgressBar::render("", 0, 10, 0.0).find("<?,"), std::string::npos);  // no rate yet: no ETA
+  ProgressBar off(3, false);  // disabled: ticking is harmless and prints nothing
+  off.tick();
+  off.close();
+}
+
+}  // namespace
+}  // namespace moefold::bench
