@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "core/error.h"
+#include "core/parallel.h"
 
 namespace moefold {
 
@@ -186,25 +187,44 @@ std::vector<TokenOutput> Scheduler::step() {
     return outs;
   }
 
-  for (size_t i = 0; i < plan.size(); ++i) {
-    Request& r = requests_.at(plan[i].id);
-    if (uncomputed(r) > 0) continue;  // partial prefill chunk: nothing to sample yet
+  // Sample every row that completed its prompt or decoded, in parallel across rows (each request has
+  // its own Sampler and counter-based randomness), then apply the results in plan order.
+  std::vector<size_t> rows;
+  for (size_t i = 0; i < plan.size(); ++i)
+    if (uncomputed(requests_.at(plan[i].id)) == 0) rows.push_back(i);  // partial prefill chunks sample nothing
+  std::vector<SampleResult> sampled(rows.size());
+  std::vector<std::string> errors(rows.size());
+  const int64_t vocab = logits.empty() ? 1 : std::max<int64_t>(int64_t(logits[0].size()), 1);
+  parallel_for(
+      int64_t(rows.size()),
+      [&](int64_t lo, int64_t hi) {
+        for (int64_t j = lo; j < hi; ++j) {
+          const size_t i = rows[size_t(j)];
+          Request& r = requests_.at(plan[i].id);
+          try {
+            if (!opt_.sampleable.empty())
+              for (size_t v = 0; v < logits[i].size(); ++v)
+                if (v >= opt_.sampleable.size() || !opt_.sampleable[v]) logits[i][v] = -INFINITY;
+            sampled[size_t(j)] = r.sampler.sample(logits[i], r.prompt, r.output);
+          } catch (const std::exception& e) {
+            errors[size_t(j)] = std::string("sampling failed: ") + e.what();
+          }
+        }
+      },
+      std::max<int64_t>(1, (int64_t(1) << 19) / vocab));
+  for (size_t j = 0; j < rows.size(); ++j) {
+    Request& r = requests_.at(plan[rows[j]].id);
     TokenOutput o;
     o.id = r.id;
-    try {
-      if (!opt_.sampleable.empty())
-        for (size_t v = 0; v < logits[i].size(); ++v)
-          if (v >= opt_.sampleable.size() || !opt_.sampleable[v]) logits[i][v] = -INFINITY;
-      SampleResult s = r.sampler.sample(logits[i], r.prompt, r.output);
-      o.token = s.token;
-      o.logprob = s.logprob;
-      o.top_logprobs = std::move(s.top_logprobs);
-    } catch (const std::exception& e) {
-      o.error = std::string("sampling failed: ") + e.what();
+    if (!errors[j].empty()) {
+      o.error = std::move(errors[j]);
       outs.push_back(std::move(o));
       remove(r.id);
       continue;
     }
+    o.token = sampled[j].token;
+    o.logprob = sampled[j].logprob;
+    o.top_logprobs = std::move(sampled[j].top_logprobs);
     r.output.push_back(o.token);
     o.finish = finish_reason(r, o.token);
     if (o.finish == FinishReason::kNone) {
