@@ -1,4 +1,4 @@
-// moefold command line: inspect | logits | generate | chat | serve | bench (offline, serve).
+// moefold command line: inspect | logits | generate | chat | serve | bench (offline, serve) | profile.
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <filesystem>
@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/kernel_registry.h"
 #include "io/model_config.h"
 #include "io/npy.h"
 #include "models/load_model.h"
@@ -17,6 +18,7 @@
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
 #include "cli/bench_command.h"
+#include "cli/profile_command.h"
 #include "cli/serve_command.h"
 #ifdef MOEFOLD_HAVE_CUDA
 #include "models/cuda/cuda_executor.h"
@@ -148,7 +150,17 @@ TextGenerationResult stream_generation(ModelRunner& runner, const Tokenizer& tok
   return r;
 }
 
-int main(int argc, char** argv) {
+namespace {
+
+/// --require-kernel NAME (repeatable) of whichever command runs: checked by main() after it succeeded.
+std::vector<std::string> g_required_kernels;
+
+void add_require_kernel(CLI::App* c) {
+  c->add_option("--require-kernel", g_required_kernels,
+                "fail unless this kernel ran (a registry name, e.g. attn_tc_kernel; repeatable)");
+}
+
+int run_command(int argc, char** argv) {
   CLI::App app{"moefold: an inference engine for sparse mixture-of-experts LLMs"};
   app.require_subcommand(1);
   std::string model_dir, load_format = "auto", device = "cpu", prompt_ids, prompt_text, out_path, output = "text";
@@ -189,12 +201,19 @@ int main(int argc, char** argv) {
 
   auto serve = add_serve_command(app);
   auto bench = add_bench_command(app);
+  auto profile = add_profile_command(app);
+  for (CLI::App* c : {logits, generate, chat, serve->app, bench->offline->app, profile->app}) add_require_kernel(c);
 
   CLI11_PARSE(app, argc, argv);
   try {
+    prof::check_kernel_names(g_required_kernels);  // a typo fails before the model loads
     if (*inspect) return cmd_inspect(model_dir, as_json);
     if (*serve->app) return serve->run();
     if (*bench->app) return bench->run();
+    if (*profile->app) {
+      for (int i = 0; i < argc; ++i) profile->command_line += (i ? " " : "") + std::string(argv[i]);
+      return profile->run();
+    }
     const LoadFormat format = parse_load_format(load_format);
     if (!std::filesystem::is_directory(model_dir))
       fail("--model {}: not a model directory (expected a folder with config.json)", model_dir);
@@ -277,4 +296,18 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;
   }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int rc = run_command(argc, argv);
+  if (rc != 0 || g_required_kernels.empty()) return rc;
+  try {
+    prof::require_kernels_ran(g_required_kernels);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
 }

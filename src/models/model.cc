@@ -6,6 +6,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/profiler.h"
 #include "ops/cpu/attention.h"
 #include "ops/cpu/gated_delta_net.h"
 #include "ops/cpu/linear.h"
@@ -18,18 +19,65 @@ namespace moefold {
 using namespace cpu;
 
 namespace {
-void project(const Linear& l, const float* x, float* y, int64_t T) {
-  linear(x, l.w.data(), l.b.empty() ? nullptr : l.b.data(), y, T, l.in, l.out);
+
+// Every op of the forward is a registry entry (core/kernel_registry.h): counted always, timed while a
+// profile window is open, with its bytes (fp32: 4 per element, read + written) and FLOPs.
+using prof::Category;
+const prof::Kernel kEmbed{"cpu::embedding", Category::Glue};
+const prof::Kernel kRmsNorm{"cpu::rms_norm", Category::NormRope};
+const prof::Kernel kLinear{"cpu::linear", Category::DenseGemm};
+const prof::Kernel kLmHead{"cpu::linear:lm_head", Category::DenseGemm};
+const prof::Kernel kRouter{"cpu::linear:router", Category::MoeRouting};
+const prof::Kernel kSharedGate{"cpu::linear:shared_expert_gate", Category::MoeRouting};
+const prof::Kernel kRoundBf16{"cpu::round_bf16", Category::Glue};
+const prof::Kernel kResidual{"cpu::residual_add", Category::Other};
+const prof::Kernel kSplit{"cpu::split_heads", Category::Glue};
+const prof::Kernel kRope{"cpu::apply_rope", Category::NormRope};
+const prof::Kernel kKvWrite{"cpu::kv_cache_write", Category::Glue};
+const prof::Kernel kAttnPrefill{"cpu::paged_attention:prefill", Category::AttentionPrefill};
+const prof::Kernel kAttnDecode{"cpu::paged_attention:decode", Category::AttentionDecode};
+const prof::Kernel kOutputGate{"cpu::sigmoid_gate_mul", Category::Other};
+const prof::Kernel kGdnGating{"cpu::gdn_gating", Category::DeltaNet};
+const prof::Kernel kConv{"cpu::causal_conv1d_silu", Category::Conv};
+const prof::Kernel kGdnRecurrent{"cpu::gated_delta_rule_recurrent", Category::DeltaNet};
+const prof::Kernel kGdnChunked{"cpu::gated_delta_rule_chunked", Category::DeltaNet};
+const prof::Kernel kGatedNorm{"cpu::gated_rms_norm", Category::NormRope};
+const prof::Kernel kTopk{"cpu::router_topk", Category::MoeRouting};
+const prof::Kernel kZero{"cpu::zero_fill", Category::Glue};
+const prof::Kernel kExperts{"cpu::moe_experts", Category::RoutedExpertGemm};
+const prof::Kernel kSwiglu{"cpu::swiglu", Category::Other};
+const prof::Kernel kSharedCombine{"cpu::shared_expert_combine", Category::MoeRouting};
+
+/// Runs f as one call of op k (a HostScope around it).
+template <class F>
+void timed(const prof::Kernel& k, prof::Work w, F&& f) {
+  prof::HostScope scope(k, w);
+  f();
 }
+
+/// fp32 bytes of n elements read once and m written once.
+prof::Work rw(double read, double written, double flops = 0) { return {4.0 * (read + written), flops}; }
+
+prof::Work linear_work(const Linear& l, int64_t T) {
+  return rw(double(T) * l.in + double(l.in) * l.out + (l.b.empty() ? 0.0 : double(l.out)), double(T) * l.out,
+            2.0 * double(T) * l.in * l.out);
+}
+
+void project(const prof::Kernel& k, const Linear& l, const float* x, float* y, int64_t T) {
+  timed(k, linear_work(l, T), [&] { linear(x, l.w.data(), l.b.empty() ? nullptr : l.b.data(), y, T, l.in, l.out); });
+}
+
 }  // namespace
 
 void Model::round_act(float* p, int64_t n) const {
-  if (emulate_bf16_)
+  if (!emulate_bf16_) return;
+  timed(kRoundBf16, rw(double(n), double(n)), [&] {
     for (int64_t i = 0; i < n; ++i) p[i] = bf16_to_f32(f32_to_bf16(p[i]));
+  });
 }
 
 void Model::proj(const Linear& l, const float* x, float* y, int64_t T) const {
-  project(l, x, y, T);
+  project(kLinear, l, x, y, T);
   round_act(y, T * l.out);
 }
 
@@ -62,23 +110,26 @@ void Model::forward(const ForwardBatch& b, KvCache& kv, StatePool& st, std::vect
 
   // h = embed(tokens)
   std::vector<float> h(static_cast<size_t>(T * H)), x(static_cast<size_t>(T * H)), y(static_cast<size_t>(T * H));
-  for (int64_t t = 0; t < T; ++t) {
-    const int32_t id = b.token_ids[size_t(t)];
-    MOEFOLD_CHECK(id >= 0 && id < V, "token id {} is outside the vocabulary [0, {})", id, V);
-    std::memcpy(&h[size_t(t * H)], w_.embed.data() + size_t(id) * size_t(H), size_t(H) * 4);
-  }
+  timed(kEmbed, rw(double(T * H), double(T * H)), [&] {
+    for (int64_t t = 0; t < T; ++t) {
+      const int32_t id = b.token_ids[size_t(t)];
+      MOEFOLD_CHECK(id >= 0 && id < V, "token id {} is outside the vocabulary [0, {})", id, V);
+      std::memcpy(&h[size_t(t * H)], w_.embed.data() + size_t(id) * size_t(H), size_t(H) * 4);
+    }
+  });
+  const prof::Work norm_work = rw(double(T * H + H), double(T * H)), add_work = rw(2.0 * T * H, double(T * H));
 
   for (size_t l = 0; l < w_.layers.size(); ++l) {
     const LayerWeights& L = w_.layers[l];
     // h = h + Mixer(RMSNorm_in(h))
-    rms_norm(h.data(), L.input_norm.data(), x.data(), T, H, eps, nk);
+    timed(kRmsNorm, norm_work, [&] { rms_norm(h.data(), L.input_norm.data(), x.data(), T, H, eps, nk); });
     round_act(x.data(), T * H);
     if (cfg_.layer_types[l] == LayerType::FullAttention) attention(l, b, x.data(), y.data(), kv);
     else deltanet(l, b, x.data(), y.data(), st);
-    for (size_t i = 0; i < h.size(); ++i) h[i] += y[i];
+    timed(kResidual, add_work, [&] { for (size_t i = 0; i < h.size(); ++i) h[i] += y[i]; });
     round_act(h.data(), T * H);
     // h = h + FFN(RMSNorm_post(h))
-    rms_norm(h.data(), L.post_attention_norm.data(), x.data(), T, H, eps, nk);
+    timed(kRmsNorm, norm_work, [&] { rms_norm(h.data(), L.post_attention_norm.data(), x.data(), T, H, eps, nk); });
     round_act(x.data(), T * H);
     if (cfg_.layer_is_moe[l]) {
       moe(l, x.data(), y.data(), T, routing.replay ? routing.replay->layers[moe_index].data() : nullptr,
@@ -87,7 +138,7 @@ void Model::forward(const ForwardBatch& b, KvCache& kv, StatePool& st, std::vect
     } else {
       mlp(l, x.data(), y.data(), T);
     }
-    for (size_t i = 0; i < h.size(); ++i) h[i] += y[i];
+    timed(kResidual, add_work, [&] { for (size_t i = 0; i < h.size(); ++i) h[i] += y[i]; });
     round_act(h.data(), T * H);
   }
 
@@ -97,11 +148,13 @@ void Model::forward(const ForwardBatch& b, KvCache& kv, StatePool& st, std::vect
   for (int64_t r = 0; r < R; ++r) {
     const int32_t row = b.logits_rows[size_t(r)];
     MOEFOLD_CHECK(row >= 0 && row < T, "logits row {} outside the batch's {} rows", row, T);
-    rms_norm(&h[size_t(row) * size_t(H)], w_.final_norm.data(), &hr[size_t(r * H)], 1, H, eps, nk);
+    timed(kRmsNorm, rw(double(2 * H), double(H)),
+          [&] { rms_norm(&h[size_t(row) * size_t(H)], w_.final_norm.data(), &hr[size_t(r * H)], 1, H, eps, nk); });
   }
   round_act(hr.data(), R * H);
   logits.resize(size_t(R * V));
-  linear(hr.data(), w_.lm_head_param().data(), nullptr, logits.data(), R, H, V);
+  timed(kLmHead, rw(double(R * H + H * V), double(R * V), 2.0 * double(R) * H * V),
+        [&] { linear(hr.data(), w_.lm_head_param().data(), nullptr, logits.data(), R, H, V); });
 }
 
 // Gated softmax attention (transformers Qwen3_5MoeAttention; Qwen3Attention and LlamaAttention are the
@@ -119,21 +172,28 @@ void Model::attention(size_t l, const ForwardBatch& b, const float* x, float* ou
   proj(a.v_proj, x, v.data(), T);
   if (cfg_.attn_output_gate) {  // per head: [query D | gate D]
     gate.resize(size_t(T * Hq * D));
-    for (int64_t r = 0; r < T * Hq; ++r) {
-      std::memcpy(&q[size_t(r * D)], &qg[size_t(r * 2 * D)], size_t(D) * 4);
-      std::memcpy(&gate[size_t(r * D)], &qg[size_t(r * 2 * D + D)], size_t(D) * 4);
-    }
+    timed(kSplit, rw(2.0 * T * Hq * D, 2.0 * T * Hq * D), [&] {
+      for (int64_t r = 0; r < T * Hq; ++r) {
+        std::memcpy(&q[size_t(r * D)], &qg[size_t(r * 2 * D)], size_t(D) * 4);
+        std::memcpy(&gate[size_t(r * D)], &qg[size_t(r * 2 * D + D)], size_t(D) * 4);
+      }
+    });
   } else {
     q.swap(qg);
   }
   if (cfg_.qk_norm) {
-    rms_norm(q.data(), a.q_norm.data(), q.data(), T * Hq, D, float(cfg_.rms_norm_eps), nk);
-    rms_norm(k.data(), a.k_norm.data(), k.data(), T * Hkv, D, float(cfg_.rms_norm_eps), nk);
+    timed(kRmsNorm, rw(double(T * Hq * D + D), double(T * Hq * D)),
+          [&] { rms_norm(q.data(), a.q_norm.data(), q.data(), T * Hq, D, float(cfg_.rms_norm_eps), nk); });
+    timed(kRmsNorm, rw(double(T * Hkv * D + D), double(T * Hkv * D)),
+          [&] { rms_norm(k.data(), a.k_norm.data(), k.data(), T * Hkv, D, float(cfg_.rms_norm_eps), nk); });
     round_act(q.data(), T * Hq * D);
     round_act(k.data(), T * Hkv * D);
   }
-  apply_rope(q.data(), b.positions.data(), T, Hq, D, cfg_.rotary_dim, inv_freq_.data());
-  apply_rope(k.data(), b.positions.data(), T, Hkv, D, cfg_.rotary_dim, inv_freq_.data());
+  const double rope_elems = double(T) * (Hq + Hkv) * cfg_.rotary_dim;
+  timed(kRope, rw(rope_elems, rope_elems), [&] {
+    apply_rope(q.data(), b.positions.data(), T, Hq, D, cfg_.rotary_dim, inv_freq_.data());
+    apply_rope(k.data(), b.positions.data(), T, Hkv, D, cfg_.rotary_dim, inv_freq_.data());
+  });
   round_act(q.data(), T * Hq * D);
   round_act(k.data(), T * Hkv * D);
   const float scale = float(1.0 / std::sqrt(double(D)));
@@ -146,13 +206,22 @@ void Model::attention(size_t l, const ForwardBatch& b, const float* x, float* ou
     if (n == 0) continue;
     MOEFOLD_CHECK((start + n + kv.block_size - 1) / kv.block_size <= b.max_blocks_per_seq,
                   "sequence {} needs more KV blocks than its block table holds", s);
-    kv_cache_write(&k[size_t(r0 * Hkv * D)], &v[size_t(r0 * Hkv * D)], kv.k[l].data(), kv.v[l].data(),
-                   b.block_table(s), start, n, kv.block_size, kv.kv_dim);
-    paged_attention(&q[size_t(r0 * Hq * D)], kv.k[l].data(), kv.v[l].data(), b.block_table(s), start, n, Hq, Hkv, D,
-                    kv.block_size, scale, &o[size_t(r0 * Hq * D)], emulate_bf16_ && !decode_step);
+    timed(kKvWrite, rw(2.0 * n * kv.kv_dim, 2.0 * n * kv.kv_dim), [&] {
+      kv_cache_write(&k[size_t(r0 * Hkv * D)], &v[size_t(r0 * Hkv * D)], kv.k[l].data(), kv.v[l].data(),
+                     b.block_table(s), start, n, kv.block_size, kv.kv_dim);
+    });
+    // q read and o written; the cached K and V read once; QK^T and PV over the causal pairs.
+    const double pairs = double(n) * start + double(n) * (n + 1) / 2;
+    const prof::Work attn_work = rw(double(n * Hq * D) + 2.0 * (start + n) * Hkv * D, double(n * Hq * D),
+                                    4.0 * pairs * Hq * D);
+    timed(n == 1 && start > 0 ? kAttnDecode : kAttnPrefill, attn_work, [&] {
+      paged_attention(&q[size_t(r0 * Hq * D)], kv.k[l].data(), kv.v[l].data(), b.block_table(s), start, n, Hq, Hkv,
+                      D, kv.block_size, scale, &o[size_t(r0 * Hq * D)], emulate_bf16_ && !decode_step);
+    });
   }
   if (cfg_.attn_output_gate)
-    for (size_t i = 0; i < o.size(); ++i) o[i] *= sigmoid(gate[i]);
+    timed(kOutputGate, rw(2.0 * o.size(), double(o.size())),
+          [&] { for (size_t i = 0; i < o.size(); ++i) o[i] *= sigmoid(gate[i]); });
   round_act(o.data(), int64_t(o.size()));
   proj(a.o_proj, o.data(), out, T);
 }
@@ -174,33 +243,47 @@ void Model::deltanet(size_t l, const ForwardBatch& b, const float* x, float* out
   proj(g.in_proj_z, x, z.data(), T);
   proj(g.in_proj_b, x, braw.data(), T);
   proj(g.in_proj_a, x, araw.data(), T);
-  gdn_gating(araw.data(), braw.data(), g.A_log.data(), g.dt_bias.data(), gl.data(), beta.data(), T, Hv);
+  timed(kGdnGating, rw(2.0 * T * Hv + 2.0 * Hv, 2.0 * T * Hv),
+        [&] { gdn_gating(araw.data(), braw.data(), g.A_log.data(), g.dt_bias.data(), gl.data(), beta.data(), T, Hv); });
   std::vector<float> q, k, v;
   for (int32_t s = 0; s < b.num_seqs(); ++s) {
     const int64_t r0 = b.cu_seqlens[size_t(s)], n = b.cu_seqlens[size_t(s + 1)] - r0;
     if (n == 0) continue;
     const int32_t slot = b.state_slots[size_t(s)];
     MOEFOLD_CHECK(slot >= 0 && slot < st.num_slots, "sequence {} has state slot {} outside [0, {})", s, slot, st.num_slots);
-    causal_conv1d_silu(&mixed[size_t(r0 * C)], g.conv1d.data(), st.conv_state(l, slot), &conv[size_t(r0 * C)], n, C, K);
+    timed(kConv, rw(double(n * C + C * K + C * (K - 1)), double(n * C + C * (K - 1)), 2.0 * n * C * K), [&] {
+      causal_conv1d_silu(&mixed[size_t(r0 * C)], g.conv1d.data(), st.conv_state(l, slot), &conv[size_t(r0 * C)], n, C,
+                         K);
+    });
     round_act(&conv[size_t(r0 * C)], n * C);
     q.resize(size_t(n * kd));
     k.resize(size_t(n * kd));
     v.resize(size_t(n * Hv * dv));
-    for (int64_t t = 0; t < n; ++t) {
-      const float* c = &conv[size_t((r0 + t) * C)];
-      std::memcpy(&q[size_t(t * kd)], c, size_t(kd) * 4);
-      std::memcpy(&k[size_t(t * kd)], c + kd, size_t(kd) * 4);
-      std::memcpy(&v[size_t(t * Hv * dv)], c + 2 * kd, size_t(Hv * dv) * 4);
-    }
+    timed(kSplit, rw(double(n * C), double(n * C)), [&] {
+      for (int64_t t = 0; t < n; ++t) {
+        const float* c = &conv[size_t((r0 + t) * C)];
+        std::memcpy(&q[size_t(t * kd)], c, size_t(kd) * 4);
+        std::memcpy(&k[size_t(t * kd)], c + kd, size_t(kd) * 4);
+        std::memcpy(&v[size_t(t * Hv * dv)], c + 2 * kd, size_t(Hv * dv) * 4);
+      }
+    });
     float* S = st.recurrent_state(l, slot);
     const float* gs = &gl[size_t(r0 * Hv)];
     const float* bs = &beta[size_t(r0 * Hv)];
     float* os = &o[size_t(r0 * Hv * dv)];
-    if (n == 1) gated_delta_rule_recurrent(q.data(), k.data(), v.data(), gs, bs, S, os, n, shape);
-    else gated_delta_rule_chunked(q.data(), k.data(), v.data(), gs, bs, S, os, n, shape);
+    // q, k, v, g, beta read and o written per token, the fp32 state read and written once; the recurrent
+    // form's three dk x dv products per token and value head.
+    const prof::Work rule_work = rw(double(n) * (2 * kd + Hv * dv + 2 * Hv) + double(Hv * dk * dv),
+                                    double(n * Hv * dv) + double(Hv * dk * dv), 6.0 * n * Hv * dk * dv);
+    if (n == 1)
+      timed(kGdnRecurrent, rule_work,
+            [&] { gated_delta_rule_recurrent(q.data(), k.data(), v.data(), gs, bs, S, os, n, shape); });
+    else
+      timed(kGdnChunked, rule_work, [&] { gated_delta_rule_chunked(q.data(), k.data(), v.data(), gs, bs, S, os, n, shape); });
   }
   round_act(o.data(), int64_t(o.size()));
-  gated_rms_norm(o.data(), z.data(), g.norm.data(), o.data(), T * Hv, dv, float(cfg_.rms_norm_eps));
+  timed(kGatedNorm, rw(2.0 * o.size() + double(dv), double(o.size())),
+        [&] { gated_rms_norm(o.data(), z.data(), g.norm.data(), o.data(), T * Hv, dv, float(cfg_.rms_norm_eps)); });
   round_act(o.data(), int64_t(o.size()));
   proj(g.out_proj, o.data(), out, T);
 }
@@ -213,24 +296,35 @@ void Model::moe(size_t l, const float* x, float* out, int64_t T, const int32_t* 
   const int64_t H = cfg_.hidden_size, E = cfg_.num_experts, k = cfg_.num_experts_per_tok;
   std::vector<float> rl(static_cast<size_t>(T * E)), wts(static_cast<size_t>(T * k));
   std::vector<int32_t> ids(static_cast<size_t>(T * k));
-  project(m.router, x, rl.data(), T);
-  router_topk(rl.data(), T, E, k, cfg_.norm_topk_prob, ids.data(), wts.data(), replay);
+  const int64_t I = cfg_.moe_intermediate_size;
+  project(kRouter, m.router, x, rl.data(), T);
+  timed(kTopk, rw(double(T * E), 2.0 * T * k),
+        [&] { router_topk(rl.data(), T, E, k, cfg_.norm_topk_prob, ids.data(), wts.data(), replay); });
   if (chosen) std::copy(ids.begin(), ids.end(), chosen);
-  std::fill_n(out, T * H, 0.0f);
-  moe_experts(x, m.gate_up.data(), m.down.data(), ids.data(), wts.data(), out, T, H, cfg_.moe_intermediate_size, E, k,
-              emulate_bf16_);
+  timed(kZero, rw(0, double(T * H)), [&] { std::fill_n(out, T * H, 0.0f); });
+  // The touched experts' weights, x and the routing read, out read and written; 3 H x I products per pair.
+  std::vector<bool> touched(size_t(E), false);
+  for (int32_t e : ids) touched[size_t(e)] = true;
+  const double n_touched = double(std::count(touched.begin(), touched.end(), true));
+  const prof::Work expert_work = rw(n_touched * 3 * H * I + double(T * H) + 2.0 * T * k + double(T * H),
+                                    double(T * H), 2.0 * T * k * 3 * H * I);
+  timed(kExperts, expert_work, [&] {
+    moe_experts(x, m.gate_up.data(), m.down.data(), ids.data(), wts.data(), out, T, H, I, E, k, emulate_bf16_);
+  });
   if (cfg_.shared_expert_intermediate_size > 0) {
     const int64_t Is = cfg_.shared_expert_intermediate_size;
     std::vector<float> gu(static_cast<size_t>(T * 2 * Is)), act(static_cast<size_t>(T * Is)), ys(static_cast<size_t>(T * H)), sg(static_cast<size_t>(T));
     proj(m.shared_gate_up, x, gu.data(), T);
-    swiglu(gu.data(), act.data(), T, Is);
+    timed(kSwiglu, rw(2.0 * T * Is, double(T * Is)), [&] { swiglu(gu.data(), act.data(), T, Is); });
     round_act(act.data(), T * Is);
     proj(m.shared_down, act.data(), ys.data(), T);
-    project(m.shared_expert_gate, x, sg.data(), T);
-    for (int64_t t = 0; t < T; ++t) {
-      const float s = sigmoid(sg[size_t(t)]);
-      for (int64_t i = 0; i < H; ++i) out[t * H + i] += s * ys[size_t(t * H + i)];
-    }
+    project(kSharedGate, m.shared_expert_gate, x, sg.data(), T);
+    timed(kSharedCombine, rw(2.0 * T * H + double(T), double(T * H)), [&] {
+      for (int64_t t = 0; t < T; ++t) {
+        const float s = sigmoid(sg[size_t(t)]);
+        for (int64_t i = 0; i < H; ++i) out[t * H + i] += s * ys[size_t(t * H + i)];
+      }
+    });
   }
 }
 
@@ -240,7 +334,7 @@ void Model::mlp(size_t l, const float* x, float* out, int64_t T) const {
   const int64_t I = m.down.in;
   std::vector<float> gu(static_cast<size_t>(T * 2 * I)), act(static_cast<size_t>(T * I));
   proj(m.gate_up, x, gu.data(), T);
-  swiglu(gu.data(), act.data(), T, I);
+  timed(kSwiglu, rw(2.0 * T * I, double(T * I)), [&] { swiglu(gu.data(), act.data(), T, I); });
   round_act(act.data(), T * I);
   proj(m.down, act.data(), out, T);
 }

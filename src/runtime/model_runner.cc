@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "core/profiler.h"
 
 namespace moefold {
 
@@ -91,7 +92,12 @@ std::vector<std::vector<float>> ModelRunner::step(const std::vector<Work>& work)
     b.block_tables.insert(b.block_tables.end(), row.begin(), row.end());
   }
   std::vector<float> logits;
-  exec_->forward(b, logits);
+  {
+    // The step's host facts, for the profiler's work counts of kernels that see only device counts.
+    const prof::StepFacts facts{b.num_rows(), b.cu_seqlens, b.context_lens};
+    const prof::StepFactsScope facts_scope(facts);
+    exec_->forward(b, logits);
+  }
 
   const int64_t V = exec_->config().vocab_size;
   std::vector<std::vector<float>> out;

@@ -8,6 +8,8 @@
 #include <limits>
 #include <random>
 
+#include "core/profiler.h"
+
 namespace moefold {
 namespace {
 
@@ -302,9 +304,15 @@ std::vector<TokenLogprob> top_logprobs(std::span<const float> logits, int32_t n)
   return top_n(logits, size_t(std::max(n, 0)), log_sum_exp(logits, raw.value));
 }
 
+namespace {
+// The CPU sampler as a registry entry (the profiler's 'sampling' category): one call per sampled token.
+const prof::Kernel kSampleToken{"cpu::sample_token", prof::Category::Sampling};
+}  // namespace
+
 SampleResult sample_token(std::span<const float> logits, std::span<const int32_t> prompt_tokens,
                           std::span<const int32_t> output_tokens, const SamplingParams& params,
                           uint64_t seed, uint64_t step) {
+  const prof::HostScope scope(kSampleToken, prof::Work{4.0 * double(logits.size()), 0});
   params.validate();
   const RowMax raw = scan_row(logits, "logits");
   const double lse = log_sum_exp(logits, raw.value);  // step 1: raw log_softmax

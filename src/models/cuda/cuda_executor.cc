@@ -184,8 +184,8 @@ class CudaExecutor : public Executor {
     for (size_t l = 0; l < conv_state_.size(); ++l) {
       if (conv_state_[l].empty()) continue;
       const size_t ce = conv_state_[l].size() / size_t(opt_.num_slots), re = rec_state_[l].size() / size_t(opt_.num_slots);
-      MOEFOLD_CUDA_CHECK(cudaMemsetAsync(conv_state_[l].data() + size_t(s) * ce, 0, ce * sizeof(bf16), stream_));
-      MOEFOLD_CUDA_CHECK(cudaMemsetAsync(rec_state_[l].data() + size_t(s) * re, 0, re * sizeof(float), stream_));
+      cuda::fill_device_bytes(conv_state_[l].data() + size_t(s) * ce, 0, ce * sizeof(bf16), stream_);
+      cuda::fill_device_bytes(rec_state_[l].data() + size_t(s) * re, 0, re * sizeof(float), stream_);
     }
   }
 

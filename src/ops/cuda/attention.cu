@@ -17,6 +17,7 @@
 #include "core/error.h"
 #include "ops/cuda/attention.h"
 #include "ops/cuda/kernel_util.cuh"
+#include "ops/cuda/launch_scope.h"
 
 namespace moefold::cuda {
 using namespace detail;
@@ -267,6 +268,43 @@ void dispatch_head_dim(int D, F&& f) {
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// ---- registry entries and the work of one call ---------------------------------------------------------
+const prof::Kernel kAttnPrefillTc{"attn_tc_kernel", prof::Category::AttentionPrefill};
+const prof::Kernel kAttnPrefillSimt{"attn_kernel:prefill", prof::Category::AttentionPrefill};
+const prof::Kernel kAttnDecode{"attn_kernel:decode", prof::Category::AttentionDecode};
+const prof::Kernel kAttnDecodeCombine{"combine_kernel", prof::Category::AttentionDecode};
+const prof::Kernel kKvWrite{"kv_write_kernel", prof::Category::Glue};
+const prof::Kernel kSlotMapping{"slot_mapping_kernel", prof::Category::Glue};
+
+/// Attention work of the running step (prof::step_facts; zero outside a step): q (and gate) read, out
+/// written, every sequence's cached K and V read once; QK^T and PV over the causal (query, key) pairs.
+/// decode: one query row per sequence over context_lens[s] + 1 keys.
+prof::Work attention_work(const AttentionShape& sh, bool decode) {
+  const prof::StepFacts* f = prof::step_facts();
+  if (!f) return {};
+  double rows = 0, pairs = 0, kv_tokens = 0;
+  for (size_t s = 0; s < f->context_lens.size(); ++s) {
+    const double ctx = f->context_lens[s];
+    const double n = decode ? 1.0 : double(f->cu_seqlens[s + 1] - f->cu_seqlens[s]);
+    if (n <= 0) continue;
+    rows += n;
+    pairs += n * ctx + n * (n + 1) / 2;
+    kv_tokens += ctx + n;
+  }
+  const double q_elems = rows * sh.num_heads * sh.head_dim;
+  return prof::Work{q_elems * 2 * (sh.gate ? 3 : 2) + kv_tokens * sh.num_kv_heads * sh.head_dim * 4,
+                    4.0 * pairs * sh.num_heads * sh.head_dim};
+}
+
+/// Bytes of the split-KV partial results (fp32 o and (m, l) per split) of a decode step.
+double decode_partial_bytes(const AttentionShape& sh, int split_size, int max_splits) {
+  const prof::StepFacts* f = prof::step_facts();
+  if (!f || split_size <= 0) return 0;
+  double splits = 0;
+  for (int32_t ctx : f->context_lens) splits += std::min((ctx + 1 + split_size - 1) / split_size, max_splits);
+  return splits * sh.num_heads * (sh.head_dim + 2) * 4.0;
+}
 
 /// Fills the shape-derived fields of Args and checks the preconditions.
 Args make_args(const bf16* q, const bf16* k_cache, const bf16* v_cache, const int32_t* block_tables,
@@ -598,6 +636,7 @@ void kv_cache_write(const bf16* k, int64_t k_stride, const bf16* v, int64_t v_st
   if (k_stride == 0) k_stride = kv_dim;
   if (v_stride == 0) v_stride = kv_dim;
   if (max_rows == 0) return;
+  LaunchScope launch(kKvWrite, stream, [&] { return prof::Work{double(work_rows(max_rows, live_rows)) * kv_dim * 8, 0}; });
   auto go = [&](auto vw) {
     constexpr int V = decltype(vw)::value;
     const int threads = int(std::min<int64_t>(256, std::max<int64_t>(32, (kv_dim / V + 31) / 32 * 32)));
@@ -620,6 +659,10 @@ void compute_slot_mapping(const int32_t* cu_seqlens, const int32_t* context_lens
                 "compute_slot_mapping: bad sizes");
   if (num_seqs == 0 || max_q_len == 0) return;
   const dim3 grid(ceil_div_u(max_q_len, 256), unsigned(num_seqs));
+  LaunchScope launch(kSlotMapping, stream, [&] {
+    const prof::StepFacts* f = prof::step_facts();
+    return prof::Work{f ? double(f->rows) * 8 + double(f->context_lens.size()) * 12 : 0.0, 0};
+  });
   slot_mapping_kernel<<<grid, 256, 0, stream>>>(cu_seqlens, context_lens, block_tables, max_blocks_per_seq,
                                                  block_size, slot_mapping);
   MOEFOLD_CUDA_CHECK_LAUNCH();
@@ -639,6 +682,7 @@ void attention_prefill(const bf16* q, const bf16* k_cache, const bf16* v_cache, 
   a.max_splits = 1;
   a.qtiles = (max_q_len + a.TB - 1) / a.TB;
   const dim3 grid(unsigned(a.qtiles), unsigned(a.Hkv * a.head_chunks), unsigned(num_seqs));
+  LaunchScope launch(tc ? kAttnPrefillTc : kAttnPrefillSimt, stream, [&] { return attention_work(shape, false); });
   dispatch_head_dim(shape.head_dim, [&](auto dd) {
     constexpr int D = decltype(dd)::value;
     if (tc) {
@@ -679,8 +723,20 @@ void attention_decode(const bf16* q, const bf16* k_cache, const bf16* v_cache, c
   const dim3 grid(unsigned(p.max_splits), unsigned(a.Hkv * a.head_chunks), unsigned(num_seqs));
   dispatch_head_dim(shape.head_dim, [&](auto dd) {
     constexpr int D = decltype(dd)::value;
-    launch_attn<D>(a, grid, p.nwarps, stream);
+    {
+      LaunchScope launch(kAttnDecode, stream, [&] {
+        prof::Work w = attention_work(shape, true);
+        w.bytes += decode_partial_bytes(shape, p.split_size, p.max_splits);
+        return w;
+      });
+      launch_attn<D>(a, grid, p.nwarps, stream);
+    }
     if (p.split_size > 0) {
+      LaunchScope launch(kAttnDecodeCombine, stream, [&] {  // partials read, out written (and the gate read)
+        const prof::StepFacts* f = prof::step_facts();
+        const double out = f ? double(f->context_lens.size()) * shape.num_heads * shape.head_dim * 2 : 0.0;
+        return prof::Work{decode_partial_bytes(shape, p.split_size, p.max_splits) + out * (shape.gate ? 2 : 1), 0};
+      });
       combine_kernel<D><<<dim3(1, unsigned(a.Hq), unsigned(num_seqs)), D, 0, stream>>>(a);
       MOEFOLD_CUDA_CHECK_LAUNCH();
     }

@@ -6,11 +6,22 @@
 #include "ops/cuda/causal_conv1d.h"
 
 #include "ops/cuda/cuda_check.h"
+#include "ops/cuda/launch_scope.h"
 
 namespace moefold::cuda {
 namespace {
 
 constexpr int kConvThreads = 256;
+
+const prof::Kernel kConvPrefill{"conv1d_prefill_kernel", prof::Category::Conv};
+const prof::Kernel kConvDecode{"conv1d_decode_kernel", prof::Category::Conv};
+
+/// Work of `rows` outputs over `seqs` sequences: x read and y written, the state read and written, w;
+/// a multiply-add per tap.
+prof::Work conv_work(int64_t rows, int64_t seqs, int C, int K) {
+  return prof::Work{double(rows) * C * 4 + double(seqs) * C * (K - 1) * 4 + double(C) * K * 2,
+                    2.0 * double(rows) * C * K};
+}
 
 // Argument checks (fmt's compile-time format check does not build under nvcc: runtime format strings).
 #define CONV_REQUIRE(cond, f, ...) \
@@ -139,6 +150,10 @@ void causal_conv1d_silu_prefill(const __nv_bfloat16* x, const __nv_bfloat16* w, 
   CONV_REQUIRE(max_rows >= 0, "causal_conv1d_silu_prefill: max_rows = {} is negative", max_rows);
   if (max_rows == 0) return;
   const dim3 grid(unsigned(max_rows), unsigned((C + kConvThreads - 1) / kConvThreads));
+  LaunchScope launch(kConvPrefill, stream, [&] {
+    const prof::StepFacts* f = prof::step_facts();
+    return conv_work(f ? std::min<int64_t>(f->rows, max_rows) : max_rows, f ? int64_t(f->context_lens.size()) : 1, C, K);
+  });
   conv1d_prefill_kernel<<<grid, kConvThreads, 0, stream>>>(x, w, cu_seqlens, state_slots, num_seqs,
                                                            conv_state_pool, y, C, K);
   MOEFOLD_CUDA_CHECK_LAUNCH();
@@ -151,6 +166,7 @@ void causal_conv1d_silu_decode(const __nv_bfloat16* x, const __nv_bfloat16* w, c
   CONV_REQUIRE(max_seqs >= 0, "causal_conv1d_silu_decode: max_seqs = {} is negative", max_seqs);
   if (max_seqs == 0) return;
   const dim3 grid(unsigned(max_seqs), unsigned((C + kConvThreads - 1) / kConvThreads));
+  LaunchScope launch(kConvDecode, stream, [&] { return conv_work(work_seqs(max_seqs), work_seqs(max_seqs), C, K); });
   conv1d_decode_kernel<<<grid, kConvThreads, 0, stream>>>(x, w, state_slots, num_seqs, conv_state_pool, y, C, K);
   MOEFOLD_CUDA_CHECK_LAUNCH();
 }

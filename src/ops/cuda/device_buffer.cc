@@ -3,8 +3,17 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "ops/cuda/cuda_check.h"
+#include "ops/cuda/launch_scope.h"
 
 namespace moefold::cuda {
+
+namespace {
+// Glue: uploads (batch metadata, weights at load), downloads (logits), fills. A synchronous copy
+// (stream null, async false) is timed on the legacy default stream.
+const prof::Kernel kH2D{"cudaMemcpyAsync:h2d", prof::Category::Glue};
+const prof::Kernel kD2H{"cudaMemcpyAsync:d2h", prof::Category::Glue};
+const prof::Kernel kMemset{"cudaMemsetAsync", prof::Category::Glue};
+}  // namespace
 
 void* device_alloc(size_t bytes) {
   if (bytes == 0) return nullptr;
@@ -25,6 +34,7 @@ void device_free(void* p) noexcept {
 
 void copy_to_device(void* dst, const void* src, size_t bytes, cudaStream_t stream, bool async) {
   if (bytes == 0) return;
+  LaunchScope launch(kH2D, async ? stream : nullptr, prof::Work{double(bytes), 0});
   if (async) {
     MOEFOLD_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream));
   } else {
@@ -34,6 +44,7 @@ void copy_to_device(void* dst, const void* src, size_t bytes, cudaStream_t strea
 
 void copy_to_host(void* dst, const void* src, size_t bytes, cudaStream_t stream, bool async) {
   if (bytes == 0) return;
+  LaunchScope launch(kD2H, async ? stream : nullptr, prof::Work{double(bytes), 0});
   if (async) {
     MOEFOLD_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream));
   } else {
@@ -43,6 +54,7 @@ void copy_to_host(void* dst, const void* src, size_t bytes, cudaStream_t stream,
 
 void fill_device_bytes(void* dst, int byte, size_t bytes, cudaStream_t stream) {
   if (bytes == 0) return;
+  LaunchScope launch(kMemset, stream, prof::Work{double(bytes), 0});
   MOEFOLD_CUDA_CHECK(cudaMemsetAsync(dst, byte, bytes, stream));
 }
 

@@ -7,12 +7,20 @@
 #include "core/error.h"
 #include "ops/cuda/elementwise.h"
 #include "ops/cuda/kernel_util.cuh"
+#include "ops/cuda/launch_scope.h"
 
 namespace moefold::cuda {
 using namespace detail;
 namespace {
 
 constexpr int kRowsPerBlock = 4;  // warps per norm block
+
+const prof::Kernel kEmbedding{"embedding_kernel", prof::Category::Glue};
+const prof::Kernel kRmsNorm{"rms_norm_kernel", prof::Category::NormRope};
+const prof::Kernel kAddRmsNorm{"add_rms_norm_kernel", prof::Category::NormRope};
+const prof::Kernel kSwiglu{"swiglu_kernel", prof::Category::Other};
+const prof::Kernel kGate{"gate_kernel", prof::Category::Other};
+const prof::Kernel kResidual{"residual_kernel", prof::Category::Other};
 
 // ---- embedding -------------------------------------------------------------------------------
 template <int V>
@@ -174,6 +182,9 @@ void embedding_gather(const bf16* table, int64_t vocab, int64_t hidden, const in
   check_rows(max_rows, hidden, "embedding_gather");
   MOEFOLD_CHECK(vocab > 0, "embedding_gather: empty vocabulary");
   if (max_rows == 0) return;
+  LaunchScope launch(kEmbedding, stream, [&] {
+    return prof::Work{double(work_rows(max_rows, live_rows)) * double(hidden) * 4 + double(max_rows) * 4, 0};
+  });
   dispatch_vec(vec_width(hidden, {table, out}, {}), [&](auto v) {
     constexpr int V = decltype(v)::value;
     const int threads = int(std::min<int64_t>(256, std::max<int64_t>(32, (hidden / V + 31) / 32 * 32)));
@@ -192,6 +203,9 @@ void rms_norm(const bf16* x, const bf16* w, bf16* y, int64_t max_rows, int64_t d
   MOEFOLD_CHECK(heads >= 1 && hs >= dim && ts >= (heads - 1) * hs + dim, "rms_norm: bad row layout");
   if (max_rows == 0) return;
   const int64_t nrows = max_rows * heads;
+  LaunchScope launch(kRmsNorm, stream, [&] {
+    return prof::Work{double(work_rows(max_rows, live_rows)) * double(heads * dim) * 4 + double(dim) * 2, 0};
+  });
   dispatch_vec(vec_width(dim, {x, y, w}, {hs, ts}), [&](auto v) {
     constexpr int V = decltype(v)::value;
     rms_norm_kernel<V><<<ceil_div_u(nrows, kRowsPerBlock), 32 * kRowsPerBlock, 0, stream>>>(
@@ -204,6 +218,9 @@ void add_rms_norm(bf16* h, const bf16* y, const bf16* w, bf16* x, int64_t max_ro
                   NormKind kind, const int32_t* live_rows, cudaStream_t stream) {
   check_rows(max_rows, dim, "add_rms_norm");
   if (max_rows == 0) return;
+  LaunchScope launch(kAddRmsNorm, stream, [&] {  // reads h, y; writes h, x
+    return prof::Work{double(work_rows(max_rows, live_rows)) * double(dim) * 8 + double(dim) * 2, 0};
+  });
   dispatch_vec(vec_width(dim, {h, y, w, x}, {}), [&](auto v) {
     constexpr int V = decltype(v)::value;
     add_rms_norm_kernel<V><<<ceil_div_u(max_rows, kRowsPerBlock), 32 * kRowsPerBlock, 0, stream>>>(
@@ -218,6 +235,7 @@ void swiglu(const bf16* gate_up, bf16* out, int64_t max_rows, int64_t I, const i
   if (gate_up_stride == 0) gate_up_stride = 2 * I;
   MOEFOLD_CHECK(gate_up_stride >= 2 * I, "swiglu: gate_up_stride {} < 2I", gate_up_stride);
   if (max_rows == 0) return;
+  LaunchScope launch(kSwiglu, stream, [&] { return prof::Work{double(work_rows(max_rows, live_rows)) * double(I) * 6, 0}; });
   dispatch_vec(vec_width(I, {gate_up, out}, {gate_up_stride}), [&](auto v) {
     constexpr int V = decltype(v)::value;
     const dim3 grid(unsigned(max_rows), ceil_div_u(I / V, 256));
@@ -234,6 +252,10 @@ void sigmoid_gate_mul(const bf16* x, const bf16* gate, bf16* y, int64_t max_rows
   const int64_t ghs = gate_rows.head_stride ? gate_rows.head_stride : dim * gate_elem_stride;
   const int64_t gts = gate_rows.token_stride ? gate_rows.token_stride : heads * ghs;
   if (max_rows == 0) return;
+  LaunchScope launch(kGate, stream, [&] {
+    const double n = double(work_rows(max_rows, live_rows)) * double(heads * dim);
+    return prof::Work{n * 4 + n * 2 * (gate_elem_stride ? 1.0 : 1.0 / double(dim)), 0};
+  });
   // Vector width limited by x / y only (gates are read element by element, strided).
   dispatch_vec(vec_width(dim, {x, y}, {}), [&](auto v) {
     constexpr int V = decltype(v)::value;
@@ -248,6 +270,7 @@ void residual_add(bf16* h, const bf16* y, int64_t max_rows, int64_t dim, const i
                   cudaStream_t stream) {
   check_rows(max_rows, dim, "residual_add");
   if (max_rows == 0) return;
+  LaunchScope launch(kResidual, stream, [&] { return prof::Work{double(work_rows(max_rows, live_rows)) * double(dim) * 6, 0}; });
   dispatch_vec(vec_width(dim, {h, y}, {}), [&](auto v) {
     constexpr int V = decltype(v)::value;
     const dim3 grid(unsigned(max_rows), ceil_div_u(dim / V, 256));

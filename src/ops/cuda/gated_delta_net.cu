@@ -13,6 +13,7 @@
 #include "ops/cuda/gated_delta_net.h"
 
 #include "ops/cuda/cuda_check.h"
+#include "ops/cuda/launch_scope.h"
 
 namespace moefold::cuda {
 namespace {
@@ -311,6 +312,20 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+const prof::Kernel kGdnPrefill{"gdn_prefill_kernel", prof::Category::DeltaNet};
+const prof::Kernel kGdnDecode{"gdn_decode_kernel", prof::Category::DeltaNet};
+
+/// Work of `rows` tokens over `seqs` sequences: q, k, v, a, b read and o written (bf16), each sequence's
+/// fp32 state read and written once; FLOPs of the recurrent form (per token and value head the three
+/// dk x dv products S^T k, k d^T, S^T q; the chunked form does more arithmetic for the same result).
+prof::Work gdn_work(int64_t rows, int64_t seqs, const GdnDims& d) {
+  const double io = double(2 * d.num_k_heads * d.k_dim + d.num_v_heads * d.v_dim) + 2.0 * d.num_v_heads +
+                    double(d.num_v_heads) * d.v_dim;
+  const double state = double(d.num_v_heads) * d.k_dim * d.v_dim * 4;
+  return prof::Work{double(rows) * io * 2 + double(seqs) * state * 2,
+                    6.0 * double(rows) * d.num_v_heads * d.k_dim * d.v_dim};
+}
+
 void check_common(const GdnArgs& a, int max_seqs, const GdnDims& d, const char* fn) {
   GDN_REQUIRE(a.q && a.k && a.v && a.a && a.b && a.A_log && a.dt_bias && a.state_pool && a.state_slots &&
                   a.num_seqs && a.out,
@@ -343,6 +358,10 @@ void gdn_chunked_prefill(const GdnArgs& args, const int32_t* cu_seqlens, int max
               dims.k_dim, smem, max_smem);
   MOEFOLD_CUDA_CHECK(cudaFuncSetAttribute(gdn_prefill_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   const dim3 grid(unsigned((dims.v_dim + bv - 1) / bv), unsigned(dims.num_v_heads), unsigned(max_seqs));
+  LaunchScope launch(kGdnPrefill, stream, [&] {  // rows are known only from the step (zero work outside one)
+    const prof::StepFacts* f = prof::step_facts();
+    return f ? gdn_work(f->rows, work_seqs(max_seqs), dims) : prof::Work{};
+  });
   gdn_prefill_kernel<<<grid, kThreads, smem, stream>>>(args, cu_seqlens, max_snapshots > 0 ? snapshots : nullptr,
                                                        max_snapshots > 0 ? num_snapshots : nullptr, max_snapshots,
                                                        dims.num_k_heads, dims.num_v_heads, dims.k_dim, dims.v_dim, bv);
@@ -353,6 +372,7 @@ void gdn_recurrent_decode(const GdnArgs& args, int max_seqs, const GdnDims& dims
   check_common(args, max_seqs, dims, "gdn_recurrent_decode");
   if (max_seqs == 0) return;
   const dim3 grid(unsigned((dims.v_dim + 31) / 32), unsigned(dims.num_v_heads), unsigned(max_seqs));
+  LaunchScope launch(kGdnDecode, stream, [&] { return gdn_work(work_seqs(max_seqs), work_seqs(max_seqs), dims); });
   gdn_decode_kernel<<<grid, kThreads, 0, stream>>>(args, dims.num_k_heads, dims.num_v_heads, dims.k_dim,
                                                    dims.v_dim);
   MOEFOLD_CUDA_CHECK_LAUNCH();

@@ -2,6 +2,7 @@
 // gated output. Rows of tokens >= *live_tokens return before touching memory.
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/gated_rms_norm.h"
+#include "ops/cuda/launch_scope.h"
 
 namespace moefold::cuda {
 
@@ -35,6 +36,8 @@ __global__ void gated_rms_norm_kernel(const __nv_bfloat16* x, const __nv_bfloat1
   }
 }
 
+const prof::Kernel kGatedRmsNorm{"gated_rms_norm_kernel", prof::Category::NormRope};
+
 }  // namespace
 
 void gated_rms_norm(const __nv_bfloat16* x, const __nv_bfloat16* z, const __nv_bfloat16* w, __nv_bfloat16* y,
@@ -44,6 +47,9 @@ void gated_rms_norm(const __nv_bfloat16* x, const __nv_bfloat16* z, const __nv_b
   if (max_tokens == 0) return;
   const int warps = 8;
   const int64_t rows = max_tokens * heads;
+  LaunchScope launch(kGatedRmsNorm, stream, [&] {  // x, z read, y written; w
+    return prof::Work{double(work_rows(max_tokens, live_tokens)) * double(heads * dim) * 6 + double(dim) * 2, 0};
+  });
   gated_rms_norm_kernel<<<unsigned((rows + warps - 1) / warps), warps * 32, 0, stream>>>(
       x, z, w, y, max_tokens, heads, int(dim), eps, live_tokens);
   MOEFOLD_CUDA_CHECK(cudaGetLastError());

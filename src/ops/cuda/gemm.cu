@@ -12,11 +12,17 @@
 
 #include "core/error.h"
 #include "ops/cuda/gemm.h"
+#include "ops/cuda/launch_scope.h"
 
 namespace moefold::cuda {
 namespace {
 
 constexpr size_t kWorkspaceBytes = 32u << 20;  // cuBLASLt's recommendation for Hopper
+
+// One registry entry per public function: whatever kernels cuBLASLt runs inside one call are one interval.
+const prof::Kernel kGemmBf16{"gemm_bf16", prof::Category::DenseGemm};
+const prof::Kernel kGemmBf16F32Out{"gemm_bf16_f32out", prof::Category::DenseGemm};
+const prof::Kernel kAddBias{"add_bias_kernel", prof::Category::DenseGemm};
 
 struct StreamCtx {
   cublasLtHandle_t handle = nullptr;
@@ -176,10 +182,16 @@ void run_gemm(const __nv_bfloat16* x, const __nv_bfloat16* w, const TOut* bias, 
         cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof bp));
   }
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+  LaunchScope launch(kF32 ? kGemmBf16F32Out : kGemmBf16, stream, [&] {  // W, x, y (read too when accumulating)
+    const double y_bytes = double(T) * out * sizeof(TOut) * (accumulate ? 2 : 1);
+    return prof::Work{double(in) * out * 2 + double(T) * in * 2 + y_bytes + (plan->bias_in_epilogue ? out * sizeof(TOut) : 0),
+                      2.0 * double(T) * in * out};
+  });
   MOEFOLD_CUBLAS_CHECK(cublasLtMatmul(ctx.handle, plan->op, &alpha, w, plan->a, x, plan->b, &beta, y, plan->c, y,
                                      plan->c, &plan->algo, ctx.workspace, kWorkspaceBytes, stream));
   if (want_bias && !plan->bias_in_epilogue) {
     const int64_t n = T * out;
+    LaunchScope bias_launch(kAddBias, stream, prof::Work{double(n) * 2 * sizeof(TOut) + double(out) * sizeof(TOut), 0});
     add_bias_kernel<<<unsigned((n + 255) / 256), 256, 0, stream>>>(y, bias, T, out, y_stride);
     MOEFOLD_CUDA_CHECK_LAUNCH();
   }

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "ops/cuda/cuda_check.h"
+#include "ops/cuda/launch_scope.h"
 #include "ops/cuda/moe.h"
 #include "ops/cuda/moe_gemm.cuh"
 #include "ops/cuda/moe_internal.h"
@@ -30,6 +31,48 @@ using CfgMedium = GemmCfg<64, 128, 2, 4, 4, 2>;    // 256 threads, 96 KB, 2 CTAs
 using CfgPrefill = GemmCfg<128, 128, 2, 4, 3, 2>;  // 256 threads, 96 KB, 2 CTAs/SM
 static_assert(CfgDecodeGateUp::kBM == 16 && CfgDecodeDown::kBM == 16 && CfgMedium::kBM == 64 &&
               CfgPrefill::kBM == 128);
+
+// Registry entries: one per GEMM and tile configuration (moe_detail::expert_config 0/1/2 = BM 16/64/128),
+// so the table proves which tiles ran.
+const prof::Kernel kExpertGemm[2][3] = {
+    {{"moe_gemm_kernel:gate_up:bm16", prof::Category::RoutedExpertGemm},
+     {"moe_gemm_kernel:gate_up:bm64", prof::Category::RoutedExpertGemm},
+     {"moe_gemm_kernel:gate_up:bm128", prof::Category::RoutedExpertGemm}},
+    {{"moe_gemm_kernel:down:bm16", prof::Category::RoutedExpertGemm},
+     {"moe_gemm_kernel:down:bm64", prof::Category::RoutedExpertGemm},
+     {"moe_gemm_kernel:down:bm128", prof::Category::RoutedExpertGemm}}};
+const prof::Kernel kCombine{"moe_combine_kernel", prof::Category::MoeRouting};
+
+/// Work of one expert GEMM from the plan's per-expert counts (pairs = their sum, touched experts = the
+/// non-zero ones): the touched experts' weights, the live x rows (gate_up) or the pairs' activations
+/// (down) read, the pairs' outputs written; 2 FLOPs per multiply-add of every planned pair.
+prof::Work expert_gemm_work(bool gate_up, double pairs, double touched, const MoeShape& s) {
+  const double H = s.H, I = s.I;
+  if (gate_up)
+    return prof::Work{touched * 2 * I * H * 2 + pairs / s.k * H * 2 + pairs * I * 2, 2.0 * pairs * H * 2 * I};
+  return prof::Work{touched * H * I * 2 + pairs * I * 2 + pairs * H * 2, 2.0 * pairs * I * H};
+}
+
+/// Times the expert GEMM of `launch` with the work of the plan's counts, read after the step from the
+/// snapshot moe_plan took (profiling only); without one, an upper bound from the live rows.
+void set_expert_work(LaunchScope& launch, bool gate_up, const MoeShape& s, const MoeWorkspace& ws) {
+  if (const int32_t* counts = latest_snapshot(ws.counts)) {
+    launch.defer_work([counts, gate_up, s] {
+      double pairs = 0, touched = 0;
+      for (int e = 0; e < s.E; ++e) {
+        pairs += counts[e];
+        touched += counts[e] > 0 ? 1 : 0;
+      }
+      return expert_gemm_work(gate_up, pairs, touched, s);
+    });
+  }
+}
+
+prof::Work expert_work_bound(bool gate_up, const MoeShape& s) {
+  const prof::StepFacts* f = prof::step_facts();  // the live rows are on the device: the step's, or capacity
+  const double pairs = double(f ? std::min<int64_t>(f->rows, s.capacity) : s.capacity) * s.k;
+  return expert_gemm_work(gate_up, pairs, std::min<double>(s.E, pairs), s);
+}
 
 template <class Cfg, GemmMode MODE>
 void launch_expert_gemm(const GemmParams& p, int n_cols, int max_tiles, cudaStream_t stream) {
@@ -228,6 +271,8 @@ void moe_expert_gate_up(const __nv_bfloat16* x, const __nv_bfloat16* gate_up, co
   p.topk = s.k;
   p.b_expert_stride = int64_t(2) * s.I * s.H;
   p.b_up_offset = s.I;
+  LaunchScope launch(kExpertGemm[0][moe_detail::expert_config(s)], stream, [&] { return expert_work_bound(true, s); });
+  set_expert_work(launch, true, s, ws);
   dispatch_expert_gemm<GemmMode::kExpertGateUp>(p, s, ws, s.I, stream);
 }
 
@@ -246,6 +291,8 @@ void moe_expert_down(const __nv_bfloat16* down, const MoeShape& s, const MoeWork
   p.ldc = s.H;
   p.topk = s.k;
   p.b_expert_stride = int64_t(s.H) * s.I;
+  LaunchScope launch(kExpertGemm[1][moe_detail::expert_config(s)], stream, [&] { return expert_work_bound(false, s); });
+  set_expert_work(launch, false, s, ws);
   dispatch_expert_gemm<GemmMode::kExpertDown>(p, s, ws, s.H, stream);
 }
 
@@ -254,6 +301,12 @@ void moe_combine(const float* weights, const MoeWorkspace& ws, const __nv_bfloat
                  const int32_t* num_rows, const MoeShape& s, __nv_bfloat16* out, cudaStream_t stream) {
   check_shape(s);
   MOEFOLD_CHECK(!(shared_out && shared_gate_w) || x != nullptr, fmt::runtime("moe_combine: the shared gate needs x"));
+  LaunchScope launch(kCombine, stream, [&] {  // y of k pairs, weights, shared out, x, residual read; out written
+    const double T = double(work_rows(s.capacity, num_rows)), H = s.H;
+    const double rows = T * s.k * H * 2 + T * s.k * 4 + (shared_out ? T * H * 2 : 0) +
+                        (shared_gate_w ? T * H * 2 + H * 2 : 0) + (residual ? T * H * 2 : 0) + T * H * 2;
+    return prof::Work{rows, 0};
+  });
   moe_combine_kernel<<<s.capacity, kCombineThreads, 0, stream>>>(weights, ws.y, shared_out, shared_gate_w, x,
                                                                   residual, num_rows, s.capacity, s.k, s.H, out);
   MOEFOLD_CUDA_CHECK_LAUNCH();

@@ -13,6 +13,7 @@
 
 #include "core/error.h"
 #include "ops/cuda/cuda_check.h"
+#include "ops/cuda/launch_scope.h"
 #include "ops/cuda/moe.h"
 #include "ops/cuda/moe_internal.h"
 
@@ -23,6 +24,15 @@ constexpr int kPlanThreads = 512;
 constexpr int kPlanItems = 8;
 constexpr int kBlockItems = kPlanThreads * kPlanItems;  // pairs handled by the one-CTA path
 constexpr int kExpertsPerThread = 2;                    // E <= 1024 in the scans
+
+const prof::Kernel kPlanBlock{"plan_block_kernel", prof::Category::MoeRouting};
+const prof::Kernel kPlanMemset{"cudaMemsetAsync:moe_plan", prof::Category::MoeRouting};
+const prof::Kernel kPlanKeys{"plan_keys_kernel", prof::Category::MoeRouting};
+const prof::Kernel kPlanSort{"cub::DeviceRadixSort::SortPairs", prof::Category::MoeRouting};
+const prof::Kernel kPlanFinalize{"plan_finalize_kernel", prof::Category::MoeRouting};
+// The profiler's own copy of the per-expert counts (read by the expert GEMMs' work at flush): shown so
+// that its cost is not hidden in the idle time.
+const prof::Kernel kCountsSnapshot{"profiler:moe_counts_snapshot", prof::Category::Other};
 
 __device__ __forceinline__ int live_pairs(const int32_t* num_rows, int capacity, int k) {
   int live = *num_rows;
@@ -170,27 +180,48 @@ void moe_plan(const int32_t* ids, const int32_t* num_rows, const MoeShape& s, co
   MOEFOLD_CHECK(ws.tile_rows > 0 && ws.pairs != nullptr, fmt::runtime("moe_plan: workspace not bound"));
   const int P = s.capacity * s.k;
   const int end_bit = sort_end_bit(s.E);
+  const double live_pairs = double(work_rows(s.capacity, num_rows)) * s.k;
   if (P <= kBlockItems) {
-    plan_block_kernel<<<1, kPlanThreads, 0, stream>>>(ids, num_rows, s.capacity, s.k, s.E, end_bit, ws.tile_rows,
-                                                      ws.counts, ws.offsets, ws.pairs, ws.tiles, ws.num_tiles,
-                                                      ws.status);
-    MOEFOLD_CUDA_CHECK_LAUNCH();
+    {
+      LaunchScope launch(kPlanBlock, stream, [&] { return prof::Work{live_pairs * 12 + double(s.E) * 16, 0}; });
+      plan_block_kernel<<<1, kPlanThreads, 0, stream>>>(ids, num_rows, s.capacity, s.k, s.E, end_bit, ws.tile_rows,
+                                                        ws.counts, ws.offsets, ws.pairs, ws.tiles, ws.num_tiles,
+                                                        ws.status);
+      MOEFOLD_CUDA_CHECK_LAUNCH();
+    }
+    snapshot_device_ints(kCountsSnapshot, ws.counts, s.E, stream);
     return;
   }
   MOEFOLD_CHECK(ws.cub_temp != nullptr && ws.sort_keys_in != nullptr, fmt::runtime("moe_plan: workspace lacks sort scratch"));
-  MOEFOLD_CUDA_CHECK(cudaMemsetAsync(ws.counts, 0, sizeof(int32_t) * size_t(s.E), stream));
-  MOEFOLD_CUDA_CHECK(cudaMemsetAsync(ws.status, 0, sizeof(int32_t), stream));
+  {
+    LaunchScope launch(kPlanMemset, stream, prof::Work{double(s.E + 1) * 4, 0});
+    MOEFOLD_CUDA_CHECK(cudaMemsetAsync(ws.counts, 0, sizeof(int32_t) * size_t(s.E), stream));
+  }
+  {
+    LaunchScope launch(kPlanMemset, stream, prof::Work{4, 0});
+    MOEFOLD_CUDA_CHECK(cudaMemsetAsync(ws.status, 0, sizeof(int32_t), stream));
+  }
   const int threads = 256;
   const int blocks = (P + threads - 1) / threads;
-  plan_keys_kernel<<<blocks, threads, 0, stream>>>(ids, num_rows, s.capacity, s.k, s.E, ws.sort_keys_in,
-                                                   ws.sort_vals_in, ws.counts, ws.status);
-  MOEFOLD_CUDA_CHECK_LAUNCH();
+  {  // reads the live ids, writes keys and values of all P pairs (padding keyed past every expert)
+    LaunchScope launch(kPlanKeys, stream, [&] { return prof::Work{live_pairs * 4 + double(P) * 8, 0}; });
+    plan_keys_kernel<<<blocks, threads, 0, stream>>>(ids, num_rows, s.capacity, s.k, s.E, ws.sort_keys_in,
+                                                     ws.sort_vals_in, ws.counts, ws.status);
+    MOEFOLD_CUDA_CHECK_LAUNCH();
+  }
   size_t temp_bytes = ws.cub_temp_bytes;
-  MOEFOLD_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(ws.cub_temp, temp_bytes, ws.sort_keys_in, ws.sort_keys_out,
-                                                     ws.sort_vals_in, ws.pairs, P, 0, end_bit, stream));
-  plan_finalize_kernel<<<1, kPlanThreads, 0, stream>>>(s.E, ws.tile_rows, ws.counts, ws.offsets, ws.tiles,
-                                                       ws.num_tiles);
-  MOEFOLD_CUDA_CHECK_LAUNCH();
+  {  // keys and values of all P pairs read and written once (one pass; CUB may take several)
+    LaunchScope launch(kPlanSort, stream, prof::Work{double(P) * 16, 0});
+    MOEFOLD_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(ws.cub_temp, temp_bytes, ws.sort_keys_in, ws.sort_keys_out,
+                                                       ws.sort_vals_in, ws.pairs, P, 0, end_bit, stream));
+  }
+  {
+    LaunchScope launch(kPlanFinalize, stream, prof::Work{double(s.E) * 16, 0});
+    plan_finalize_kernel<<<1, kPlanThreads, 0, stream>>>(s.E, ws.tile_rows, ws.counts, ws.offsets, ws.tiles,
+                                                         ws.num_tiles);
+    MOEFOLD_CUDA_CHECK_LAUNCH();
+  }
+  snapshot_device_ints(kCountsSnapshot, ws.counts, s.E, stream);
 }
 
 }  // namespace moefold::cuda

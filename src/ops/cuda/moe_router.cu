@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "ops/cuda/cuda_check.h"
+#include "ops/cuda/launch_scope.h"
 #include "ops/cuda/moe.h"
 #include "ops/cuda/moe_gemm.cuh"
 #include "ops/cuda/moe_internal.h"
@@ -213,12 +214,19 @@ void launch_topk(const float* logits, const int32_t* num_rows, const MoeShape& s
   MOEFOLD_CUDA_CHECK_LAUNCH();
 }
 
+const prof::Kernel kRouterLogits{"router_logits_kernel", prof::Category::MoeRouting};
+const prof::Kernel kRouterTopk{"router_topk_kernel", prof::Category::MoeRouting};
+
 }  // namespace
 
 void moe_router_logits(const __nv_bfloat16* x, const __nv_bfloat16* w_router, const int32_t* num_rows,
                        const MoeShape& s, float* logits, cudaStream_t stream) {
   MOEFOLD_CHECK(s.capacity >= 1 && s.E >= 2 && s.E % 2 == 0 && s.H % (2 * kRouterBK) == 0,
                 fmt::runtime("moe_router_logits: unsupported shape capacity={} E={} H={}"), s.capacity, s.E, s.H);
+  LaunchScope launch(kRouterLogits, stream, [&] {  // W, live x rows read, fp32 logits written
+    const double T = double(work_rows(s.capacity, num_rows));
+    return prof::Work{double(s.E) * s.H * 2 + T * s.H * 2 + T * s.E * 4, 2.0 * T * s.H * s.E};
+  });
   // The K split depends on H only (bit-identical logits at every capacity).
   if (s.H % (8 * kRouterBK) == 0)
     launch_router_logits<8>(x, w_router, num_rows, s, logits, stream);
@@ -233,6 +241,10 @@ void moe_router_topk(const float* logits, const int32_t* num_rows, const MoeShap
   MOEFOLD_CHECK(s.E >= 1 && s.E <= 512 && s.k >= 1 && s.k <= s.E, fmt::runtime("moe_router_topk: unsupported E={} k={}"),
                 s.E, s.k);
   const int vpt = (s.E + 31) / 32;
+  LaunchScope launch(kRouterTopk, stream, [&] {  // logits read, ids and weights written
+    const double T = double(work_rows(s.capacity, num_rows));
+    return prof::Work{T * s.E * 4 + T * s.k * 8, 0};
+  });
   if (vpt <= 1) launch_topk<1>(logits, num_rows, s, renormalize, replay, ids, weights, stream);
   else if (vpt <= 2) launch_topk<2>(logits, num_rows, s, renormalize, replay, ids, weights, stream);
   else if (vpt <= 4) launch_topk<4>(logits, num_rows, s, renormalize, replay, ids, weights, stream);

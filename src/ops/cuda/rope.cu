@@ -5,6 +5,7 @@
 // (cuda_check.h first: see its note on fmt under nvcc)
 #include "core/error.h"
 #include "ops/cuda/kernel_util.cuh"
+#include "ops/cuda/launch_scope.h"
 #include "ops/cuda/rope.h"
 
 namespace moefold::cuda {
@@ -12,6 +13,8 @@ using namespace detail;
 namespace {
 
 constexpr int kMaxHalf = 512;  // rotary_dim <= 1024
+
+const prof::Kernel kRope{"rope_kernel", prof::Category::NormRope};
 
 __global__ void rope_kernel(bf16* q, int64_t qh, int64_t qts, int64_t qhs, bf16* k, int64_t kh, int64_t kts,
                             int64_t khs, const int32_t* __restrict__ positions, int64_t max_rows, int half,
@@ -70,6 +73,9 @@ void apply_rope(bf16* q, HeadRows q_rows, bf16* k, HeadRows k_rows, const int32_
   const int half = int(freqs.rotary_dim / 2);
   const int64_t pairs = (q_rows.heads + (k ? k_rows.heads : 0)) * half;
   const int threads = int(std::min<int64_t>(256, std::max<int64_t>(32, (pairs + 31) / 32 * 32)));
+  LaunchScope launch(kRope, stream, [&] {  // the rotated part of every head, read and written; positions
+    return prof::Work{double(work_rows(max_rows, live_rows)) * (double(pairs) * 8 + 4), 0};
+  });
   rope_kernel<<<unsigned(max_rows), threads, 0, stream>>>(q, q_rows.heads, qts, qhs, k, k ? k_rows.heads : 0, kts,
                                                           khs, positions, max_rows, half,
                                                           freqs.inv_freq.data(), live_rows);

@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "ops/cuda/kernel_util.cuh"
+#include "ops/cuda/launch_scope.h"
 #include "ops/cuda/sampling.h"
 
 namespace moefold::cuda {
@@ -336,12 +337,17 @@ void check_args(int64_t max_rows, int64_t vocab, int64_t& ld, const char* what) 
                 "{}: bad sizes rows={} vocab={} ld={}", what, max_rows, vocab, ld);
 }
 
+// Work: every logit of the rows read once (bytes counted for all max_rows: the live count is on the device).
+const prof::Kernel kArgmax{"argmax_kernel", prof::Category::Sampling};
+const prof::Kernel kSample{"sample_kernel", prof::Category::Sampling};
+
 }  // namespace
 
 void argmax_rows(const float* logits, int64_t max_rows, int64_t vocab, int64_t ld, int32_t* tokens, int32_t* flags,
                  const int32_t* live_rows, cudaStream_t stream) {
   check_args(max_rows, vocab, ld, "argmax_rows");
   if (max_rows == 0) return;
+  LaunchScope launch(kArgmax, stream, prof::Work{double(max_rows) * double(vocab) * 4, 0});
   argmax_kernel<<<unsigned(max_rows), kThreads, 0, stream>>>(logits, max_rows, vocab, ld, tokens, flags, live_rows);
   MOEFOLD_CUDA_CHECK_LAUNCH();
 }
@@ -352,6 +358,7 @@ void sample_rows(const float* logits, int64_t max_rows, int64_t vocab, int64_t l
   MOEFOLD_CHECK(params.temperature && params.top_k && params.top_p && params.uniform,
                 "sample_rows: temperature, top_k, top_p and uniform arrays are required");
   if (max_rows == 0) return;
+  LaunchScope launch(kSample, stream, prof::Work{double(max_rows) * double(vocab) * 4, 0});
   sample_kernel<<<unsigned(max_rows), kThreads, 0, stream>>>(logits, max_rows, vocab, ld, params, tokens, flags,
                                                              live_rows);
   MOEFOLD_CUDA_CHECK_LAUNCH();
