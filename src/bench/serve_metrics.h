@@ -3,7 +3,7 @@
 //   TTFT  time from sending a request to its first chunk with content
 //   ITL   gaps between consecutive content chunks of a request (all requests' gaps pooled)
 //   TPOT  per request (e2e latency - TTFT) / (output tokens - 1), requests with > 1 output token
-//   E2EL  time from sending a request to the end of its stream
+//   E2EL  time from sending a request to its last content chunk (trailing usage / [DONE] events excluded)
 //   throughputs: completed requests, output tokens, input + output tokens per second of the
 //   whole run (first send to last completion)
 //
@@ -24,7 +24,7 @@ struct RequestOutput {
   std::string error;            ///< why it failed (empty on success)
   double start_s = 0;           ///< when it was sent
   double ttft_s = 0;            ///< to the first content chunk (0 if none arrived)
-  double latency_s = 0;         ///< to the end of the response (or the failure)
+  double latency_s = 0;         ///< to the last content chunk (a failed request: to the failure)
   std::vector<double> itl_s;    ///< gaps between consecutive content chunks
   int64_t prompt_tokens = 0;    ///< from the server's usage, else the client's count (0: unknown)
   int64_t output_tokens = 0;    ///< from the server's usage, else the number of content chunks

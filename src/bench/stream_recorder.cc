@@ -38,7 +38,9 @@ void StreamRecorder::on_bytes(std::string_view bytes, double t_s) {
 
 RequestOutput StreamRecorder::finish(double end_s, int64_t client_prompt_tokens) const {
   RequestOutput r = out_;
-  r.latency_s = end_s - start_s_;
+  // Like vLLM, a completed request ends at its last content chunk: the trailing finish, usage and
+  // [DONE] events and the end of the HTTP response carry no token (so E2EL - TTFT = sum of the ITLs).
+  r.latency_s = (first_ ? end_s : last_chunk_s_) - start_s_;
   if (!r.prompt_tokens_from_usage) r.prompt_tokens = client_prompt_tokens;
   if (!r.output_tokens_from_usage) r.output_tokens = content_chunks_;
   if (!error_.empty()) {

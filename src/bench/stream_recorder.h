@@ -3,7 +3,8 @@
 //
 // A content chunk is a payload whose first choice carries non-empty text (chat streams open with
 // an empty role delta, which does not count). TTFT is the arrival of the first content chunk,
-// the ITL list the gaps between consecutive content chunks. Output tokens come from the last
+// the ITL list the gaps between consecutive content chunks, the latency (E2EL) the arrival of the
+// last content chunk (vLLM's end of a request). Output tokens come from the last
 // `usage` seen (stream_options.include_usage), else they are the number of content chunks; prompt
 // tokens from the usage, else the client's count.
 #pragma once
@@ -27,7 +28,8 @@ class StreamRecorder {
   /// True once the stream said `data: [DONE]`.
   bool done() const { return done_; }
 
-  /// The request's record when its response ended at `end_s`. It failed if the stream carried an
+  /// The request's record when its response ended at `end_s` (the latency of a request without
+  /// content chunks; otherwise the last content chunk ends it). It failed if the stream carried an
   /// error event or no content chunk arrived (TTFT undefined); `client_prompt_tokens` is used when
   /// the server sent no usage.
   RequestOutput finish(double end_s, int64_t client_prompt_tokens) const;

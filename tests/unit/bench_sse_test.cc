@@ -97,12 +97,13 @@ TEST(StreamRecorder, TtftAndItlFromArrivalTimes) {
   EXPECT_DOUBLE_EQ(r.itl_s[0], 0.125);
   EXPECT_DOUBLE_EQ(r.itl_s[1], 0.125);
   EXPECT_DOUBLE_EQ(r.itl_s[2], 0.0);
-  EXPECT_DOUBLE_EQ(r.latency_s, 0.75);
+  // vLLM's E2EL: to the last content chunk (10.5), not to the end of the response (10.75).
+  EXPECT_DOUBLE_EQ(r.latency_s, 0.5);
   EXPECT_EQ(r.output_tokens, 4);
   EXPECT_TRUE(r.output_tokens_from_usage);
   EXPECT_EQ(r.prompt_tokens, 7);  // the server's count wins over the client's 99
   EXPECT_TRUE(r.prompt_tokens_from_usage);
-  EXPECT_DOUBLE_EQ(time_per_output_token(r), (0.75 - 0.25) / 3);
+  EXPECT_DOUBLE_EQ(time_per_output_token(r), (0.5 - 0.25) / 3);
 }
 
 TEST(StreamRecorder, ChatRoleChunkIsNotTheFirstTokenAndChunkCountIsTheFallback) {
