@@ -1,6 +1,7 @@
 // One serving benchmark run (contract: serve_runner.h).
 #include "bench/serve_runner.h"
 
+#include <algorithm>
 #include <semaphore>
 #include <system_error>
 #include <thread>
@@ -15,9 +16,12 @@ RunResult run_requests(const std::vector<double>& arrivals, int64_t max_concurre
   MOEFOLD_CHECK(max_concurrency >= 0, "--max-concurrency must be >= 1 (got {})", max_concurrency);
   RunResult result;
   result.outputs.resize(arrivals.size());
+  // A limit of at least the number of requests holds nothing back (and a semaphore counts only up
+  // to max(): libstdc++'s stores an int, so 2^32 would wrap to 0 and every request would wait).
+  const bool limited = max_concurrency > 0 && uint64_t(max_concurrency) < arrivals.size();
   // The dispatcher (this thread) is the only one that acquires, so places go in arrival order.
-  std::counting_semaphore<> places(max_concurrency > 0 ? std::ptrdiff_t(max_concurrency) : 0);
-  const bool limited = max_concurrency > 0;
+  std::counting_semaphore<> places(
+      limited ? std::ptrdiff_t(std::min<int64_t>(max_concurrency, std::counting_semaphore<>::max())) : 0);
   std::vector<std::thread> threads;
   threads.reserve(arrivals.size());
   const Clock::time_point start = Clock::now();

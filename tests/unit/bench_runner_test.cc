@@ -52,6 +52,18 @@ TEST(RunRequests, ConcurrencyLimitIsNeverExceeded) {
   EXPECT_EQ(unlimited.calls.load(), 16);
 }
 
+// A limit beyond what a semaphore counts (--max-concurrency accepts up to 2^40) must neither wrap
+// to 0 (every request would wait forever) nor to a small number: it means "no limit".
+TEST(RunRequests, HugeConcurrencyLimitIsNoLimit) {
+  for (int64_t limit : {int64_t(1) << 32, (int64_t(1) << 32) + 1, int64_t(1) << 40}) {
+    FakeSender fake;
+    const RunResult res = run_requests(std::vector<double>(6, 0.0), limit, [&](size_t i, auto) { return fake(i); }, nullptr);
+    EXPECT_EQ(fake.calls.load(), 6) << limit;
+    ASSERT_EQ(res.outputs.size(), 6u);
+    for (const RequestOutput& r : res.outputs) EXPECT_TRUE(r.success) << limit;
+  }
+}
+
 TEST(RunRequests, ArrivalTimesAreRespectedAndFailuresContained) {
   // Request i may not be sent before arrivals[i]: the sender sees the time since the start.
   const std::vector<double> arrivals = {0.0, 0.02, 0.04, 0.06};
