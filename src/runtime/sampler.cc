@@ -315,7 +315,8 @@ SampleResult sample_token(std::span<const float> logits, std::span<const int32_t
   const prof::HostScope scope(kSampleToken, prof::Work{4.0 * double(logits.size()), 0});
   params.validate();
   const RowMax raw = scan_row(logits, "logits");
-  const double lse = log_sum_exp(logits, raw.value);  // step 1: raw log_softmax
+  // Step 1, raw log_softmax: only when asked for (one exp per vocabulary entry dominates greedy).
+  const double lse = params.logprobs ? log_sum_exp(logits, raw.value) : 0.0;
   SampleResult r;
   if (params.logprobs && params.top_logprobs > 0)
     r.top_logprobs = top_n(logits, size_t(params.top_logprobs), lse);
@@ -339,7 +340,7 @@ SampleResult sample_token(std::span<const float> logits, std::span<const int32_t
       }
     }
   }
-  r.logprob = float(double(logits[size_t(r.token)]) - lse);
+  r.logprob = params.logprobs ? float(double(logits[size_t(r.token)]) - lse) : std::nanf("");
   return r;
 }
 

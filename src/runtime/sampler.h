@@ -6,8 +6,9 @@
 // Processing order (vLLM v1's sampler, vllm/v1/sample/sampler.py, chosen over HF's warper order):
 //   0. Validate: logits must not contain NaN or +inf (-inf is allowed and means "never sample
 //      this token"); at least one logit must be finite. Violations throw moefold::Error.
-//   1. Logprobs are taken from the RAW logits: log_softmax(logits) in double precision, before
-//      penalties, temperature or truncation (vLLM v1's default logprobs mode "raw_logprobs").
+//   1. Logprobs (only when requested) are taken from the RAW logits: log_softmax(logits) in
+//      double precision, before penalties, temperature or truncation (vLLM v1's default
+//      logprobs mode "raw_logprobs").
 //      The sampled token's logprob and the top-n list both come from this distribution.
 //   2. Penalties, in this order, on the float32 logits (apply_penalties):
 //        repetition  (tokens in prompt or output: x > 0 ? x / r : x * r)
@@ -62,7 +63,8 @@ struct TokenLogprob {
 struct SampleResult {
   /// The chosen token id, in [0, vocab).
   int32_t token = -1;
-  /// log_softmax(raw logits)[token], natural log (<= 0). See step 1 in the file comment.
+  /// log_softmax(raw logits)[token], natural log (<= 0), when params.logprobs (NaN otherwise: the
+  /// full-vocabulary log-sum-exp is computed only when asked for). See step 1 in the file comment.
   float logprob = 0.0f;
   /// The min(top_logprobs, vocab) most likely tokens under the raw log_softmax, by decreasing
   /// logprob (ties: lower id first). Empty unless params.logprobs && params.top_logprobs > 0.

@@ -41,8 +41,8 @@ struct SamplingParams {
   /// Random seed. With a seed, the sampled sequence is a pure function of (seed, logits), see
   /// sampler.h. Without one the Sampler draws a fresh seed per request. Any 64-bit value.
   std::optional<int64_t> seed;
-  /// Return the log-probability of each sampled token (always computed; this controls whether
-  /// the server reports it) and, with top_logprobs > 0, the most likely alternatives.
+  /// Compute and return the log-probability of each sampled token and, with top_logprobs > 0,
+  /// the most likely alternatives (without it SampleResult::logprob is NaN).
   bool logprobs = false;
   /// Number of most likely (token, logprob) pairs to return per position, 0..20 (OpenAI's
   /// limit). Requires logprobs = true when > 0.

@@ -420,6 +420,7 @@ TEST(SamplerPenalties, ChangeGreedyChoiceButNotLogprobs) {
   const std::vector<float> x = {3.0f, 2.9f, 0.0f};
   SamplingParams p = with_temperature(0.0f);
   p.presence_penalty = 0.5f;
+  p.logprobs = true;
   const std::vector<int32_t> out = {0};
   const SampleResult r = sample_token(x, {}, out, p, 0, 1);
   EXPECT_EQ(r.token, 1);
@@ -476,7 +477,10 @@ TEST(SamplerLogprobs, MatchDoubleLogSoftmax) {
 
   p.logprobs = false;
   p.top_logprobs = 0;
-  EXPECT_TRUE(sample_token(x, prompt, {}, p, 5, 0).top_logprobs.empty());
+  const SampleResult no_lp = sample_token(x, prompt, {}, p, 5, 0);
+  EXPECT_TRUE(no_lp.top_logprobs.empty());
+  EXPECT_TRUE(std::isnan(no_lp.logprob));  // not computed unless asked for
+  EXPECT_EQ(no_lp.token, r.token);          // and the choice does not depend on it
 }
 
 TEST(SamplerLogprobs, TopNClampedToVocabAndIncludesMasked) {
