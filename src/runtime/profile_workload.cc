@@ -6,6 +6,7 @@
 #include <random>
 
 #include "core/error.h"
+#include "core/parallel.h"
 #include "runtime/sampler.h"
 #include "runtime/scheduler.h"
 
@@ -56,11 +57,24 @@ struct DecodeBatch {
     outputs[i].push_back(tok);
     runner.append_token(seqs[i], tok);
   }
+  /// One decode step; the rows are sampled in parallel as the Scheduler does.
   void step() {
     std::vector<ModelRunner::Work> work;
     for (int32_t s : seqs) work.push_back({s, 1, false});
     const auto out = runner.step(work);
-    for (size_t i = 0; i < seqs.size(); ++i) sample_and_append(i, out[i]);
+    std::vector<int32_t> tok(seqs.size());
+    const int64_t vocab = out.empty() ? 1 : std::max<int64_t>(int64_t(out[0].size()), 1);
+    parallel_for(
+        int64_t(seqs.size()),
+        [&](int64_t lo, int64_t hi) {
+          for (int64_t i = lo; i < hi; ++i)
+            tok[size_t(i)] = sampler.sample(out[size_t(i)], prompts[size_t(i)], outputs[size_t(i)]).token;
+        },
+        std::max<int64_t>(1, (int64_t(1) << 19) / vocab));
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      outputs[i].push_back(tok[i]);
+      runner.append_token(seqs[i], tok[i]);
+    }
   }
   void release() {
     for (int32_t s : seqs) runner.release(s);
