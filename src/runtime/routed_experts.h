@@ -17,8 +17,9 @@ struct RoutedExperts {
 };
 
 /// What an executor does with routing on later forwards: record into `capture` (resized per step)
-/// and/or use `replay` (must hold every MoE layer with the step's rows x top_k ids; checked, Error).
-/// Both null: normal routing. The pointed-to objects must outlive the forwards that use them.
+/// and/or use `replay` (must hold every MoE layer with the step's rows x top_k ids, each in
+/// [0, num_experts); checked, Error). Both may name the same object. Both null: normal routing. The
+/// pointed-to objects must outlive the forwards that use them.
 struct RoutingControl {
   const RoutedExperts* replay = nullptr;
   RoutedExperts* capture = nullptr;

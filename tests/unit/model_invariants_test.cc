@@ -185,6 +185,49 @@ TEST_P(ModelInvariants, RoutingReplayOfCapturedExpertsIsExact) {
   EXPECT_THROW(run({&other, nullptr}), Error);
 }
 
+// Replay and capture may name the same object (replay a routing and record what was used): the
+// replayed experts are read before the capture writes, so the forward equals a plain replay.
+TEST_P(ModelInvariants, RoutingReplayAndCaptureIntoTheSameObject) {
+  auto model = load_model(write_model_dir(GetParam()), LoadFormat::Dummy, 3);
+  auto run = [&](RoutingControl rc) {
+    ModelRunner r(*model, {32, 16, 1});
+    r.executor().set_routing(rc);
+    int32_t s = r.add_sequence(prompt(21, 2));
+    return r.step({{s, 21, true}})[0];
+  };
+  RoutedExperts captured;
+  const auto plain = run({nullptr, &captured});
+  RoutedExperts both = captured;
+  EXPECT_EQ(run({&both, &both}), plain);
+  EXPECT_EQ(both.layers, captured.layers);
+  EXPECT_EQ(both.top_k, captured.top_k);
+}
+
+// A replayed expert id outside [0, E) is rejected before the forward changes anything: the same
+// runner then computes the step as if the failed one had never run (DeltaNet states included).
+TEST_P(ModelInvariants, BadReplayedExpertIdFailsBeforeAnyStateChanges) {
+  auto model = load_model(write_model_dir(GetParam()), LoadFormat::Dummy, 3);
+  const ModelConfig& c = model->config();
+  const int64_t moe_layers = std::count(c.layer_is_moe.begin(), c.layer_is_moe.end(), true);
+  if (moe_layers == 0) GTEST_SKIP() << "no MoE layer";
+  const int32_t T = 21;
+  RoutedExperts bad;
+  bad.top_k = int32_t(c.num_experts_per_tok);
+  bad.layers.assign(size_t(moe_layers), std::vector<int32_t>(size_t(T * c.num_experts_per_tok)));
+  for (auto& l : bad.layers)
+    for (size_t j = 0; j < l.size(); ++j) l[j] = int32_t(j % size_t(c.num_experts_per_tok));
+  bad.layers.back().back() = int32_t(c.num_experts);  // only the last MoE layer is wrong
+  ModelRunner r(*model, {32, 16, 1});
+  int32_t s = r.add_sequence(prompt(T, 2));
+  r.executor().set_routing({&bad, nullptr});
+  EXPECT_THROW(r.step({{s, T, true}}), Error);
+  r.executor().set_routing({});
+  const auto retried = r.step({{s, T, true}})[0];
+  ModelRunner fresh(*model, {32, 16, 1});
+  int32_t f = fresh.add_sequence(prompt(T, 2));
+  EXPECT_EQ(retried, fresh.step({{f, T, true}})[0]);
+}
+
 INSTANTIATE_TEST_SUITE_P(Families, ModelInvariants,
                          ::testing::Values("qwen3_5_moe", "qwen3_next", "qwen3_moe", "qwen3", "llama"));
 
