@@ -9,6 +9,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "core/error.h"
 #include "cuda/contract.h"
 #include "io/npy.h"
 #include "models/cuda/cuda_executor.h"
@@ -231,6 +232,31 @@ TEST(CudaForwardSmall, HybridPrefillAndDecode) {
   r.insert(r.end(), r1.begin(), r1.end());
   EXPECT_TRUE(test::contract("forward_small_vs_cpu_bf16_chain_pinned_p90_row", fam + ",T=7+1", p90_row_error(g, r, V),
                              1e-2));
+}
+
+// A replayed expert id outside [0, E) is an Error before anything runs, as on the CPU (the top-k and
+// plan kernels alone would drop that pair silently); replay and capture may name the same object.
+TEST(CudaForwardSmall, ReplayedExpertIdsAreCheckedAndMayBeCapturedInPlace) {
+  MOEFOLD_REQUIRE_GPU();
+  const std::string fam = "qwen3_5_moe";
+  const std::vector<int32_t> ids = {5, 17, 42, 99, 3, 250, 7};
+  const int32_t T = int32_t(ids.size());
+  RoutedExperts routing;
+  auto gpu = gpu_runner(fam, 2);
+  gpu->executor().set_routing({nullptr, &routing});
+  int32_t s = gpu->add_sequence(ids);
+  const auto plain = gpu->step({{s, T, true}})[0];
+  ASSERT_FALSE(routing.layers.empty());
+  RoutedExperts bad = routing;
+  bad.layers.back().back() = int32_t(gpu->config().num_experts);
+  auto other = gpu_runner(fam, 2);
+  other->executor().set_routing({&bad, nullptr});
+  int32_t o = other->add_sequence(ids);
+  EXPECT_THROW(other->step({{o, T, true}}), Error);
+  RoutedExperts both = routing;
+  other->executor().set_routing({&both, &both});
+  EXPECT_EQ(other->step({{o, T, true}})[0], plain);
+  EXPECT_EQ(both.layers, routing.layers);
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, CudaForward, ::testing::ValuesIn(families()));

@@ -272,6 +272,13 @@ void CudaExecutor::forward(const ForwardBatch& b, std::vector<float>& logits) {
                       std::all_of(r.begin(), r.end(), [&](const auto& v) { return v.size() == pairs; }),
                   "routing replay holds {} layers; this step needs {} MoE layers of {} rows x top-{}", r.size(),
                   moe_layers, T, c.num_experts_per_tok);
+    // The top-k kernel would keep an id outside [0, E) and moe_plan drop its pair silently (ws.status is
+    // not read back): reject it here, as cpu::router_topk does.
+    for (size_t i = 0; i < r.size(); ++i)
+      for (size_t j = 0; j < pairs; ++j)
+        MOEFOLD_CHECK(r[i][j] >= 0 && r[i][j] < c.num_experts,
+                      "routing replay: expert id {} at MoE layer {}, row {} is outside [0, {})", r[i][j], i,
+                      j / size_t(c.num_experts_per_tok), c.num_experts);
     if (replay_ids_.size() < size_t(moe_layers) * pairs) replay_ids_ = DeviceBuffer<int32_t>(size_t(moe_layers) * pairs);
     for (size_t i = 0; i < r.size(); ++i) replay_ids_.upload(r[i].data(), pairs, i * pairs, stream_, true);
   }
