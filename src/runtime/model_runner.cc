@@ -57,7 +57,7 @@ int32_t ModelRunner::blocks_needed(int32_t seq, int32_t extra) const {
   return std::max(0, need - int32_t(s.blocks.size()));
 }
 
-std::vector<std::vector<float>> ModelRunner::step(const std::vector<Work>& work) {
+std::vector<std::span<float>> ModelRunner::step_views(const std::vector<Work>& work) {
   // Reserve pages first so that a failure leaves every sequence unchanged.
   int32_t need = 0;
   for (auto& w : work) {
@@ -91,23 +91,28 @@ std::vector<std::vector<float>> ModelRunner::step(const std::vector<Work>& work)
     std::copy(s.blocks.begin(), s.blocks.end(), row.begin());
     b.block_tables.insert(b.block_tables.end(), row.begin(), row.end());
   }
-  std::vector<float> logits;
   {
     // The step's host facts, for the profiler's work counts of kernels that see only device counts.
     const prof::StepFacts facts{b.num_rows(), b.cu_seqlens, b.context_lens};
     const prof::StepFactsScope facts_scope(facts);
-    exec_->forward(b, logits);
+    exec_->forward(b, logits_);
   }
 
   const int64_t V = exec_->config().vocab_size;
-  std::vector<std::vector<float>> out;
+  std::vector<std::span<float>> out;
   size_t r = 0;
   for (auto& w : work) {
     const size_t rows = w.all_logits ? size_t(w.num_tokens) : 1;
-    out.emplace_back(logits.begin() + int64_t(r) * V, logits.begin() + int64_t(r + rows) * V);
+    out.emplace_back(logits_.data() + r * size_t(V), rows * size_t(V));
     r += rows;
     seq_ref(w.seq).num_computed += w.num_tokens;
   }
+  return out;
+}
+
+std::vector<std::vector<float>> ModelRunner::step(const std::vector<Work>& work) {
+  std::vector<std::vector<float>> out;
+  for (std::span<float> v : step_views(work)) out.emplace_back(v.begin(), v.end());
   return out;
 }
 

@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <map>
+#include <span>
 #include <vector>
 
 #include <memory>
@@ -51,6 +52,10 @@ class ModelRunner {
   /// Runs one forward step over all work items together. Returns logits per item: [rows, vocab]
   /// (rows = num_tokens if all_logits else 1). Throws Error if KV pages run out (nothing is changed then).
   std::vector<std::vector<float>> step(const std::vector<Work>& work);
+  /// The same step without copying the logits: one writable [rows, vocab] view per work item into the
+  /// runner's own buffer, valid until the next step (the serving path: no per-step allocation of
+  /// rows x vocab floats).
+  std::vector<std::span<float>> step_views(const std::vector<Work>& work);
 
   /// Pages a sequence still needs to hold `extra` more tokens.
   int32_t blocks_needed(int32_t seq, int32_t extra) const;
@@ -63,6 +68,7 @@ class ModelRunner {
 
  private:
   SequenceState& seq_ref(int32_t seq);
+  std::vector<float> logits_;  // the last step's logits (reused: no page faults per step)
   std::unique_ptr<Executor> exec_;  // declared before opt_: opt_ may take its page count
   RunnerOptions opt_;
   BlockAllocator blocks_;

@@ -52,7 +52,7 @@ struct DecodeBatch {
   std::vector<int32_t> seqs;
   std::vector<std::vector<int32_t>> prompts, outputs;
 
-  void sample_and_append(size_t i, const std::vector<float>& logits) {
+  void sample_and_append(size_t i, std::span<const float> logits) {
     const int32_t tok = sampler.sample(logits, prompts[i], outputs[i]).token;
     outputs[i].push_back(tok);
     runner.append_token(seqs[i], tok);
@@ -61,7 +61,7 @@ struct DecodeBatch {
   void step() {
     std::vector<ModelRunner::Work> work;
     for (int32_t s : seqs) work.push_back({s, 1, false});
-    const auto out = runner.step(work);
+    const auto out = runner.step_views(work);
     std::vector<int32_t> tok(seqs.size());
     const int64_t vocab = out.empty() ? 1 : std::max<int64_t>(int64_t(out[0].size()), 1);
     parallel_for(
@@ -105,7 +105,7 @@ WorkloadResult run_prefill(ModelRunner& runner, const Workload& w, const Profile
     const int32_t s = runner.add_sequence(prompt);
     try {
       timed([&] {
-        const auto out = runner.step({{s, w.prompt, false}});
+        const auto out = runner.step_views({{s, w.prompt, false}});
         sampler.sample(out[0], prompt, {});
       });
     } catch (...) {
@@ -150,7 +150,7 @@ WorkloadResult run_decode(ModelRunner& runner, const Workload& w, const ProfileO
         rows += w.prompt;
         ++i;
       }
-      const auto out = runner.step(work);
+      const auto out = runner.step_views(work);
       for (size_t j = 0; j < work.size(); ++j) d.sample_and_append(first + j, out[j]);
     }
     for (int i = 0; i < o.warmup; ++i) d.step();

@@ -172,9 +172,9 @@ std::vector<TokenOutput> Scheduler::step() {
     work.push_back({requests_.at(p.id).seq, p.num_tokens, false});
     last_step_.push_back({p.id, p.num_tokens, p.prefill});
   }
-  std::vector<std::vector<float>> logits;
+  std::vector<std::span<float>> logits;  // views into the runner's buffer, valid until its next step
   try {
-    logits = runner_.step(work);
+    logits = runner_.step_views(work);
   } catch (const std::exception& e) {
     // The runner changed nothing; fail the requests of this batch so that the rest can go on.
     for (const Planned& p : plan) {
@@ -202,9 +202,9 @@ std::vector<TokenOutput> Scheduler::step() {
           const size_t i = rows[size_t(j)];
           Request& r = requests_.at(plan[i].id);
           try {
-            if (!opt_.sampleable.empty())
+            if (!sampleable_.empty())
               for (size_t v = 0; v < logits[i].size(); ++v)
-                if (v >= opt_.sampleable.size() || !opt_.sampleable[v]) logits[i][v] = -INFINITY;
+                if (v >= sampleable_.size() || !sampleable_[v]) logits[i][v] = -INFINITY;
             sampled[size_t(j)] = r.sampler.sample(logits[i], r.prompt, r.output);
           } catch (const std::exception& e) {
             errors[size_t(j)] = std::string("sampling failed: ") + e.what();

@@ -42,10 +42,6 @@ struct SchedulerOptions {
   int32_t max_num_batched_tokens = 2048; ///< token rows per step (decode rows + prefill chunks)
   int32_t max_prefill_chunk = 0;         ///< most prompt tokens of one request per step; 0 = budget
   int32_t max_model_len = 4096;          ///< prompt + generated tokens; <= the KV pool's capacity
-  /// Token ids that may be sampled (empty: all). An id whose entry is false (or beyond the mask) gets
-  /// logit -inf before sampling: e.g. the model vocabulary's padding ids that the tokenizer cannot
-  /// decode. Logprobs are then those of the masked distribution.
-  std::vector<bool> sampleable;
 };
 
 /// One sampled token of one request, as step() reports it.
@@ -79,6 +75,11 @@ class Scheduler {
   /// is out of range, max_num_seqs exceeds the runner's state slots, or max_model_len exceeds the
   /// KV pool (a lone request must always fit, so preemption always makes progress).
   Scheduler(ModelRunner& runner, SchedulerOptions opt);
+
+  /// Token ids that may be sampled from now on (empty: all). An id whose entry is false (or beyond
+  /// the mask) gets logit -inf before sampling: e.g. the model vocabulary's padding ids that the
+  /// tokenizer cannot decode. Logprobs are then those of the masked distribution.
+  void set_sampleable(std::vector<bool> mask) { sampleable_ = std::move(mask); }
 
   /// Queues a request. `params.max_tokens` is capped by the context (max_model_len - prompt).
   /// Throws Error (nothing queued) for an empty prompt, a prompt of max_model_len tokens or more,
@@ -137,6 +138,7 @@ class Scheduler {
 
   ModelRunner& runner_;
   SchedulerOptions opt_;
+  std::vector<bool> sampleable_;
   std::vector<int32_t> eos_;
   int64_t vocab_;
   std::map<RequestId, Request> requests_;

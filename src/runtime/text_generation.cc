@@ -25,7 +25,7 @@ TextGenerationResult generate_text(ModelRunner& runner, const Tokenizer& tokeniz
   };
   const int32_t seq = runner.add_sequence(prompt_ids);
   try {
-    auto logits = runner.step({{seq, int32_t(prompt_ids.size()), false}})[0];
+    std::span<const float> logits = runner.step_views({{seq, int32_t(prompt_ids.size()), false}})[0];
     while (true) {
       SampleResult s = sampler.sample(logits, prompt_ids, r.output_ids);
       r.output_ids.push_back(s.token);
@@ -43,7 +43,7 @@ TextGenerationResult generate_text(ModelRunner& runner, const Tokenizer& tokeniz
         break;
       }
       runner.append_token(seq, s.token);
-      logits = runner.step({{seq, 1, false}})[0];
+      logits = runner.step_views({{seq, 1, false}})[0];
     }
   } catch (...) {
     runner.release(seq);

@@ -30,6 +30,7 @@ struct ChoiceSpec {
 
 struct EngineOptions {
   SchedulerOptions scheduler;
+  std::vector<bool> sampleable;  ///< Scheduler::set_sampleable (empty: every id)
   int32_t max_queue = 1024;  ///< sequences waiting for admission before submit() refuses
 };
 

@@ -148,8 +148,8 @@ int run_server(const ServeOptions& o) {
   int64_t undecodable = 0;
   for (int64_t v = 0; v < cfg.vocab_size; ++v) undecodable += !tokenizer.contains(int32_t(v));
   if (undecodable > 0) {
-    eo.scheduler.sampleable.resize(size_t(cfg.vocab_size));
-    for (int64_t v = 0; v < cfg.vocab_size; ++v) eo.scheduler.sampleable[size_t(v)] = tokenizer.contains(int32_t(v));
+    eo.sampleable.resize(size_t(cfg.vocab_size));
+    for (int64_t v = 0; v < cfg.vocab_size; ++v) eo.sampleable[size_t(v)] = tokenizer.contains(int32_t(v));
     std::fprintf(stderr, "moefold serve: %lld of the model's %lld token ids are unknown to the tokenizer; they are never sampled\n",
                  (long long)undecodable, (long long)cfg.vocab_size);
   }

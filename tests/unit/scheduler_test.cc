@@ -68,9 +68,10 @@ struct RunResult {
 };
 
 RunResult run_all(const Model& model, RunnerOptions ro, SchedulerOptions so, const std::vector<Job>& jobs,
-                  int stagger = 0) {
+                  int stagger = 0, std::vector<bool> sampleable = {}) {
   ModelRunner runner(model, ro);
   Scheduler sched(runner, so);
+  sched.set_sampleable(std::move(sampleable));
   RunResult res;
   res.tokens.resize(jobs.size());
   res.finish.assign(jobs.size(), FinishReason::kNone);
@@ -285,23 +286,20 @@ TEST(SchedulerEos, EosStopsUnlessIgnored) {
 // changes nothing.
 TEST_F(SchedulerTest, UnsampleableIdsAreNeverSampled) {
   RunResult base = run_alone(*model_, {{prompt(9, 3), greedy(8)}});
-  SchedulerOptions so{1, 4096, 0, 1024};
-  so.sampleable.assign(kVocab, true);
-  for (int32_t t : base.tokens[0]) so.sampleable[size_t(t)] = false;
-  RunResult masked = run_all(*model_, {64, 16, 1}, so, {{prompt(9, 3), greedy(8)}});
+  const SchedulerOptions so{1, 4096, 0, 1024};
+  std::vector<bool> mask(kVocab, true);
+  for (int32_t t : base.tokens[0]) mask[size_t(t)] = false;
+  RunResult masked = run_all(*model_, {64, 16, 1}, so, {{prompt(9, 3), greedy(8)}}, 0, mask);
   ASSERT_EQ(masked.tokens[0].size(), 8u);
-  for (int32_t t : masked.tokens[0]) EXPECT_TRUE(so.sampleable[size_t(t)]) << t;
-  SchedulerOptions keep{1, 4096, 0, 1024};
-  keep.sampleable.assign(kVocab, false);
-  for (int32_t t : base.tokens[0]) keep.sampleable[size_t(t)] = true;
-  EXPECT_EQ(run_all(*model_, {64, 16, 1}, keep, {{prompt(9, 3), greedy(8)}}).tokens[0], base.tokens[0]);
+  for (int32_t t : masked.tokens[0]) EXPECT_TRUE(mask[size_t(t)]) << t;
+  std::vector<bool> keep(kVocab, false);
+  for (int32_t t : base.tokens[0]) keep[size_t(t)] = true;
+  EXPECT_EQ(run_all(*model_, {64, 16, 1}, so, {{prompt(9, 3), greedy(8)}}, 0, keep).tokens[0], base.tokens[0]);
   // A shorter mask than the vocabulary masks the rest; sampled (non-greedy) tokens obey it too.
-  SchedulerOptions low{1, 4096, 0, 1024};
-  low.sampleable.assign(10, true);
   SamplingParams hot = greedy(20);
   hot.temperature = 1.5f;
   hot.seed = 7;
-  RunResult hot_run = run_all(*model_, {64, 16, 1}, low, {{prompt(9, 3), hot}});
+  RunResult hot_run = run_all(*model_, {64, 16, 1}, so, {{prompt(9, 3), hot}}, 0, std::vector<bool>(10, true));
   ASSERT_EQ(hot_run.tokens[0].size(), 20u);
   for (int32_t t : hot_run.tokens[0]) EXPECT_LT(t, 10);
 }
