@@ -10,6 +10,7 @@
 #include <random>
 
 #include "core/error.h"
+#include "core/kernel_registry.h"
 #include "models/load_model.h"
 #include "models/weight_loader.h"
 #include "runtime/model_runner.h"
@@ -20,6 +21,7 @@
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/device_buffer.h"
 #include "ops/cuda/gemm.h"
+#include "ops/cuda/roofline.h"
 #endif
 
 namespace moefold {
@@ -54,42 +56,6 @@ double median(std::vector<double> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
-/// Device-to-device copy bandwidth, bytes read + written per second (median of 10 copies of 2 GiB).
-double measure_copy_bandwidth() {
-  const size_t bytes = size_t(2) << 30;
-  cuda::DeviceBuffer<uint8_t> a(bytes), b(bytes);
-  a.fill_bytes(1);
-  std::vector<double> t;
-  for (int i = 0; i < 12; ++i) {
-    MOEFOLD_CUDA_CHECK(cudaDeviceSynchronize());
-    auto t0 = Clock::now();
-    MOEFOLD_CUDA_CHECK(cudaMemcpy(b.data(), a.data(), bytes, cudaMemcpyDeviceToDevice));
-    MOEFOLD_CUDA_CHECK(cudaDeviceSynchronize());
-    if (i >= 2) t.push_back(seconds_since(t0));
-  }
-  return 2.0 * double(bytes) / median(t);
-}
-
-/// bf16 GEMM rate of cuBLASLt at 8192^3 on random data, FLOP/s (median of 10).
-double measure_gemm_rate() {
-  const int64_t n = 8192;
-  std::vector<float> h(size_t(n * n));
-  std::mt19937 rng(1);
-  std::uniform_real_distribution<float> d(-1, 1);
-  for (auto& v : h) v = d(rng);
-  auto a = cuda::to_device_bf16(h), w = cuda::to_device_bf16(h);
-  cuda::DeviceBuffer<__nv_bfloat16> y(size_t(n * n));
-  std::vector<double> t;
-  for (int i = 0; i < 12; ++i) {
-    MOEFOLD_CUDA_CHECK(cudaDeviceSynchronize());
-    auto t0 = Clock::now();
-    cuda::gemm_bf16(a.data(), w.data(), nullptr, y.data(), n, n, n, nullptr);
-    MOEFOLD_CUDA_CHECK(cudaDeviceSynchronize());
-    if (i >= 2) t.push_back(seconds_since(t0));
-  }
-  return 2.0 * double(n) * double(n) * double(n) / median(t);
-}
-
 std::vector<int32_t> random_tokens(int n, int64_t vocab, uint32_t seed) {
   std::mt19937 rng(seed);
   std::uniform_int_distribution<int32_t> d(0, int32_t(std::min<int64_t>(vocab, 200000)) - 1);
@@ -107,7 +73,9 @@ int BenchOfflineCommand::run() {
   MOEFOLD_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s, model: %s (%s), %.2f B params, %.2f B active/token\n", prop.name, model_dir.c_str(),
               family_name(cfg.family).c_str(), double(pc.total) / 1e9, double(pc.active_per_token) / 1e9);
-  const double bw = measure_copy_bandwidth(), peak = measure_gemm_rate();
+  const Roofline roof = cuda::measure_roofline(8192);
+  prof::reset_launch_counts();  // the ceilings' own launches do not satisfy --require-kernel
+  const double bw = roof.copy_bytes_per_s, peak = roof.gemm_flops_per_s;
   std::printf("measured ceilings: copy %.2f TB/s (read + write), bf16 GEMM 8192^3 %.0f TFLOP/s\n", bw / 1e12,
               peak / 1e12);
 
