@@ -223,6 +223,11 @@ Prepared prepare(std::span<const float> logits, RowMax raw_max, std::span<const 
 
 }  // namespace
 
+void mask_tokens(std::span<float> logits, std::span<const int32_t> ids) {
+  for (int32_t id : ids)
+    if (id >= 0 && size_t(id) < logits.size()) logits[size_t(id)] = -std::numeric_limits<float>::infinity();
+}
+
 uint64_t splitmix64_at(uint64_t seed, uint64_t step) {
   uint64_t z = seed + (step + 1) * 0x9E3779B97F4A7C15ull;
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;

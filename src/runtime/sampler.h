@@ -71,6 +71,10 @@ struct SampleResult {
   std::vector<TokenLogprob> top_logprobs;
 };
 
+/// Sets logits[id] = -inf for every id in `ids` inside the row (ids outside [0, size) are ignored): those
+/// tokens can then never be sampled (sampler step 0: -inf means "never"). O(ids.size()).
+void mask_tokens(std::span<float> logits, std::span<const int32_t> ids);
+
 /// The step-th output of a SplitMix64 generator seeded with `seed`, as a double in [0, 1)
 /// (its top 53 bits times 2^-53). Pure function; this is the sampler's only source of randomness.
 double sampling_uniform(uint64_t seed, uint64_t step);

@@ -202,9 +202,7 @@ std::vector<TokenOutput> Scheduler::step() {
           const size_t i = rows[size_t(j)];
           Request& r = requests_.at(plan[i].id);
           try {
-            if (!sampleable_.empty())
-              for (size_t v = 0; v < logits[i].size(); ++v)
-                if (v >= sampleable_.size() || !sampleable_[v]) logits[i][v] = -INFINITY;
+            mask_tokens(logits[i], masked_tokens_);
             sampled[size_t(j)] = r.sampler.sample(logits[i], r.prompt, r.output);
           } catch (const std::exception& e) {
             errors[size_t(j)] = std::string("sampling failed: ") + e.what();

@@ -76,10 +76,10 @@ class Scheduler {
   /// KV pool (a lone request must always fit, so preemption always makes progress).
   Scheduler(ModelRunner& runner, SchedulerOptions opt);
 
-  /// Token ids that may be sampled from now on (empty: all). An id whose entry is false (or beyond
-  /// the mask) gets logit -inf before sampling: e.g. the model vocabulary's padding ids that the
-  /// tokenizer cannot decode. Logprobs are then those of the masked distribution.
-  void set_sampleable(std::vector<bool> mask) { sampleable_ = std::move(mask); }
+  /// Token ids never sampled from now on (their logits become -inf before sampling; mask_tokens):
+  /// e.g. the model vocabulary's padding ids that the tokenizer cannot decode. Logprobs are then those
+  /// of the masked distribution.
+  void set_masked_tokens(std::vector<int32_t> ids) { masked_tokens_ = std::move(ids); }
 
   /// Queues a request. `params.max_tokens` is capped by the context (max_model_len - prompt).
   /// Throws Error (nothing queued) for an empty prompt, a prompt of max_model_len tokens or more,
@@ -138,7 +138,7 @@ class Scheduler {
 
   ModelRunner& runner_;
   SchedulerOptions opt_;
-  std::vector<bool> sampleable_;
+  std::vector<int32_t> masked_tokens_;
   std::vector<int32_t> eos_;
   int64_t vocab_;
   std::map<RequestId, Request> requests_;

@@ -23,10 +23,13 @@ TextGenerationResult generate_text(ModelRunner& runner, const Tokenizer& tokeniz
     if (!u.text.empty() && on_text) on_text(u.text);
     r.text += u.text;
   };
+  // Ids the tokenizer cannot decode (vocabulary padding) are never sampled.
+  const std::vector<int32_t> unknown = tokenizer.unknown_ids(runner.config().vocab_size);
   const int32_t seq = runner.add_sequence(prompt_ids);
   try {
-    std::span<const float> logits = runner.step_views({{seq, int32_t(prompt_ids.size()), false}})[0];
+    std::span<float> logits = runner.step_views({{seq, int32_t(prompt_ids.size()), false}})[0];
     while (true) {
+      mask_tokens(logits, unknown);
       SampleResult s = sampler.sample(logits, prompt_ids, r.output_ids);
       r.output_ids.push_back(s.token);
       std::string delta = detok.feed(s.token);

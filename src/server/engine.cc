@@ -15,7 +15,7 @@ double seconds(Clock::duration d) { return std::chrono::duration<double>(d).coun
 Engine::Engine(std::unique_ptr<ModelRunner> runner, const Tokenizer& tokenizer, EngineOptions opt, Metrics& metrics)
     : tokenizer_(tokenizer), opt_(opt), metrics_(metrics), eos_(runner->config().eos_token_ids),
       runner_(std::move(runner)), scheduler_(*runner_, opt.scheduler) {
-  scheduler_.set_sampleable(opt_.sampleable);
+  scheduler_.set_masked_tokens(opt_.masked_tokens);
   publish();
   thread_ = std::thread([this] { loop(); });
 }

@@ -30,7 +30,7 @@ struct ChoiceSpec {
 
 struct EngineOptions {
   SchedulerOptions scheduler;
-  std::vector<bool> sampleable;  ///< Scheduler::set_sampleable (empty: every id)
+  std::vector<int32_t> masked_tokens;  ///< never sampled (Scheduler::set_masked_tokens)
   int32_t max_queue = 1024;  ///< sequences waiting for admission before submit() refuses
 };
 

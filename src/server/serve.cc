@@ -145,14 +145,10 @@ int run_server(const ServeOptions& o) {
   eo.scheduler = {o.max_num_seqs, o.max_num_batched_tokens, o.max_prefill_chunk, pool.max_model_len};
   eo.max_queue = o.max_queue;
   // Never sample an id the tokenizer cannot decode (padding rows of the model's vocabulary).
-  int64_t undecodable = 0;
-  for (int64_t v = 0; v < cfg.vocab_size; ++v) undecodable += !tokenizer.contains(int32_t(v));
-  if (undecodable > 0) {
-    eo.sampleable.resize(size_t(cfg.vocab_size));
-    for (int64_t v = 0; v < cfg.vocab_size; ++v) eo.sampleable[size_t(v)] = tokenizer.contains(int32_t(v));
-    std::fprintf(stderr, "moefold serve: %lld of the model's %lld token ids are unknown to the tokenizer; they are never sampled\n",
-                 (long long)undecodable, (long long)cfg.vocab_size);
-  }
+  eo.masked_tokens = tokenizer.unknown_ids(cfg.vocab_size);
+  if (!eo.masked_tokens.empty())
+    std::fprintf(stderr, "moefold serve: %zu of the model's %lld token ids are unknown to the tokenizer; they are never sampled\n",
+                 eo.masked_tokens.size(), (long long)cfg.vocab_size);
 
   // Signals: SIGPIPE ignored (a vanished client is a failed write). SIGINT/SIGTERM may land on any
   // thread (BLAS threads exist before main), so their handler only writes to a pipe that a

@@ -1010,6 +1010,13 @@ std::string Tokenizer::id_to_token(int32_t id) const {
 
 size_t Tokenizer::vocab_size() const { return impl_->id_valid.size(); }
 
+std::vector<int32_t> Tokenizer::unknown_ids(int64_t model_vocab_size) const {
+  std::vector<int32_t> out;
+  for (int64_t v = 0; v < model_vocab_size; ++v)
+    if (!contains(int32_t(v))) out.push_back(int32_t(v));
+  return out;
+}
+
 bool Tokenizer::contains(int32_t id) const {
   return id >= 0 && static_cast<size_t>(id) < impl_->id_valid.size() && impl_->id_valid[size_t(id)];
 }

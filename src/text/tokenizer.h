@@ -93,6 +93,10 @@ class Tokenizer {
   /// True if some token (vocabulary or added) has id `id`: decode accepts it.
   bool contains(int32_t id) const;
 
+  /// The ids in [0, model_vocab_size) that no token uses (a model's vocabulary padding, holes), in
+  /// ascending order: ids a generator must never sample, since decode rejects them.
+  std::vector<int32_t> unknown_ids(int64_t model_vocab_size) const;
+
   /// True if `id` is an added token marked special.
   bool is_special(int32_t id) const;
 

@@ -68,10 +68,10 @@ struct RunResult {
 };
 
 RunResult run_all(const Model& model, RunnerOptions ro, SchedulerOptions so, const std::vector<Job>& jobs,
-                  int stagger = 0, std::vector<bool> sampleable = {}) {
+                  int stagger = 0, std::vector<int32_t> masked = {}) {
   ModelRunner runner(model, ro);
   Scheduler sched(runner, so);
-  sched.set_sampleable(std::move(sampleable));
+  sched.set_masked_tokens(std::move(masked));
   RunResult res;
   res.tokens.resize(jobs.size());
   res.finish.assign(jobs.size(), FinishReason::kNone);
@@ -284,22 +284,26 @@ TEST(SchedulerEos, EosStopsUnlessIgnored) {
 
 // Ids outside SchedulerOptions::sampleable are never sampled; masking ids that greedy never picks
 // changes nothing.
-TEST_F(SchedulerTest, UnsampleableIdsAreNeverSampled) {
+TEST_F(SchedulerTest, MaskedTokensAreNeverSampled) {
   RunResult base = run_alone(*model_, {{prompt(9, 3), greedy(8)}});
   const SchedulerOptions so{1, 4096, 0, 1024};
-  std::vector<bool> mask(kVocab, true);
-  for (int32_t t : base.tokens[0]) mask[size_t(t)] = false;
-  RunResult masked = run_all(*model_, {64, 16, 1}, so, {{prompt(9, 3), greedy(8)}}, 0, mask);
-  ASSERT_EQ(masked.tokens[0].size(), 8u);
-  for (int32_t t : masked.tokens[0]) EXPECT_TRUE(mask[size_t(t)]) << t;
-  std::vector<bool> keep(kVocab, false);
-  for (int32_t t : base.tokens[0]) keep[size_t(t)] = true;
-  EXPECT_EQ(run_all(*model_, {64, 16, 1}, so, {{prompt(9, 3), greedy(8)}}, 0, keep).tokens[0], base.tokens[0]);
-  // A shorter mask than the vocabulary masks the rest; sampled (non-greedy) tokens obey it too.
+  // Masking the greedy choices forces other tokens, never a masked one.
+  const std::vector<int32_t> masked(base.tokens[0].begin(), base.tokens[0].end());
+  RunResult forced = run_all(*model_, {64, 16, 1}, so, {{prompt(9, 3), greedy(8)}}, 0, masked);
+  ASSERT_EQ(forced.tokens[0].size(), 8u);
+  for (int32_t t : forced.tokens[0]) EXPECT_EQ(std::count(masked.begin(), masked.end(), t), 0) << t;
+  // Masking tokens greedy never picks changes nothing.
+  std::vector<int32_t> others;
+  for (int32_t v = 0; v < kVocab; ++v)
+    if (std::count(base.tokens[0].begin(), base.tokens[0].end(), v) == 0) others.push_back(v);
+  EXPECT_EQ(run_all(*model_, {64, 16, 1}, so, {{prompt(9, 3), greedy(8)}}, 0, others).tokens[0], base.tokens[0]);
+  // Sampled (non-greedy) tokens obey the mask too; ids outside the vocabulary are ignored.
+  std::vector<int32_t> high;
+  for (int32_t v = 10; v < kVocab + 5; ++v) high.push_back(v);
   SamplingParams hot = greedy(20);
   hot.temperature = 1.5f;
   hot.seed = 7;
-  RunResult hot_run = run_all(*model_, {64, 16, 1}, so, {{prompt(9, 3), hot}}, 0, std::vector<bool>(10, true));
+  RunResult hot_run = run_all(*model_, {64, 16, 1}, so, {{prompt(9, 3), hot}}, 0, high);
   ASSERT_EQ(hot_run.tokens[0].size(), 20u);
   for (int32_t t : hot_run.tokens[0]) EXPECT_LT(t, 10);
 }
