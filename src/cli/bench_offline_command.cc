@@ -110,7 +110,7 @@ int BenchOfflineCommand::run() {
     for (int r = 0; r < repeats + 1; ++r) {
       int32_t s = runner.add_sequence(random_tokens(T, cfg.vocab_size, uint32_t(r)));
       auto t0 = Clock::now();
-      runner.step({{s, T, false}});
+      runner.step_views({{s, T, false}});
       if (r > 0) times.push_back(seconds_since(t0));  // first run warms up
       runner.release(s);
     }
@@ -130,7 +130,7 @@ int BenchOfflineCommand::run() {
       seqs.push_back(runner.add_sequence(random_tokens(decode_context, cfg.vocab_size, uint32_t(100 + b))));
       work.push_back({seqs.back(), decode_context, false});
     }
-    runner.step(work);  // prefill all contexts in one step
+    runner.step_views(work);  // prefill all contexts in one step
     std::vector<double> times;
     std::mt19937 rng(7);
     for (int step = 0; step < decode_steps + 2; ++step) {
@@ -140,7 +140,7 @@ int BenchOfflineCommand::run() {
         work.push_back({s, 1, false});
       }
       auto t0 = Clock::now();
-      runner.step(work);
+      runner.step_views(work);
       if (step >= 2) times.push_back(seconds_since(t0));
     }
     for (int32_t s : seqs) runner.release(s);

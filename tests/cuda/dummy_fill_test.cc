@@ -21,6 +21,21 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// The sanitizers' case (scripts/gpu/run_tests.sh runs *Small* tests under compute-sanitizer).
+TEST(DummyFill, SmallFill) {
+  MOEFOLD_REQUIRE_GPU();
+  const DummyRecipe r{42, 0.5f};
+  cuda::DeviceBuffer<__nv_bfloat16> d(1000 + 8);
+  d.fill_bytes(0xFF);
+  cuda::dummy_fill_bf16(r, d.data(), 1000, nullptr);
+  MOEFOLD_CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<uint16_t> got = test::host_bits(d);
+  size_t mismatches = 0;
+  for (int64_t i = 0; i < 1000; ++i) mismatches += got[size_t(i)] != f32_to_bf16(dummy_value(r, i));
+  for (size_t i = 1000; i < got.size(); ++i) mismatches += got[i] != 0xFFFF;
+  EXPECT_TRUE(test::contract_exact("dummy_fill_bf16", "n=1000,small", mismatches));
+}
+
 TEST(DummyFill, MatchesHostValues) {
   MOEFOLD_REQUIRE_GPU();
   for (int64_t n : {int64_t(1), int64_t(1000), int64_t(65537), int64_t(3) << 22}) {

@@ -155,9 +155,11 @@ struct ChainRun {
 /// and stale ids naming real experts.
 ChainRun run_chain(MoeWeights& w, int T, int cap, const std::vector<uint16_t>& x_live,
                    const std::vector<uint16_t>& shared, const std::vector<uint16_t>& residual,
-                   int expert_tiles = -1) {
+                   int expert_tiles = -1, int bind_cap = 0) {
   const int E = w.E, k = w.k, H = w.H, I = w.I;
   MoeShape shape{cap, E, k, H, I, expert_tiles};
+  // bind_cap > cap: the workspace is bound for a larger capacity and `shape` is a step shape.
+  const MoeShape bind_shape{std::max(cap, bind_cap), E, k, H, I, expert_tiles};
   std::vector<uint16_t> x(size_t(cap) * H), sh(size_t(cap) * H), res(size_t(cap) * H);
   const uint16_t garbage[4] = {0x7FC0 /*NaN*/, 0x7F7F /*+3.4e38*/, 0xFF7F /*-3.4e38*/, 0x7F80 /*+inf*/};
   for (size_t i = 0; i < x.size(); ++i) {
@@ -171,9 +173,9 @@ ChainRun run_chain(MoeWeights& w, int T, int cap, const std::vector<uint16_t>& x
   upload(d_sh.p, sh);
   upload(d_res.p, res);
   upload(d_rows.p, std::vector<int32_t>{T});
-  const size_t ws_bytes = moe_workspace_bytes(shape);
+  const size_t ws_bytes = moe_workspace_bytes(bind_shape);
   DevBuf d_ws(ws_bytes);
-  MoeWorkspace ws = moe_workspace_bind(d_ws.p, ws_bytes, shape);
+  MoeWorkspace ws = moe_workspace_bind(d_ws.p, ws_bytes, bind_shape);
   MOEFOLD_CUDA_CHECK(cudaMemset(d_ws.p, 0xFF, ws_bytes));
   MOEFOLD_CUDA_CHECK(cudaMemset(d_out.p, 0xFF, d_out.bytes));
   // Stale ids in padding rows, naming real experts (the plan must never read them).
@@ -530,6 +532,27 @@ TEST(MoeChain, TileConfigsBitIdentical) {
       EXPECT_TRUE(contract_exact("moe_tile_configs_bit_identical", shp, mis));
     }
   }
+}
+
+// Step shapes: a workspace bound for 4,096 rows serving steps of 1 .. 113 rows (the executor's decode
+// steps) gives bit-identical results to a workspace bound for the step itself, with the step's tiles.
+TEST(MoeChain, StepShapeInLargeWorkspaceBitIdentical) {
+  MOEFOLD_REQUIRE_GPU();
+  for (MoeWeights* w : {&small_weights(), &real_weights()})
+    for (int T : {1, 16, 113}) {
+      std::vector<uint16_t> xh, shh, none;
+      rand_bf16(size_t(T) * w->H, 91 + T, 1.0f, xh, nullptr);
+      rand_bf16(size_t(T) * w->H, 92 + T, 0.5f, shh, nullptr);
+      ChainRun base = run_chain(*w, T, T + 3, xh, shh, none);
+      ChainRun r = run_chain(*w, T, T + 3, xh, shh, none, -1, 4096);
+      size_t mis = 0;
+      for (size_t i = 0; i < r.out.size(); ++i) mis += r.out[i] != base.out[i];
+      mis += (r.pad_out_bytes_written + r.pad_act + r.pad_y) + (r.offsets != base.offsets) + (r.pairs != base.pairs) +
+             (r.num_tiles != base.num_tiles);
+      char shp[96];
+      std::snprintf(shp, sizeof shp, "E=%d,k=%d,H=%d,T=%d,bound=4096", w->E, w->k, w->H, T);
+      EXPECT_TRUE(contract_exact("moe_step_shape_bit_identical", shp, mis));
+    }
 }
 
 // Small cases for compute-sanitizer (memcheck / racecheck): every kernel and both plan paths.

@@ -404,8 +404,12 @@ void CudaExecutor::ffn(size_t l, int64_t T, size_t moe_index) {
       shared_out = y_.data();
     }
     const size_t pairs = size_t(T * c.num_experts_per_tok);
+    // The step's shape: grids and expert-GEMM tiles for this step's T rows (the workspace is bound for
+    // max_rows; a decode step runs the decode tiles).
+    cuda::MoeShape step_shape = moe_shape_;
+    step_shape.capacity = int(T);
     cuda::moe_forward(x_.data(), dev(m.router.w), dev(m.gate_up), dev(m.down), shared_out,
-                      shared_out ? dev(m.shared_expert_gate.w) : nullptr, h_.data(), num_rows, moe_shape_,
+                      shared_out ? dev(m.shared_expert_gate.w) : nullptr, h_.data(), num_rows, step_shape,
                       c.norm_topk_prob, moe_ws_, h_.data(), stream_,
                       routing_.replay ? replay_ids_.data() + moe_index * pairs : nullptr);
     if (routing_.capture)

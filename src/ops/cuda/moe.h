@@ -53,8 +53,9 @@ struct MoeWorkspace {
   int32_t* sort_vals_in = nullptr;
   void* cub_temp = nullptr;
   size_t cub_temp_bytes = 0;
-  int max_tiles = 0;
-  int tile_rows = 0;  // BM of the expert GEMM configuration chosen for this capacity
+  int max_tiles = 0;  // row tiles the tile list holds: enough for every configuration at `capacity`
+  int tile_rows = 0;  // BM of the expert GEMM configuration chosen for the bound capacity
+  int capacity = 0;   // the capacity the workspace was bound for
 };
 
 /// Bytes of device scratch moe_workspace_bind needs for `shape` (256-byte aligned pieces).
@@ -62,6 +63,12 @@ size_t moe_workspace_bytes(const MoeShape& shape);
 
 /// Carves `base` (device memory of >= moe_workspace_bytes(shape) bytes, 256-byte aligned) into a
 /// MoeWorkspace. Throws moefold::Error if the shape is unsupported or the buffer too small.
+///
+/// Step shapes: every step function below accepts a shape whose capacity is SMALLER than the one the
+/// workspace was bound for (same E, k, H, I), e.g. the step's row count: its grids and the expert-GEMM
+/// tiles are then chosen for that capacity (a decode step in a workspace bound for prefill runs the
+/// 16-row decode tiles). Results are bit-identical whichever tiles run. A capacity above the bound one
+/// throws moefold::Error.
 MoeWorkspace moe_workspace_bind(void* base, size_t bytes, const MoeShape& shape);
 
 /// Router logits: logits[t, e] = sum_h x[t, h] * w_router[e, h], bf16 inputs, fp32 accumulate and fp32

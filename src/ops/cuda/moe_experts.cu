@@ -93,15 +93,18 @@ void launch_expert_gemm(const GemmParams& p, int n_cols, int max_tiles, cudaStre
 template <GemmMode MODE>
 void dispatch_expert_gemm(const GemmParams& p, const MoeShape& s, const MoeWorkspace& ws, int n_cols,
                           cudaStream_t stream) {
-  switch (moe_detail::expert_config(s)) {
+  // Row tiles of this step's shape (CTAs past the plan's num_tiles exit at once).
+  const int cfg = moe_detail::expert_config(s);
+  const int tiles = std::min(ws.max_tiles, moe_detail::max_row_tiles(s, moe_detail::expert_tile_rows(cfg)));
+  switch (cfg) {
     case 0:
       if constexpr (MODE == GemmMode::kExpertGateUp)
-        launch_expert_gemm<CfgDecodeGateUp, MODE>(p, n_cols, ws.max_tiles, stream);
+        launch_expert_gemm<CfgDecodeGateUp, MODE>(p, n_cols, tiles, stream);
       else
-        launch_expert_gemm<CfgDecodeDown, MODE>(p, n_cols, ws.max_tiles, stream);
+        launch_expert_gemm<CfgDecodeDown, MODE>(p, n_cols, tiles, stream);
       break;
-    case 1: launch_expert_gemm<CfgMedium, MODE>(p, n_cols, ws.max_tiles, stream); break;
-    default: launch_expert_gemm<CfgPrefill, MODE>(p, n_cols, ws.max_tiles, stream); break;
+    case 1: launch_expert_gemm<CfgMedium, MODE>(p, n_cols, tiles, stream); break;
+    default: launch_expert_gemm<CfgPrefill, MODE>(p, n_cols, tiles, stream); break;
   }
 }
 
@@ -121,7 +124,8 @@ size_t align256(size_t n) { return (n + 255) & ~size_t(255); }
 size_t layout(const MoeShape& s, char* base, MoeWorkspace* ws) {
   const size_t T = size_t(s.capacity), E = size_t(s.E), k = size_t(s.k), P = T * k;
   const int bm = moe_detail::expert_tile_rows(moe_detail::expert_config(s));
-  const int max_tiles = moe_detail::max_row_tiles(s, bm);
+  // Room for the smallest tiles (the most of them): step shapes of any capacity up to this one fit.
+  const int max_tiles = std::max(moe_detail::max_row_tiles(s, bm), moe_detail::max_row_tiles(s, 16));
   const size_t cub_bytes = moefold::cuda::moe_plan_cub_temp_bytes(s.capacity, s.k, s.E);
   size_t off = 0;
   auto take = [&](size_t bytes) -> char* {
@@ -150,6 +154,7 @@ size_t layout(const MoeShape& s, char* base, MoeWorkspace* ws) {
   }
   w.max_tiles = max_tiles;
   w.tile_rows = bm;
+  w.capacity = s.capacity;
   if (ws) *ws = w;
   return off;
 }
@@ -316,6 +321,8 @@ void moe_forward(const __nv_bfloat16* x, const __nv_bfloat16* w_router, const __
                  const __nv_bfloat16* down, const __nv_bfloat16* shared_out, const __nv_bfloat16* shared_gate_w,
                  const __nv_bfloat16* residual, const int32_t* num_rows, const MoeShape& shape, bool renormalize,
                  const MoeWorkspace& ws, __nv_bfloat16* out, cudaStream_t stream, const int32_t* replay) {
+  MOEFOLD_CHECK(shape.capacity <= ws.capacity, fmt::runtime("moe_forward: step capacity {} exceeds the workspace's {}"),
+                shape.capacity, ws.capacity);
   moe_router_logits(x, w_router, num_rows, shape, ws.logits, stream);
   moe_router_topk(ws.logits, num_rows, shape, renormalize, ws.ids, ws.weights, stream, replay);
   moe_plan(ws.ids, num_rows, shape, ws, stream);

@@ -178,13 +178,16 @@ void moe_plan(const int32_t* ids, const int32_t* num_rows, const MoeShape& s, co
   MOEFOLD_CHECK(s.E >= 1 && s.E <= kPlanThreads * kExpertsPerThread, fmt::runtime("moe_plan: E = {} outside [1, {}]"), s.E,
                 kPlanThreads * kExpertsPerThread);
   MOEFOLD_CHECK(ws.tile_rows > 0 && ws.pairs != nullptr, fmt::runtime("moe_plan: workspace not bound"));
+  MOEFOLD_CHECK(s.capacity <= ws.capacity, fmt::runtime("moe_plan: step capacity {} exceeds the workspace's {}"),
+                s.capacity, ws.capacity);
+  const int tile_rows = moe_detail::expert_tile_rows(moe_detail::expert_config(s));  // the step's tiles
   const int P = s.capacity * s.k;
   const int end_bit = sort_end_bit(s.E);
   const double live_pairs = double(work_rows(s.capacity, num_rows)) * s.k;
   if (P <= kBlockItems) {
     {
       LaunchScope launch(kPlanBlock, stream, [&] { return prof::Work{live_pairs * 12 + double(s.E) * 16, 0}; });
-      plan_block_kernel<<<1, kPlanThreads, 0, stream>>>(ids, num_rows, s.capacity, s.k, s.E, end_bit, ws.tile_rows,
+      plan_block_kernel<<<1, kPlanThreads, 0, stream>>>(ids, num_rows, s.capacity, s.k, s.E, end_bit, tile_rows,
                                                         ws.counts, ws.offsets, ws.pairs, ws.tiles, ws.num_tiles,
                                                         ws.status);
       MOEFOLD_CUDA_CHECK_LAUNCH();
@@ -217,7 +220,7 @@ void moe_plan(const int32_t* ids, const int32_t* num_rows, const MoeShape& s, co
   }
   {
     LaunchScope launch(kPlanFinalize, stream, prof::Work{double(s.E) * 16, 0});
-    plan_finalize_kernel<<<1, kPlanThreads, 0, stream>>>(s.E, ws.tile_rows, ws.counts, ws.offsets, ws.tiles,
+    plan_finalize_kernel<<<1, kPlanThreads, 0, stream>>>(s.E, tile_rows, ws.counts, ws.offsets, ws.tiles,
                                                          ws.num_tiles);
     MOEFOLD_CUDA_CHECK_LAUNCH();
   }
