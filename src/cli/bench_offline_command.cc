@@ -14,6 +14,7 @@
 #include "models/load_model.h"
 #include "models/weight_loader.h"
 #include "runtime/model_runner.h"
+#include "runtime/profile_workload.h"
 #ifdef MOEFOLD_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
@@ -54,14 +55,6 @@ double seconds_since(Clock::time_point t0) { return std::chrono::duration<double
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : v[v.size() / 2];
-}
-
-std::vector<int32_t> random_tokens(int n, int64_t vocab, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int32_t> d(0, int32_t(std::min<int64_t>(vocab, 200000)) - 1);
-  std::vector<int32_t> v(static_cast<size_t>(n));
-  for (auto& x : v) x = d(rng);
-  return v;
 }
 
 }  // namespace

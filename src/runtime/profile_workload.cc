@@ -11,7 +11,6 @@
 #include "runtime/scheduler.h"
 
 namespace moefold {
-namespace {
 
 std::vector<int32_t> random_tokens(int32_t n, int64_t vocab, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -20,6 +19,8 @@ std::vector<int32_t> random_tokens(int32_t n, int64_t vocab, uint32_t seed) {
   for (auto& x : v) x = d(rng);
   return v;
 }
+
+namespace {
 
 SamplingParams greedy() {
   SamplingParams p;

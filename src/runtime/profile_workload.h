@@ -14,6 +14,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "core/profiler.h"
 #include "runtime/model_runner.h"
@@ -61,5 +62,9 @@ struct WorkloadResult {
 /// sequences) and returns its window. Sequences are released afterwards. Throws Error on a failed
 /// step (the window is closed).
 WorkloadResult run_workload(ModelRunner& runner, const Workload& w, const ProfileOptions& opt);
+
+/// n token ids drawn uniformly from [0, min(vocab, 200000)) by std::mt19937(seed): synthetic prompts of
+/// the profile and benchmark workloads (reproducible for a seed).
+std::vector<int32_t> random_tokens(int32_t n, int64_t vocab, uint32_t seed);
 
 }  // namespace moefold
