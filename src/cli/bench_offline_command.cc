@@ -60,6 +60,7 @@ double median(std::vector<double> v) {
 }  // namespace
 
 int BenchOfflineCommand::run() {
+  MOEFOLD_CHECK(cuda_available(), "bench offline: no usable CUDA device (it measures the GPU backend)");
   const ModelConfig cfg = ModelConfig::from_dir(model_dir);
   const ParamCounts pc = count_params(cfg);
   cudaDeviceProp prop{};

@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <cstdio>
 #include <iostream>
+#include <new>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -196,7 +197,9 @@ int run_command(int argc, char** argv) {
   chat->add_option("--message", message, "one user message: answer it and exit");
   chat->add_option("--system", system_prompt, "system message");
   chat->add_flag("--enable-thinking", enable_thinking, "template kwarg enable_thinking (Qwen3.5/3.6)");
-  chat->add_option("--max-model-len", max_model_len, "context length (prompt + output tokens)");
+  chat->add_option("--max-model-len", max_model_len, "context length (prompt + output tokens)")
+      ->check(CLI::Range(2, 1 << 24))
+      ->capture_default_str();
   sopts.add(chat);
 
   auto serve = add_serve_command(app);
@@ -221,6 +224,10 @@ int run_command(int argc, char** argv) {
     if (*chat) {
       Tokenizer tok = Tokenizer::from_file(model_dir);
       ChatTemplate tmpl = ChatTemplate::from_model_dir(model_dir);
+      const ModelConfig chat_cfg = ModelConfig::from_dir(model_dir);
+      MOEFOLD_CHECK(chat_cfg.max_position_embeddings <= 0 || max_model_len <= chat_cfg.max_position_embeddings,
+                    "--max-model-len {} exceeds the model's max_position_embeddings {}", max_model_len,
+                    chat_cfg.max_position_embeddings);
       auto runner = make_runner(model_dir, format, seed, device, max_model_len, cpu_model);
       nlohmann::ordered_json messages = nlohmann::ordered_json::array();
       if (!system_prompt.empty()) messages.push_back({{"role", "system"}, {"content", system_prompt}});
@@ -253,8 +260,12 @@ int run_command(int argc, char** argv) {
       auto ids = tok.encode(prompt_text, true);
       const int32_t total = int32_t(ids.size()) + sopts.max_tokens;
       auto runner = make_runner(model_dir, format, seed, device, total, cpu_model);
-      auto r = stream_generation(*runner, tok, ids, sopts.params(), total);
-      if (output == "json") std::cout << json{{"tokens", r.output_ids}, {"text", r.text}}.dump() << "\n";
+      if (output == "json") {  // one JSON object on stdout, nothing streamed before it
+        auto r = generate_text(*runner, tok, ids, sopts.params(), total);
+        std::cout << json{{"tokens", r.output_ids}, {"text", r.text}}.dump() << "\n";
+        return 0;
+      }
+      stream_generation(*runner, tok, ids, sopts.params(), total);
       return 0;
     }
     MOEFOLD_CHECK(!prompt_ids.empty(), "give --prompt-ids or --prompt");
@@ -293,6 +304,14 @@ int run_command(int argc, char** argv) {
     }
     return 0;
   } catch (const Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr,
+                 "error: out of host memory: this run needs more memory than the machine has (the CPU backend "
+                 "holds fp32 weights and KV pages; lower --max-model-len or the workload, or use --device cuda)\n");
+    return 1;
+  } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;
   }

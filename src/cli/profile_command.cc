@@ -38,7 +38,8 @@ std::unique_ptr<ProfileCommand> add_profile_command(CLI::App& app) {
                 "token rows per step (decode context prefill, mixed budget)")
       ->capture_default_str();
   c->add_option("--block-size", p->block_size, "tokens per KV page")->capture_default_str();
-  c->add_option("--roofline-gemm-size", p->gemm_size, "n of the roofline's n^3 GEMM (default 8192 GPU, 1024 CPU)");
+  c->add_option("--roofline-gemm-size", p->gemm_size, "n of the roofline's n^3 GEMM (default 8192 GPU, 1024 CPU)")
+      ->check(CLI::Range(64, 32768));
   c->add_option("--json", p->json_out, "also write every table as JSON to this file");
   return p;
 }
@@ -79,6 +80,10 @@ int ProfileCommand::run() {
   const LoadFormat format = parse_load_format(load_format);
   if (!std::filesystem::is_directory(model_dir))
     fail("--model {}: not a model directory (expected a folder with config.json)", model_dir);
+  if (!json_out.empty()) {  // fail before a long run, not after it
+    std::ofstream probe(json_out, std::ios::app);
+    MOEFOLD_CHECK(probe.good(), "--json {}: cannot open for writing", json_out);
+  }
   const std::string date = utc_now();
 
   // Ceilings first (before the model takes the memory), then the launch counts start from zero, so that

@@ -62,3 +62,21 @@ def test_chat_answer_is_english():
     out = subprocess.run([BINARY, "chat", "--model", str(MODEL), "--message", "What is the capital of France?",
                           "--max-tokens", "24"], capture_output=True, text=True, timeout=300, check=True)
     assert "Paris" in out.stdout, out.stdout
+
+
+def test_generate_prompt_json_output_is_one_json_object():
+    """--output json prints exactly one JSON object (no streamed text before it)."""
+    out = subprocess.run([BINARY, "generate", "--model", str(MODEL), "--prompt", "The capital of France is",
+                          "--max-tokens", "6", "--temperature", "0", "--output", "json"],
+                         capture_output=True, text=True, timeout=300, check=True)
+    doc = json.loads(out.stdout)
+    assert len(doc["tokens"]) == 6 and isinstance(doc["text"], str) and doc["text"]
+
+
+def test_chat_rejects_a_context_beyond_the_model():
+    """--max-model-len above max_position_embeddings (8192) is a clear error, not an allocation that
+    exhausts the machine."""
+    out = subprocess.run([BINARY, "chat", "--model", str(MODEL), "--message", "Hi", "--max-model-len", "3000000"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1, (out.returncode, out.stderr)
+    assert "exceeds the model's max_position_embeddings 8192" in out.stderr
