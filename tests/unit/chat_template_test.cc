@@ -5,6 +5,7 @@
 #include "text/chat_template.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -127,7 +128,7 @@ TEST(ChatTemplate, ToolsNullIsDefinedNone) {
 
 TEST(ChatTemplate, LoadsTemplateListAndAddedTokenObjects) {
   namespace fs = std::filesystem;
-  fs::path dir = fs::temp_directory_path() / "moefold_chat_template_list_test";
+  fs::path dir = fs::temp_directory_path() / ("moefold_chat_template_list_test_" + std::to_string(::getpid()));
   fs::create_directories(dir);
   {
     std::ofstream out(dir / "tokenizer_config.json");
@@ -151,7 +152,7 @@ TEST(ChatTemplate, LoadsTemplateListAndAddedTokenObjects) {
 
 TEST(ChatTemplate, MissingTemplateIsAnError) {
   namespace fs = std::filesystem;
-  fs::path dir = fs::temp_directory_path() / "moefold_chat_template_missing_test";
+  fs::path dir = fs::temp_directory_path() / ("moefold_chat_template_missing_test_" + std::to_string(::getpid()));
   fs::create_directories(dir);
   EXPECT_THROW(ChatTemplate::from_model_dir(dir.string()), Error);
   fs::remove_all(dir);

@@ -1,6 +1,7 @@
 // Checkpoint loading: every way a model directory can be wrong gives one clear Error (and a non-zero
 // exit from the CLI), never a crash; dummy weights and checkpoints share one layout.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -26,7 +27,7 @@ json llama_config() {
 
 struct Dir {
   fs::path path;
-  explicit Dir(const std::string& name) : path(fs::temp_directory_path() / ("moefold_loader_" + name)) {
+  explicit Dir(const std::string& name) : path(fs::temp_directory_path() / ("moefold_loader_" + name + "_" + std::to_string(::getpid()))) {
     fs::remove_all(path);
     fs::create_directories(path);
   }

@@ -2,6 +2,7 @@
 // a prompt prefilled in pieces equals one whole prefill, and sequences run together in one batch
 // (mixed prefill and decode rows) equal the same sequences run alone.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -45,7 +46,7 @@ json tiny_config(const std::string& family) {
 }
 
 std::string write_model_dir(const std::string& family) {
-  fs::path dir = fs::temp_directory_path() / ("moefold_tiny_" + family);
+  fs::path dir = fs::temp_directory_path() / ("moefold_tiny_" + family + "_" + std::to_string(::getpid()));
   fs::create_directories(dir);
   std::ofstream(dir / "config.json") << tiny_config(family).dump(2);
   return dir.string();

@@ -3,6 +3,7 @@
 // counts per layer and step; --require-kernel passes for a kernel that ran and fails for one that did
 // not, on `generate` and on `profile`.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -163,12 +164,17 @@ TEST(Profile, CpuMixedRunsThroughTheSchedulerWithPrefillAndDecode) {
 
 // ---- the command line ------------------------------------------------------------------------------
 
+// stderr goes to a file unique to this test (CTest runs the tests of this binary in parallel processes).
 int run(const std::string& args, std::string* err) {
-  const std::string path = (std::filesystem::temp_directory_path() / "moefold_profile_test_err").string();
+  const std::string name = ::testing::UnitTest::GetInstance()->current_test_info()->name();
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("moefold_profile_test_err_" + name + "_" + std::to_string(::getpid())))
+          .string();
   const std::string cmd = std::string(MOEFOLD_BINARY) + " " + args + " >/dev/null 2>" + path;
   const int rc = std::system(cmd.c_str());
   std::ifstream f(path);
   err->assign(std::istreambuf_iterator<char>(f), {});
+  std::filesystem::remove(path);
   return rc;
 }
 
@@ -192,7 +198,7 @@ TEST(RequireKernel, GeneratePassesForAKernelThatRanAndFailsForOneThatDidNot) {
 
 TEST(RequireKernel, ProfileWritesJsonAndChecksKernels) {
   std::string err;
-  const std::string out = (std::filesystem::temp_directory_path() / "moefold_profile_test.json").string();
+  const std::string out = (std::filesystem::temp_directory_path() / ("moefold_profile_test_" + std::to_string(::getpid()) + ".json")).string();
   std::filesystem::remove(out);
   const std::string prof = "profile --model " + kHybrid + " --roofline-gemm-size 128 --workload prefill:12 ";
   EXPECT_EQ(run(prof + "--workload decode:2x5 --steps 2 --json " + out +
