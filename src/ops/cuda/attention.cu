@@ -18,9 +18,11 @@
 #include "ops/cuda/attention.h"
 #include "ops/cuda/kernel_util.cuh"
 #include "ops/cuda/launch_scope.h"
+#include "ops/cuda/ptx.cuh"
 
 namespace moefold::cuda {
 using namespace detail;
+using namespace ptx;
 namespace {
 
 constexpr int kR = 4;          // query rows per warp
@@ -399,31 +401,6 @@ size_t tc_smem_bytes() {
   return size_t(kTcRows + 2 * tc_bn<D>()) * size_t(kv_stride<D>()) * sizeof(bf16);
 }
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_u32(p)));
-}
-__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_u32(p)));
-}
-__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(dst)), "l"(src));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&h);
@@ -499,13 +476,13 @@ __global__ void __launch_bounds__(128) attn_tc_kernel(const Args a) {
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       uint32_t qa[4];
-      ldsm_x4(qa, Qs + (warp * 16 + (lane & 15)) * KS + kk * 16 + (lane >> 4) * 8);
+      ldmatrix_x4(qa, Qs + (warp * 16 + (lane & 15)) * KS + kk * 16 + (lane >> 4) * 8);
 #pragma unroll
       for (int p = 0; p < NT / 2; ++p) {
         uint32_t kf[4];
-        ldsm_x4(kf, Ks + (16 * p + ((lane >> 4) << 3) + (lane & 7)) * KS + kk * 16 + ((lane >> 3) & 1) * 8);
-        mma_16816(sc[2 * p], qa, kf[0], kf[1]);
-        mma_16816(sc[2 * p + 1], qa, kf[2], kf[3]);
+        ldmatrix_x4(kf, Ks + (16 * p + ((lane >> 4) << 3) + (lane & 7)) * KS + kk * 16 + ((lane >> 3) & 1) * 8);
+        mma_bf16_16816(sc[2 * p], qa, kf[0], kf[1]);
+        mma_bf16_16816(sc[2 * p + 1], qa, kf[2], kf[3]);
       }
     }
     // Mask, online softmax (log2 domain) on rows lim[0] (elements 0, 1) and lim[1] (elements 2, 3).
@@ -556,9 +533,9 @@ __global__ void __launch_bounds__(128) attn_tc_kernel(const Args a) {
 #pragma unroll
       for (int dp = 0; dp < D / 16; ++dp) {
         uint32_t vf[4];
-        ldsm_x4_trans(vf, Vs + (16 * k2 + ((lane >> 3) & 1) * 8 + (lane & 7)) * KS + 16 * dp + (lane >> 4) * 8);
-        mma_16816(o[2 * dp], pa[k2], vf[0], vf[1]);
-        mma_16816(o[2 * dp + 1], pa[k2], vf[2], vf[3]);
+        ldmatrix_x4_trans(vf, Vs + (16 * k2 + ((lane >> 3) & 1) * 8 + (lane & 7)) * KS + 16 * dp + (lane >> 4) * 8);
+        mma_bf16_16816(o[2 * dp], pa[k2], vf[0], vf[1]);
+        mma_bf16_16816(o[2 * dp + 1], pa[k2], vf[2], vf[3]);
       }
   }
 
