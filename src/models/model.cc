@@ -94,29 +94,7 @@ void Model::forward(const ForwardBatch& b, KvCache& kv, StatePool& st, std::vect
                 "ForwardBatch is inconsistent: {} rows, {} sequences", T, b.num_seqs());
   const NormKind nk = cfg_.norm_zero_centred ? NormKind::ZeroCentred : NormKind::Plain;
   const float eps = float(cfg_.rms_norm_eps);
-  const int64_t moe_layers = std::count(cfg_.layer_is_moe.begin(), cfg_.layer_is_moe.end(), true);
-  const size_t pairs = size_t(T * cfg_.num_experts_per_tok);
-  if (routing.replay)
-    MOEFOLD_CHECK(routing.replay->layers.size() == size_t(moe_layers) &&
-                      std::all_of(routing.replay->layers.begin(), routing.replay->layers.end(),
-                                  [&](const auto& v) { return v.size() == pairs; }),
-                  "routing replay holds {} layers; this step needs {} MoE layers of {} rows x top-{}",
-                  routing.replay->layers.size(), moe_layers, T, cfg_.num_experts_per_tok);
-  // Expert ids too, before any layer writes the KV cache or a DeltaNet state: a failed step must leave
-  // every sequence as it was (router_topk would only reject a bad id once earlier layers have run).
-  if (routing.replay)
-    for (size_t i = 0; i < routing.replay->layers.size(); ++i)
-      for (size_t j = 0; j < pairs; ++j) {
-        const int32_t e = routing.replay->layers[i][j];
-        MOEFOLD_CHECK(e >= 0 && e < cfg_.num_experts, "routing replay: expert id {} at MoE layer {}, row {} is outside [0, {})",
-                      e, i, j / size_t(cfg_.num_experts_per_tok), cfg_.num_experts);
-      }
-  if (routing.capture) {
-    routing.capture->top_k = int32_t(cfg_.num_experts_per_tok);
-    // Capturing into the replay itself: it already has this step's shape and ends up holding the
-    // experts used (the replayed ones); re-assigning it here would erase the replay before it is read.
-    if (routing.capture != routing.replay) routing.capture->layers.assign(size_t(moe_layers), std::vector<int32_t>(pairs));
-  }
+  prepare_routing(routing, cfg_, T);  // before any layer: a rejected replay changes nothing
   size_t moe_index = 0;
 
   // h = embed(tokens)

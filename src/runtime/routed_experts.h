@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "io/model_config.h"
+
 namespace moefold {
 
 struct RoutedExperts {
@@ -24,5 +26,11 @@ struct RoutingControl {
   const RoutedExperts* replay = nullptr;
   RoutedExperts* capture = nullptr;
 };
+
+/// Before a step of `rows` rows of a model with config `c`: checks routing.replay (one list per MoE layer,
+/// rows x top_k ids each in [0, num_experts); Error naming the first mismatch) and sizes routing.capture
+/// for the step (a capture that is the replay itself keeps its contents: it already has the step's
+/// shape and must still be read). Runs before any layer, so a rejected step changes no KV page or state.
+void prepare_routing(const RoutingControl& routing, const ModelConfig& c, int64_t rows);
 
 }  // namespace moefold

@@ -264,27 +264,14 @@ void CudaExecutor::forward(const ForwardBatch& b, std::vector<float>& logits) {
   up(block_tables_, b.block_tables);
   const std::vector<int32_t> counts = {int32_t(T), S, 0, int32_t(b.logits_rows.size())};
   up(counts_, counts);
-  const int64_t moe_layers = std::count(c.layer_is_moe.begin(), c.layer_is_moe.end(), true);
-  const size_t pairs = size_t(T * c.num_experts_per_tok);
+  // Checked on the host: the top-k kernel would keep an id outside [0, E) and moe_plan drop its pair
+  // silently (ws.status is not read back).
+  prepare_routing(routing_, c, T);
   if (routing_.replay) {
     const auto& r = routing_.replay->layers;
-    MOEFOLD_CHECK(r.size() == size_t(moe_layers) &&
-                      std::all_of(r.begin(), r.end(), [&](const auto& v) { return v.size() == pairs; }),
-                  "routing replay holds {} layers; this step needs {} MoE layers of {} rows x top-{}", r.size(),
-                  moe_layers, T, c.num_experts_per_tok);
-    // The top-k kernel would keep an id outside [0, E) and moe_plan drop its pair silently (ws.status is
-    // not read back): reject it here, as cpu::router_topk does.
-    for (size_t i = 0; i < r.size(); ++i)
-      for (size_t j = 0; j < pairs; ++j)
-        MOEFOLD_CHECK(r[i][j] >= 0 && r[i][j] < c.num_experts,
-                      "routing replay: expert id {} at MoE layer {}, row {} is outside [0, {})", r[i][j], i,
-                      j / size_t(c.num_experts_per_tok), c.num_experts);
-    if (replay_ids_.size() < size_t(moe_layers) * pairs) replay_ids_ = DeviceBuffer<int32_t>(size_t(moe_layers) * pairs);
+    const size_t pairs = size_t(T * c.num_experts_per_tok);
+    if (replay_ids_.size() < r.size() * pairs) replay_ids_ = DeviceBuffer<int32_t>(r.size() * pairs);
     for (size_t i = 0; i < r.size(); ++i) replay_ids_.upload(r[i].data(), pairs, i * pairs, stream_, true);
-  }
-  if (routing_.capture) {
-    routing_.capture->top_k = int32_t(c.num_experts_per_tok);
-    routing_.capture->layers.assign(size_t(moe_layers), std::vector<int32_t>(pairs));
   }
   size_t moe_index = 0;
   const int32_t* num_rows = counts_.data();
