@@ -156,18 +156,21 @@ TEST_P(ModelInvariants, DummyWeightsGiveFiniteVariedLogits) {
   EXPECT_GT(std::sqrt(var / double(l.size())), 0.1);
 }
 
+/// Logits of every row of a 21-token prompt prefilled by a fresh runner with `rc` set.
+std::vector<float> prefill_logits_with_routing(const Model& model, RoutingControl rc) {
+  ModelRunner r(model, {32, 16, 1});
+  r.executor().set_routing(rc);
+  int32_t s = r.add_sequence(prompt(21, 2));
+  return r.step({{s, 21, true}})[0];
+}
+
 // Routing capture and replay: replaying the experts a forward chose gives bit-identical logits, the
 // capture holds one [rows x top_k] list per MoE layer, and a malformed replay is rejected.
 TEST_P(ModelInvariants, RoutingReplayOfCapturedExpertsIsExact) {
   auto model = load_model(write_model_dir(GetParam()), LoadFormat::Dummy, 3);
   const ModelConfig& c = model->config();
   const int64_t moe_layers = std::count(c.layer_is_moe.begin(), c.layer_is_moe.end(), true);
-  auto run = [&](RoutingControl rc) {
-    ModelRunner r(*model, {32, 16, 1});
-    r.executor().set_routing(rc);
-    int32_t s = r.add_sequence(prompt(21, 2));
-    return r.step({{s, 21, true}})[0];
-  };
+  auto run = [&](RoutingControl rc) { return prefill_logits_with_routing(*model, rc); };
   RoutedExperts captured;
   auto plain = run({nullptr, &captured});
   ASSERT_EQ(captured.layers.size(), size_t(moe_layers));
@@ -190,12 +193,7 @@ TEST_P(ModelInvariants, RoutingReplayOfCapturedExpertsIsExact) {
 // replayed experts are read before the capture writes, so the forward equals a plain replay.
 TEST_P(ModelInvariants, RoutingReplayAndCaptureIntoTheSameObject) {
   auto model = load_model(write_model_dir(GetParam()), LoadFormat::Dummy, 3);
-  auto run = [&](RoutingControl rc) {
-    ModelRunner r(*model, {32, 16, 1});
-    r.executor().set_routing(rc);
-    int32_t s = r.add_sequence(prompt(21, 2));
-    return r.step({{s, 21, true}})[0];
-  };
+  auto run = [&](RoutingControl rc) { return prefill_logits_with_routing(*model, rc); };
   RoutedExperts captured;
   const auto plain = run({nullptr, &captured});
   RoutedExperts both = captured;
