@@ -321,6 +321,36 @@ std::vector<float> crafted_logits(LogitKind kind, int T, int E, uint64_t seed) {
   return l;
 }
 
+// Runs moe_router_topk on `logits` ([cap, E]; rows >= T are padding) and, with `replay` ([cap, k]), replays
+// those experts; checks against cpu::router_topk on the live rows: ids exact, weights within 1e-6,
+// padding rows' outputs unwritten. Contract rows <what>_ids, <what>_weights, <what>_padding.
+void expect_topk_matches_cpu(const std::string& what, const std::string& shp, const MoeShape& shape, int T,
+                             bool renorm, const std::vector<float>& logits, const std::vector<int32_t>* replay) {
+  const int cap = shape.capacity, k = shape.k, E = shape.E, pad = cap - T;
+  DevBuf d_l(logits.size() * 4), d_r(replay ? replay->size() * 4 : 4), d_ids(size_t(cap) * k * 4),
+      d_w(size_t(cap) * k * 4), d_rows(4);
+  upload(d_l.p, logits);
+  if (replay) upload(d_r.p, *replay);
+  upload(d_rows.p, std::vector<int32_t>{T});
+  MOEFOLD_CUDA_CHECK(cudaMemset(d_ids.p, 0xFF, d_ids.bytes));
+  MOEFOLD_CUDA_CHECK(cudaMemset(d_w.p, 0xFF, d_w.bytes));
+  moe_router_topk(d_l.as<float>(), d_rows.as<int32_t>(), shape, renorm, d_ids.as<int32_t>(), d_w.as<float>(), nullptr,
+                  replay ? d_r.as<int32_t>() : nullptr);
+  MOEFOLD_CUDA_CHECK(cudaDeviceSynchronize());
+  auto ids = download<int32_t>(d_ids.p, size_t(T) * k);
+  auto wts = download<float>(d_w.p, size_t(T) * k);
+  std::vector<int32_t> iref(size_t(T) * k);
+  std::vector<float> wref(size_t(T) * k);
+  cpu::router_topk(logits.data(), T, E, k, renorm, iref.data(), wref.data(), replay ? replay->data() : nullptr);
+  size_t mis = 0;
+  for (size_t i = 0; i < ids.size(); ++i) mis += ids[i] != iref[i];
+  EXPECT_TRUE(contract_exact(what + "_ids", shp, mis));
+  EXPECT_TRUE(contract(what + "_weights", shp, rel_err(wts, wref), 1e-6));
+  const size_t pad_w = count_unpoisoned(d_ids.as<int32_t>() + size_t(T) * k, size_t(pad) * k * 4) +
+                       count_unpoisoned(d_w.as<float>() + size_t(T) * k, size_t(pad) * k * 4);
+  EXPECT_TRUE(contract_exact(what + "_padding", shp, pad_w));
+}
+
 void check_topk(int E, int k, int T, int pad, LogitKind kind, bool renorm, uint64_t seed) {
   const int cap = T + pad;
   MoeShape shape{cap, E, k, 128, 64};
@@ -328,27 +358,9 @@ void check_topk(int E, int k, int T, int pad, LogitKind kind, bool renorm, uint6
   std::vector<float> l(size_t(cap) * E);
   const float garbage[5] = {NAN, 3.0e38f, -3.0e38f, INFINITY, -INFINITY};
   for (size_t i = 0; i < l.size(); ++i) l[i] = i < live.size() ? live[i] : garbage[i % 5];
-  DevBuf d_l(l.size() * 4), d_ids(size_t(cap) * k * 4), d_w(size_t(cap) * k * 4), d_rows(4);
-  upload(d_l.p, l);
-  upload(d_rows.p, std::vector<int32_t>{T});
-  MOEFOLD_CUDA_CHECK(cudaMemset(d_ids.p, 0xFF, d_ids.bytes));
-  MOEFOLD_CUDA_CHECK(cudaMemset(d_w.p, 0xFF, d_w.bytes));
-  moe_router_topk(d_l.as<float>(), d_rows.as<int32_t>(), shape, renorm, d_ids.as<int32_t>(), d_w.as<float>(), nullptr);
-  MOEFOLD_CUDA_CHECK(cudaDeviceSynchronize());
-  auto ids = download<int32_t>(d_ids.p, size_t(T) * k);
-  auto wts = download<float>(d_w.p, size_t(T) * k);
-  std::vector<int32_t> iref(size_t(T) * k);
-  std::vector<float> wref(size_t(T) * k);
-  cpu::router_topk(live.data(), T, E, k, renorm, iref.data(), wref.data());
-  size_t mis = 0;
-  for (size_t i = 0; i < ids.size(); ++i) mis += ids[i] != iref[i];
   const char* names[4] = {"random", "all_negative", "ties", "nan_inf_live"};
   const std::string shp = shape_str(E, k, 0, 0, T, cap) + "," + names[int(kind)] + (renorm ? ",renorm" : ",raw");
-  EXPECT_TRUE(contract_exact("moe_router_topk_ids", shp, mis));
-  EXPECT_TRUE(contract("moe_router_topk_weights", shp, rel_err(wts, wref), 1e-6));
-  const size_t pad_w = count_unpoisoned(d_ids.as<int32_t>() + size_t(T) * k, size_t(pad) * k * 4) +
-                       count_unpoisoned(d_w.as<float>() + size_t(T) * k, size_t(pad) * k * 4);
-  EXPECT_TRUE(contract_exact("moe_router_topk_padding", shp, pad_w));
+  expect_topk_matches_cpu("moe_router_topk", shp, shape, T, renorm, l, nullptr);
 }
 
 TEST(MoeRouter, TopkMatchesCpu) {
@@ -382,28 +394,8 @@ void check_topk_replay(int E, int k, int T, int pad, bool renorm, uint64_t seed)
       } while (dup);
       replay[size_t(t) * k + j] = e;
     }
-  DevBuf d_l(l.size() * 4), d_r(replay.size() * 4), d_ids(size_t(cap) * k * 4), d_w(size_t(cap) * k * 4), d_rows(4);
-  upload(d_l.p, l);
-  upload(d_r.p, replay);
-  upload(d_rows.p, std::vector<int32_t>{T});
-  MOEFOLD_CUDA_CHECK(cudaMemset(d_ids.p, 0xFF, d_ids.bytes));
-  MOEFOLD_CUDA_CHECK(cudaMemset(d_w.p, 0xFF, d_w.bytes));
-  moe_router_topk(d_l.as<float>(), d_rows.as<int32_t>(), shape, renorm, d_ids.as<int32_t>(), d_w.as<float>(), nullptr,
-                  d_r.as<int32_t>());
-  MOEFOLD_CUDA_CHECK(cudaDeviceSynchronize());
-  auto ids = download<int32_t>(d_ids.p, size_t(T) * k);
-  auto wts = download<float>(d_w.p, size_t(T) * k);
-  std::vector<int32_t> iref(size_t(T) * k);
-  std::vector<float> wref(size_t(T) * k);
-  cpu::router_topk(l.data(), T, E, k, renorm, iref.data(), wref.data(), replay.data());
-  size_t mis = 0;
-  for (size_t i = 0; i < ids.size(); ++i) mis += ids[i] != iref[i];
   const std::string shp = shape_str(E, k, 0, 0, T, cap) + (renorm ? ",renorm" : ",raw");
-  EXPECT_TRUE(contract_exact("moe_router_replay_ids", shp, mis));
-  EXPECT_TRUE(contract("moe_router_replay_weights", shp, rel_err(wts, wref), 1e-6));
-  const size_t pad_w = count_unpoisoned(d_ids.as<int32_t>() + size_t(T) * k, size_t(pad) * k * 4) +
-                       count_unpoisoned(d_w.as<float>() + size_t(T) * k, size_t(pad) * k * 4);
-  EXPECT_TRUE(contract_exact("moe_router_replay_padding", shp, pad_w));
+  expect_topk_matches_cpu("moe_router_replay", shp, shape, T, renorm, l, &replay);
 }
 
 TEST(MoeRouter, ReplayMatchesCpu) {
