@@ -259,17 +259,25 @@ MoeWorkspace moe_workspace_bind(void* base, size_t bytes, const MoeShape& shape)
   return ws;
 }
 
-void moe_expert_gate_up(const __nv_bfloat16* x, const __nv_bfloat16* gate_up, const MoeShape& s,
-                        const MoeWorkspace& ws, cudaStream_t stream) {
-  check_shape(s);
+namespace {
+// The plan the moe_plan call wrote into `ws`, as both expert GEMMs read it.
+GemmParams plan_params(const MoeWorkspace& ws) {
   GemmParams p;
-  p.A = x;
-  p.B = gate_up;
-  p.C = ws.act;
   p.pairs = ws.pairs;
   p.tiles = ws.tiles;
   p.num_tiles = ws.num_tiles;
   p.offsets = ws.offsets;
+  return p;
+}
+}  // namespace
+
+void moe_expert_gate_up(const __nv_bfloat16* x, const __nv_bfloat16* gate_up, const MoeShape& s,
+                        const MoeWorkspace& ws, cudaStream_t stream) {
+  check_shape(s);
+  GemmParams p = plan_params(ws);
+  p.A = x;
+  p.B = gate_up;
+  p.C = ws.act;
   p.K = s.H;
   p.N = s.I;
   p.ldc = s.I;
@@ -283,14 +291,10 @@ void moe_expert_gate_up(const __nv_bfloat16* x, const __nv_bfloat16* gate_up, co
 
 void moe_expert_down(const __nv_bfloat16* down, const MoeShape& s, const MoeWorkspace& ws, cudaStream_t stream) {
   check_shape(s);
-  GemmParams p;
+  GemmParams p = plan_params(ws);
   p.A = ws.act;
   p.B = down;
   p.C = ws.y;
-  p.pairs = ws.pairs;
-  p.tiles = ws.tiles;
-  p.num_tiles = ws.num_tiles;
-  p.offsets = ws.offsets;
   p.K = s.I;
   p.N = s.H;
   p.ldc = s.H;
