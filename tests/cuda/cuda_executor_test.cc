@@ -37,7 +37,7 @@ std::unique_ptr<ModelRunner> gpu_runner(const std::string& fam, int32_t slots = 
                                        RunnerOptions{256, 16, slots});
 }
 
-int32_t argmax(const float* v, int64_t n) { return int32_t(std::max_element(v, v + n) - v); }
+using test::argmax;
 
 // Row-wise relative error of logits [rows, V]: its 90th percentile (a summary robust to one row).
 double p90_row_error(const std::vector<float>& got, const std::vector<float>& ref, int64_t V) {
@@ -76,8 +76,7 @@ class CudaForward : public ::testing::TestWithParam<std::string> {};
 TEST_P(CudaForward, LogitsMatchReferenceAndGreedyMatchesCpu) {
   MOEFOLD_REQUIRE_GPU();
   const std::string fam = GetParam();
-  std::ifstream f(kFixtures / fam / "reference.json");
-  json ref = json::parse(f);
+  json ref = test::fixture_reference(fam);
   auto cpu_model = load_model((kFixtures / fam).string(), LoadFormat::Safetensors);
   auto bf16_model = load_model((kFixtures / fam).string(), LoadFormat::Safetensors);
   bf16_model->set_emulate_bf16(true);  // the ideal bf16 chain (Model::set_emulate_bf16)
@@ -150,8 +149,7 @@ TEST_P(CudaForward, LogitsMatchReferenceAndGreedyMatchesCpu) {
 TEST_P(CudaForward, ChunkedPrefillAndBatchingInvariants) {
   MOEFOLD_REQUIRE_GPU();
   const std::string fam = GetParam();
-  std::ifstream f(kFixtures / fam / "reference.json");
-  json ref = json::parse(f);
+  json ref = test::fixture_reference(fam);
   std::vector<int32_t> ids;
   for (auto& p : ref["prompts"])
     if (p["ids"].size() > ids.size()) ids = p["ids"].get<std::vector<int32_t>>();
@@ -177,23 +175,7 @@ TEST_P(CudaForward, ChunkedPrefillAndBatchingInvariants) {
   for (auto& p : ref["prompts"]) prompts.push_back(p["ids"].get<std::vector<int32_t>>());
   const int64_t V = 0 + whole.size() / size_t(T);
   auto run = [&](ModelRunner& r, const std::vector<size_t>& which) {
-    std::map<size_t, std::vector<int32_t>> out;
-    std::map<size_t, int32_t> sid;
-    std::vector<ModelRunner::Work> work;
-    for (size_t i : which) {
-      sid[i] = r.add_sequence(prompts[i]);
-      work.push_back({sid[i], int32_t(prompts[i].size()), false});
-    }
-    for (int g = 0; g < 8; ++g) {
-      auto logits = r.step(work);
-      work.clear();
-      for (size_t k = 0; k < which.size(); ++k) {
-        out[which[k]].push_back(argmax(logits[k].data(), V));
-        r.append_token(sid[which[k]], out[which[k]].back());
-        work.push_back({sid[which[k]], 1, false});
-      }
-    }
-    return out;
+    return test::greedy_together(r, prompts, which, 8, V);
   };
   std::vector<size_t> all;
   for (size_t i = 0; i < prompts.size(); ++i) all.push_back(i);

@@ -22,12 +22,8 @@ namespace {
 using test::kFixtures;
 const auto families = test::fixture_families;
 
-json reference(const std::string& fam) {
-  std::ifstream f(kFixtures / fam / "reference.json");
-  return json::parse(f);
-}
-
-int32_t argmax(const float* v, int64_t n) { return int32_t(std::max_element(v, v + n) - v); }
+using test::argmax;
+const auto reference = test::fixture_reference;
 
 class FixtureReference : public ::testing::TestWithParam<std::string> {};
 
@@ -76,26 +72,8 @@ TEST_P(FixtureReference, PromptsTogetherEqualPromptsAlone) {
   const int64_t V = model->config().vocab_size;
   std::vector<std::vector<int32_t>> prompts;
   for (auto& p : ref["prompts"]) prompts.push_back(p["ids"].get<std::vector<int32_t>>());
-  const int gen = 8;
   auto run = [&](const std::vector<size_t>& which, ModelRunner& r) {
-    std::map<size_t, std::vector<int32_t>> out;
-    std::map<size_t, int32_t> sid;
-    std::vector<ModelRunner::Work> work;
-    for (size_t i : which) {
-      sid[i] = r.add_sequence(prompts[i]);
-      work.push_back({sid[i], int32_t(prompts[i].size()), false});
-    }
-    for (int g = 0; g < gen; ++g) {
-      auto logits = r.step(work);
-      work.clear();
-      for (size_t w = 0; w < which.size(); ++w) {
-        size_t i = which[w];
-        out[i].push_back(argmax(logits[w].data(), V));
-        r.append_token(sid[i], out[i].back());
-        work.push_back({sid[i], 1, false});
-      }
-    }
-    return out;
+    return test::greedy_together(r, prompts, which, 8, V);
   };
   std::vector<size_t> all;
   for (size_t i = 0; i < prompts.size(); ++i) all.push_back(i);
