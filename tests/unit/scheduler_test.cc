@@ -282,7 +282,7 @@ TEST(SchedulerEos, EosStopsUnlessIgnored) {
   EXPECT_EQ(ignored.finish[0], FinishReason::kLength);
 }
 
-// Ids outside SchedulerOptions::sampleable are never sampled; masking ids that greedy never picks
+// Ids given to Scheduler::set_masked_tokens are never sampled; masking ids that greedy never picks
 // changes nothing.
 TEST_F(SchedulerTest, MaskedTokensAreNeverSampled) {
   RunResult base = run_alone(*model_, {{prompt(9, 3), greedy(8)}});
