@@ -64,14 +64,10 @@ struct DecodeBatch {
     for (int32_t s : seqs) work.push_back({s, 1, false});
     const auto out = runner.step_views(work);
     std::vector<int32_t> tok(seqs.size());
-    const int64_t vocab = out.empty() ? 1 : std::max<int64_t>(int64_t(out[0].size()), 1);
-    parallel_for(
-        int64_t(seqs.size()),
-        [&](int64_t lo, int64_t hi) {
-          for (int64_t i = lo; i < hi; ++i)
-            tok[size_t(i)] = sampler.sample(out[size_t(i)], prompts[size_t(i)], outputs[size_t(i)]).token;
-        },
-        std::max<int64_t>(1, (int64_t(1) << 19) / vocab));
+    parallel_for_rows(int64_t(seqs.size()), out.empty() ? 1 : int64_t(out[0].size()), [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i)
+        tok[size_t(i)] = sampler.sample(out[size_t(i)], prompts[size_t(i)], outputs[size_t(i)]).token;
+    });
     for (size_t i = 0; i < seqs.size(); ++i) {
       outputs[i].push_back(tok[i]);
       runner.append_token(seqs[i], tok[i]);

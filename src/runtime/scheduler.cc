@@ -194,9 +194,8 @@ std::vector<TokenOutput> Scheduler::step() {
     if (uncomputed(requests_.at(plan[i].id)) == 0) rows.push_back(i);  // partial prefill chunks sample nothing
   std::vector<SampleResult> sampled(rows.size());
   std::vector<std::string> errors(rows.size());
-  const int64_t vocab = logits.empty() ? 1 : std::max<int64_t>(int64_t(logits[0].size()), 1);
-  parallel_for(
-      int64_t(rows.size()),
+  parallel_for_rows(
+      int64_t(rows.size()), logits.empty() ? 1 : int64_t(logits[0].size()),
       [&](int64_t lo, int64_t hi) {
         for (int64_t j = lo; j < hi; ++j) {
           const size_t i = rows[size_t(j)];
@@ -208,8 +207,7 @@ std::vector<TokenOutput> Scheduler::step() {
             errors[size_t(j)] = std::string("sampling failed: ") + e.what();
           }
         }
-      },
-      std::max<int64_t>(1, (int64_t(1) << 19) / vocab));
+      });
   for (size_t j = 0; j < rows.size(); ++j) {
     Request& r = requests_.at(plan[rows[j]].id);
     TokenOutput o;
