@@ -40,6 +40,9 @@ std::unique_ptr<BenchOfflineCommand> add_bench_offline_command(CLI::App& bench) 
   b->app->add_option("--repeats", b->repeats, "timed prefills per length (median reported)");
   b->app->add_option("--seed", b->seed, "dummy-weight seed");
   b->app->add_option("--json", b->json_out, "also write the results as JSON");
+  b->app->add_flag("--enforce-eager", b->enforce_eager, "run decode steps eagerly (no CUDA graphs)");
+  b->app->add_option("--cuda-graph-sizes", b->cuda_graph_sizes, "decode batch sizes captured as CUDA graphs")
+      ->delimiter(',');
   return b;
 }
 
@@ -85,14 +88,19 @@ int BenchOfflineCommand::run() {
   o.max_rows = std::max({max_prefill, max_batch * decode_context, max_batch, 1});
   o.max_blocks_per_seq = std::max((max_prefill + bs - 1) / bs + 1, (decode_tokens + bs - 1) / bs + 1);
   o.max_logits_rows = max_batch;
+  o.enforce_eager = enforce_eager;
+  if (!cuda_graph_sizes.empty()) o.cuda_graph_sizes = cuda_graph_sizes;
+  o.log_graphs = true;
   auto t_load = Clock::now();
   ModelRunner runner(make_cuda_executor(model_dir, parse_load_format(load_format), seed, o),
                      RunnerOptions{blocks, bs, max_batch});
-  std::printf("weights loaded and uploaded in %.1f s\n", seconds_since(t_load));
+  std::printf("weights loaded and uploaded in %.1f s (decode: %s)\n", seconds_since(t_load),
+              enforce_eager ? "eager" : "CUDA graphs");
 
   nlohmann::json results = {{"device", prop.name},
                             {"model", model_dir},
                             {"copy_bandwidth_bytes_per_s", bw},
+                            {"cuda_graphs", !enforce_eager},
                             {"bf16_gemm_flops", peak},
                             {"prefill", nlohmann::json::array()},
                             {"decode", nlohmann::json::array()}};
