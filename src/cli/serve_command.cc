@@ -27,6 +27,27 @@ std::unique_ptr<ServeCommand> add_serve_command(CLI::App& app) {
   c->add_option("--max-n", o.max_n, "largest n (choices per request) accepted")->capture_default_str();
   c->add_option("--http-threads", o.http_threads, "HTTP handler threads (each open stream holds one)")
       ->capture_default_str();
+  c->add_option("--generation-config", o.generation_config,
+                "auto: sampling defaults from the model's generation_config.json; vllm: ignore it")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "vllm"}));
+  c->add_option("--api-key", o.api_key,
+                "require 'Authorization: Bearer KEY' on every endpoint except /health (default: $MOEFOLD_API_KEY)");
+  c->add_flag("--disable-metrics-auth", o.disable_metrics_auth, "with an API key, leave /metrics open");
+  c->add_option("--allowed-origins", o.allowed_origins,
+                "CORS origins, comma-separated or a JSON list (\"*\": any); default: no CORS headers");
+  c->add_option("--allowed-methods", o.allowed_methods, "CORS methods allowed in a preflight")->capture_default_str();
+  c->add_option("--allowed-headers", o.allowed_headers, "CORS request headers allowed in a preflight")
+      ->capture_default_str();
+  c->add_option("--allowed-hosts", o.allowed_hosts,
+                "accepted Host header names, comma-separated (others get 400); default: any");
+  c->add_option("--http-receive-timeout", o.http_receive_timeout,
+                "seconds from a request's first byte to its last before it gets 408")
+      ->capture_default_str();
+  c->add_option("--http-keep-alive-timeout", o.http_keep_alive_timeout,
+                "seconds an idle connection stays open")
+      ->capture_default_str();
+  c->add_flag("--disable-log-requests", o.disable_log_requests, "no log line per finished request");
   return cmd;
 }
 
