@@ -71,7 +71,7 @@ const char* code_of(int status) {
 }
 
 std::string error_response(int status, const std::string& message) {
-  const char* type = status >= 500 ? "service_unavailable" : "invalid_request_error";
+  const char* type = status == 503 ? "service_unavailable" : "invalid_request_error";
   const std::string body = ApiError::error_body(message, type, "", code_of(status)).dump();
   return fmt::format("HTTP/1.1 {} {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{}",
                      status, reason(status), body.size(), body);
