@@ -44,10 +44,10 @@ def assert_openai_error(r, status, param=None, code=None):
 
 
 def raw_exchange(port, data: bytes, timeout=10.0) -> bytes:
-    """Sends `data` on a fresh connection, half-closes, and returns everything the server sends."""
+    """Sends `data` on a fresh connection and returns everything the server sends until it closes
+    the connection (the last request should say `Connection: close`) or `timeout` passes."""
     with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
         s.sendall(data)
-        s.shutdown(socket.SHUT_WR)
         out = b""
         while True:
             try:
@@ -155,7 +155,7 @@ def test_api_key_from_the_environment_and_open_metrics(model, start_server, monk
 
 
 def test_too_many_headers_get_431(server):
-    head = b"GET /v1/models HTTP/1.1\r\nHost: x\r\n" + b"".join(b"X-H%d: v\r\n" % i for i in range(500)) + b"\r\n"
+    head = b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" + b"".join(b"X-H%d: v\r\n" % i for i in range(500)) + b"\r\n"
     out = raw_exchange(server.port, head)
     assert out.startswith(b"HTTP/1.1 431 "), out[:200]
     assert json.loads(out.split(b"\r\n\r\n", 1)[1])["error"]["code"] == "headers_too_large"
@@ -181,7 +181,7 @@ def test_huge_headers_are_refused_not_buffered(server):
 
 def test_two_content_lengths_are_400(server):
     body = json.dumps(NORMAL).encode()
-    req = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    req = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
            b"Content-Length: %d\r\nContent-Length: %d\r\n\r\n" % (len(body), len(body))) + body
     out = raw_exchange(server.port, req)
     assert out.startswith(b"HTTP/1.1 400 "), out[:200]
@@ -191,10 +191,12 @@ def test_two_content_lengths_are_400(server):
 
 def test_pipelined_requests_are_all_answered(server):
     body = json.dumps(NORMAL).encode()
-    one = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-           b"Content-Length: %d\r\n\r\n" % len(body)) + body
+    def one(extra=b""):
+        return (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" + extra +
+                b"Content-Length: %d\r\n\r\n" % len(body)) + body
+
     health = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
-    out = raw_exchange(server.port, one + one + health + one)
+    out = raw_exchange(server.port, one() + one() + health + one(b"Connection: close\r\n"))
     assert out.count(b"HTTP/1.1 200 OK") == 4, out
     assert out.count(b'"finish_reason":"length"') == 3
 

@@ -83,6 +83,8 @@ TEST(RequestParser, DeeplyNestedFieldsAre400NotACrash) {
       {Api::kChat, "{" + msgs + R"(, "tools": [{"type": "function", "function": )" + nested_objects(depth) + "}]}"},
       {Api::kChat, "{" + msgs + R"(, "chat_template_kwargs": {"x": )" + nested(depth) + "}}"},
       {Api::kCompletions, R"({"prompt": )" + nested(depth) + "}"},
+      // nlohmann's parser and destructor are iterative: a million levels (2 MB) parse and free.
+      {Api::kCompletions, R"({"prompt": "x", "stop": )" + nested(1000000) + "}"},
   };
   for (const auto& [api, body] : bodies) {
     const ApiError e = error_of(api, body);
