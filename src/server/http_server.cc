@@ -37,6 +37,17 @@ struct RequestLog {
 };
 thread_local RequestLog t_log;
 
+/// A client-supplied string made safe for a log line: clipped, control bytes written as \xHH
+/// (a path may decode to newlines or terminal escapes).
+std::string loggable(const std::string& s) {
+  std::string out;
+  for (unsigned char c : clip(s)) {
+    if (c < 0x20 || c == 0x7f || c == '"' || c == '\\') out += fmt::format("\\x{:02x}", c);
+    else out += char(c);
+  }
+  return out;
+}
+
 std::string sse(const Json& j) { return "data: " + j.dump(-1, ' ', false, Json::error_handler_t::replace) + "\n\n"; }
 
 /// Everything a stream needs between calls of its content provider.
@@ -110,7 +121,7 @@ HttpApi::HttpApi(Engine& engine, ModelInfo info, Metrics& metrics, HttpOptions o
     if (t_log.prompt_tokens >= 0)
       tokens = fmt::format(" prompt_tokens={} completion_tokens={}", t_log.prompt_tokens, t_log.completion_tokens);
     std::fprintf(stderr, "moefold serve: %s:%d \"%s %s\" %d%s time=%.3fs\n", req.remote_addr.c_str(), req.remote_port,
-                 req.method.c_str(), clip(req.path).c_str(), res.status, tokens.c_str(), secs);
+                 loggable(req.method).c_str(), loggable(req.path).c_str(), res.status, tokens.c_str(), secs);
     t_log = RequestLog{};
   });
 

@@ -201,6 +201,22 @@ def test_pipelined_requests_are_all_answered(server):
     assert out.count(b'"finish_reason":"length"') == 3
 
 
+def test_chunked_and_expect_continue_bodies(server):
+    body = json.dumps(NORMAL).encode()
+    r = server.http.post(server.url + "/v1/completions", headers={"Content-Type": "application/json"},
+                         data=(body[i:i + 7] for i in range(0, len(body), 7)), timeout=60)  # chunked
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nConnection: close\r\n"
+                  b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body))
+        assert s.recv(100).startswith(b"HTTP/1.1 100 Continue")  # the body is awaited only now
+        s.sendall(body)
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+    assert b"HTTP/1.1 200 OK" in out and b'"completion_tokens":3' in out
+
+
 def trickle(port, stop, started):
     """Opens a connection and sends a request's headers one byte every 0.2 s until told to stop."""
     try:
@@ -326,6 +342,7 @@ def test_request_log_lines_and_loading_line(model, start_server):
                            json={"messages": MSGS, "max_tokens": 5, "ignore_eos": True, "stream": True})
     assert events.status_code == 200
     _ = events.content
+    assert srv.http.get(srv.url + "/v1/x%0Afake%20line", timeout=10).status_code == 404
     time.sleep(0.3)
     lines = [line for line in server_log(srv).splitlines() if '"POST /v1/' in line]
     assert any(f'"POST /v1/completions" 200 prompt_tokens={prompt_tokens} completion_tokens=4 time=' in line
@@ -333,6 +350,9 @@ def test_request_log_lines_and_loading_line(model, start_server):
     assert any('"POST /v1/completions" 400 time=' in line for line in lines), lines
     assert any('"POST /v1/chat/completions" 200 prompt_tokens=' in line and "completion_tokens=5" in line
                for line in lines), lines
+    log = server_log(srv)
+    assert '"GET /v1/x\\x0afake line" 404' in log, log  # a decoded newline cannot forge a log line
+    assert "\nfake line" not in log
 
 
 def test_generation_config_defaults_and_overrides(model, start_server, tmp_path):
