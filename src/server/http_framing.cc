@@ -138,7 +138,15 @@ void scan_request(std::string_view data, const HttpLimits& limits, FrameScan& sc
     else parse_headers({}, limits, scan);  // a request line and no headers
     if (scan.status == FrameScan::Status::kError) return;
   }
-  if (scan.chunked) return scan_chunks(data, limits, scan);
+  if (scan.chunked) {
+    scan_chunks(data, limits, scan);
+    // Chunk framing can make the encoded body far larger than the decoded one (1-byte chunks):
+    // bound the bytes buffered too.
+    if (scan.status == FrameScan::Status::kIncomplete &&
+        data.size() - scan.header_length > 8 * limits.max_body_bytes + kMaxChunkLine)
+      error(scan, 413, fmt::format("The chunked request body exceeds the limit of {} bytes.", limits.max_body_bytes));
+    return;
+  }
   if (data.size() >= scan.header_length + scan.content_length) {
     scan.status = FrameScan::Status::kComplete;
     scan.length = scan.header_length + scan.content_length;

@@ -44,7 +44,7 @@ struct FrameScan {
 /// byte) and updates `scan`. Errors: headers over max_header_bytes or max_header_count (431), more
 /// than one Content-Length, a Content-Length that is not a plain decimal, Content-Length together
 /// with Transfer-Encoding, malformed chunks (400), a Transfer-Encoding other than chunked (501), a
-/// body over max_body_bytes (413). A POST without either header has an empty body. Call again
+/// body over max_body_bytes, or chunk framing over 8 x max_body_bytes (413). A POST without either header has an empty body. Call again
 /// with the same `scan` when more bytes arrive; `data` must keep its earlier bytes.
 void scan_request(std::string_view data, const HttpLimits& limits, FrameScan& scan);
 

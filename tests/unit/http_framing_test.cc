@@ -84,6 +84,11 @@ TEST(HttpFraming, BodyOverTheLimitIs413) {
   EXPECT_EQ(scan("POST / HTTP/1.1\r\nContent-Length: 11\r\n\r\n", l).http_status, 413);
   EXPECT_EQ(scan("POST / HTTP/1.1\r\nContent-Length: 99999999999999999999\r\n\r\n", l).http_status, 400);
   EXPECT_EQ(scan("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n6\r\nabcdef\r\n6\r\n", l).http_status, 413);
+  // 1-byte chunks: the decoded body stays small while the framing grows without end.
+  std::string many = "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n";
+  l.max_body_bytes = 1000;
+  for (int i = 0; i < 500; ++i) many += "1;" + std::string(20, 'e') + "\r\nx\r\n";
+  EXPECT_EQ(scan(many, l).http_status, 413);
 }
 
 TEST(HttpFraming, ExpectContinueIsReported) {
