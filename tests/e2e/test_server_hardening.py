@@ -391,3 +391,16 @@ def test_created_is_the_arrival_time(model, start_server):
     assert last_done - t0 > 2.0, "the requests should take a while for this test to mean anything"
     for r, done in results:
         assert int(t0) <= r["created"] <= int(t0) + 1, (t0, r["created"], done)
+
+
+def test_serve_help_lists_cuda_and_the_defaults():
+    import subprocess
+    from conftest import binary
+
+    out = subprocess.run([binary(), "serve", "--help"], capture_output=True, text=True, timeout=30).stdout
+    device = next(line for line in out.splitlines() if "--device" in line)
+    assert "cuda" in device and "=cpu" in device
+    for flag, default in [("--port", "=8000"), ("--max-model-len", "=0"), ("--generation-config", "=auto"),
+                          ("--http-receive-timeout", "=30"), ("--load-format", "=auto"), ("--seed", "=0")]:
+        line = next(line for line in out.splitlines() if line.strip().startswith(flag + " "))
+        assert default in line, line
