@@ -1,6 +1,7 @@
 // `moefold serve` start-up and shutdown (contract: serve.h).
 #include "server/serve.h"
 
+#include <fmt/format.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -133,8 +134,20 @@ int run_server(const ServeOptions& o) {
     std::fprintf(stderr, "moefold serve: default sampling parameters from generation_config.json: %s\n",
                  sampling_defaults.describe().c_str());
   const LoadFormat format = parse_load_format(o.load_format);
-  std::fprintf(stderr, "moefold serve: loading the model from %s (%s weights, %s)...\n", dir.c_str(),
-               o.load_format.c_str(), o.device.c_str());
+  std::string what = o.load_format + " weights";
+  if (format != LoadFormat::Dummy) {
+    size_t files = 0;
+    uintmax_t bytes = 0;
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(dir, ec))
+      if (e.path().extension() == ".safetensors") {
+        ++files;
+        bytes += e.file_size(ec);
+      }
+    what += fmt::format(": {} safetensors file{}, {:.2f} GB", files, files == 1 ? "" : "s", double(bytes) / 1e9);
+  }
+  std::fprintf(stderr, "moefold serve: loading the model from %s (%s, %s)...\n", dir.c_str(), what.c_str(),
+               o.device.c_str());
   const auto load_start = std::chrono::steady_clock::now();
   const RunnerOptions ro{pool.num_blocks, o.block_size, o.max_num_seqs};
   std::unique_ptr<Model> cpu_model;

@@ -334,7 +334,7 @@ def server_log(srv) -> str:
 
 def test_request_log_lines_and_loading_line(model, start_server):
     srv = start_server(model[0])
-    assert "model loaded in" in server_log(srv)
+    assert "loading the model from" in server_log(srv) and "model loaded in" in server_log(srv)
     r = srv.post("/v1/completions", {"prompt": "hello", "max_tokens": 4, "ignore_eos": True})
     assert r.status_code == 200
     prompt_tokens = r.json()["usage"]["prompt_tokens"]
