@@ -1,6 +1,6 @@
 // Contract tests of the decode-range tensor-core GEMM (ops/cuda/decode_gemm.h) against an fp64 CPU
-// reference over the same bf16 inputs: bf16 output (rel err < 1e-2) and fp32 output (< 1e-5), at
-// M = 1, 2, 3, 7, 15, 16, 17, 31, 64, 100, 255, 256, for small fixture shapes (N = 49..1000,
+// reference over the same bf16 inputs: bf16 output (rel err < 1e-2) and fp32 output (< 1e-5 per 1024
+// of K), at M = 1, 2, 3, 7, 15, 16, 17, 31, 64, 100, 255, 256, for small fixture shapes (N = 49..1000,
 // K = 64..576; K-splits S = 1, 2, 4) and the model's projection shapes (9216x2048, 12352x2048,
 // 2048x4096, 1024x2048, 2048x512, and the lm_head 248320x2048 with fp32 logits).
 //
@@ -35,7 +35,9 @@ namespace cu = moefold::cuda;
 namespace {
 
 constexpr double kTolBf16 = 1e-2;
-constexpr double kTolF32 = 1e-5;
+// fp32 output: 1e-5 per 1024 of K. The tensor cores' fp32 accumulation truncates inside each
+// m16n8k16 step (not round-to-nearest), an error that grows about linearly with the K/16 steps.
+double tol_f32(int64_t K) { return 1e-5 * std::max(1.0, double(K) / 1024.0); }
 const std::vector<int> kMs = {1, 2, 3, 7, 15, 16, 17, 31, 64, 100, 255, 256};
 constexpr int kMaxM = 256;
 
@@ -181,7 +183,7 @@ template <class OutT>
 void check_shape(int64_t N, int64_t K, bool bias, int64_t x_pad, int64_t y_pad, uint64_t seed,
                  size_t ref_budget = size_t(4e9)) {
   const char* kname = sizeof(OutT) == 4 ? "decode_gemm_bf16_f32out" : "decode_gemm_bf16";
-  const double tol = sizeof(OutT) == 4 ? kTolF32 : kTolBf16;
+  const double tol = sizeof(OutT) == 4 ? tol_f32(K) : kTolBf16;
   Problem<OutT> P(N, K, bias, x_pad, y_pad, seed, ref_budget);
   const int64_t ys = P.ys;
   char extra[96];
@@ -434,6 +436,26 @@ TEST(DecodeGemmPerf, DISABLED_Perf) {
                     "weight_GB/s=%.0f copy_frac=%.2f TFLOP/s=%.1f cublaslt_us=%.1f cublaslt_copy_frac=%.2f speedup=%.2f",
                     gbs, gbs / copy_gbs, tflops, cub, cgbs / copy_gbs, cub / us);
       perf_line(sh.f32 ? "decode_gemm_bf16_f32out" : "decode_gemm_bf16", shape, us, metric);
+    }
+    // A bucket larger than the live count (graph replay): what the padding costs.
+    struct BL {
+      int bucket, live;
+    };
+    for (BL c : {BL{16, 1}, BL{64, 16}, BL{256, 1}, BL{256, 64}, BL{256, 193}}) {
+      DeviceBuffer<int32_t> dl = cu::to_device(std::vector<int32_t>{c.live});
+      const double us = time_batched_us([&](int i) {
+        const bf16* wp = ws[size_t(i % copies)].data();
+        if (sh.f32)
+          cu::decode_gemm_bf16_f32out(x.data(), wp, nullptr, yf.data(), c.bucket, sh.K, sh.N, dl.data(), wsp.data(), nullptr);
+        else
+          cu::decode_gemm_bf16(x.data(), wp, nullptr, y.data(), c.bucket, sh.K, sh.N, dl.data(), wsp.data(), nullptr);
+      });
+      const double gbs = double(wbytes) / us * 1e-3;
+      char shape[96], metric[96];
+      std::snprintf(shape, sizeof shape, "N=%lld,K=%lld,bucket=%d,live=%d", (long long)sh.N, (long long)sh.K, c.bucket,
+                    c.live);
+      std::snprintf(metric, sizeof metric, "weight_GB/s=%.0f copy_frac=%.2f", gbs, gbs / copy_gbs);
+      perf_line("decode_gemm_live_lt_bucket", shape, us, metric);
     }
   }
 }
