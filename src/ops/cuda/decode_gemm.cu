@@ -311,6 +311,9 @@ void launch(const Params& p, cudaStream_t stream) {
   // Set once per instantiation (a host-side attribute: safe during graph capture).
   static const bool attr_set = [&] {
     MOEFOLD_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(C::SMEM)));
+    // All of L1 as shared memory, so MIN_BLOCKS blocks fit per SM (the copies bypass L1 anyway).
+    MOEFOLD_CUDA_CHECK(
+        cudaFuncSetAttribute(kern, cudaFuncAttributePreferredSharedMemoryCarveout, int(cudaSharedmemCarveoutMaxShared)));
     return true;
   }();
   (void)attr_set;
