@@ -340,7 +340,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(const float* logits, i
 
 // ---- logit masks, penalties and raw logprobs (run around the selection kernels) --------------------
 
-__global__ void mask_kernel(float* logits, int64_t max_rows, int64_t vocab, int64_t ld, const int32_t* ids,
+__global__ void mask_logits_kernel(float* logits, int64_t max_rows, int64_t vocab, int64_t ld, const int32_t* ids,
                             const int32_t* num_ids, const int32_t* live) {
   const int64_t row = blockIdx.x;
   if (row >= live_count(live, max_rows)) return;
@@ -475,7 +475,7 @@ void check_args(int64_t max_rows, int64_t vocab, int64_t& ld, const char* what) 
 // Work: every logit of the rows read once (bytes counted for all max_rows: the live count is on the device).
 const prof::Kernel kArgmax{"argmax_kernel", prof::Category::Sampling};
 const prof::Kernel kSample{"sample_kernel", prof::Category::Sampling};
-const prof::Kernel kMask{"mask_kernel", prof::Category::Sampling};
+const prof::Kernel kMask{"mask_logits_kernel", prof::Category::Sampling};
 const prof::Kernel kRawLogprobs{"raw_logprobs_kernel", prof::Category::Sampling};
 const prof::Kernel kPenalties{"penalties_kernel", prof::Category::Sampling};
 const prof::Kernel kTokenLogprob{"token_logprob_kernel", prof::Category::Sampling};
@@ -509,7 +509,7 @@ void mask_logits_rows(float* logits, int64_t max_rows, int64_t vocab, int64_t ld
   MOEFOLD_CHECK(ids && num_ids, "mask_logits_rows: ids and num_ids are required");
   if (max_rows == 0 || max_ids == 0) return;
   LaunchScope launch(kMask, stream, prof::Work{double(max_rows) * double(max_ids) * 8, 0});
-  mask_kernel<<<unsigned(max_rows), 256, 0, stream>>>(logits, max_rows, vocab, ld, ids, num_ids, live_rows);
+  mask_logits_kernel<<<unsigned(max_rows), 256, 0, stream>>>(logits, max_rows, vocab, ld, ids, num_ids, live_rows);
   MOEFOLD_CUDA_CHECK_LAUNCH();
 }
 
