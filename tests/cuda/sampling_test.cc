@@ -586,6 +586,38 @@ TEST(SamplingSmall, MasksPenaltiesLogprobs) {
   check_device_sampler(9, 2000, 2, 8403);
 }
 
+// -0.0 and +0.0 are equal logits for the CPU sampler (a tie: lower id first). A top_k / top_p boundary
+// or a top_logprobs cut inside a run of signed zeros must keep the lowest ids, whatever the sign bits
+// (the selection key once ordered +0.0 above -0.0 and kept the wrong zeros).
+TEST(SamplingSmall, SignedZeroTies) {
+  MOEFOLD_REQUIRE_GPU();
+  const int64_t V = 64;
+  std::vector<float> row(static_cast<size_t>(V), -1.0f);
+  for (int i = 0; i < 10; ++i) row[size_t(i)] = 1.0f;
+  for (int i = 10; i < 40; ++i) row[size_t(i)] = i % 2 ? 0.0f : -0.0f;
+  SamplingParams k;
+  k.temperature = 1.0f;
+  k.top_k = 15;  // the 10 ones and zeros 10..14
+  check_frequencies(row, k, {}, {}, {}, 4096, 4096, "signed_zeros_top_k");
+  SamplingParams p;
+  p.temperature = 1.0f;
+  p.top_p = 0.8f;  // the ones carry ~0.41 of the mass, the zeros ~0.45: the boundary lies among the zeros
+  check_frequencies(row, p, {}, {}, {}, 4096, 4096, "signed_zeros_top_p");
+  // top_logprobs: 15 entries, the zeros by id.
+  auto dx = cuda::to_device(row);
+  auto dn = cuda::to_device(std::vector<int32_t>{15});
+  DeviceBuffer<double> dlse(1);
+  DeviceBuffer<int32_t> dids(cu::kMaxTopLogprobs);
+  DeviceBuffer<float> dlp(cu::kMaxTopLogprobs);
+  cu::raw_logprobs_rows(dx.data(), 1, V, 0, dn.data(), dlse.data(), dids.data(), dlp.data(), nullptr, nullptr);
+  MOEFOLD_CUDA_CHECK(cudaDeviceSynchronize());
+  const auto ids = dids.download();
+  const auto want = top_logprobs(row, 15);
+  size_t bad = 0;
+  for (size_t j = 0; j < want.size(); ++j) bad += ids[j] != want[j].token;
+  EXPECT_TRUE(contract_exact("top_logprobs_signed_zero_ties", "V=64,n=15", bad));
+}
+
 TEST(SamplingSmall, DeviceSamplerErrorsAndLimits) {
   MOEFOLD_REQUIRE_GPU();
   EXPECT_THROW(DeviceSampler(0, 10), Error);

@@ -105,8 +105,9 @@ __global__ void argmax_kernel(const float* logits, int64_t max_rows, int64_t voc
 
 /// Order-preserving map of a float to uint32 (larger float -> larger key), and the 64-bit
 /// selection key: descending key order = larger logit first, lower id first among equal logits.
+/// -0.0 is keyed as +0.0: the CPU compares values, for which they are equal (a tie, lower id first).
 __device__ __forceinline__ uint64_t sel_key(float v, int64_t i) {
-  uint32_t u = __float_as_uint(v);
+  uint32_t u = __float_as_uint(v == 0.0f ? 0.0f : v);
   u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
   return (uint64_t(u) << 32) | uint64_t(0xFFFFFFFFu - uint32_t(i));
 }
