@@ -205,6 +205,13 @@ std::vector<float> make_rows(int64_t R, int64_t V, uint64_t seed) {
   return v;
 }
 
+/// n ids uniform in [0, V).
+std::vector<int32_t> random_history(int64_t V, size_t n, uint64_t seed) {
+  std::vector<int32_t> h(n);
+  for (size_t i = 0; i < n; ++i) h[i] = int32_t(mix64(seed * 0x9E37ull + i) % uint64_t(V));
+  return h;
+}
+
 bool same_bytes(const float* a, const float* b, size_t n) { return std::memcmp(a, b, n * sizeof(float)) == 0; }
 
 void check_mask(int64_t R, int64_t V, int64_t live, uint64_t seed) {
@@ -699,6 +706,39 @@ TEST(SamplingPerf, DISABLED_Timings) {
       cu::SampleRowParams sp{dtemp.data(), dtk.data(), dtp.data(), nullptr, du.data()};
       us = time_us([&] { cu::sample_rows(dx.data(), R, V, 0, sp, dt.data(), nullptr, nullptr, nullptr); });
       perf_line("sample", fmt::format("rows={},V={},{}", R, V, pp.name), us, "-");
+    }
+  }
+}
+
+// The whole DeviceSampler call (uploads, kernels, downloads, one synchronisation) per step size.
+// The logits are not restored between calls (masking and penalties are idempotent enough for timing).
+TEST(SamplingPerf, DISABLED_DeviceSampler) {
+  MOEFOLD_REQUIRE_GPU();
+  const int64_t V = 248320;
+  std::vector<int32_t> mask;
+  for (int64_t i = 0; i < 200; ++i) mask.push_back(int32_t(V - 1 - i));
+  const std::vector<int32_t> prompt = random_history(V, 1024, 1), output = random_history(V, 256, 2);
+  for (int64_t R : {1, 64, 256}) {
+    auto dx = cuda::to_device(make_logits(R, V, 9100));
+    DeviceSampler ds(R, V);
+    struct Case {
+      const char* name;
+      SamplingParams p;
+    };
+    SamplingParams greedy;
+    greedy.temperature = 0;
+    SamplingParams sampled;
+    sampled.temperature = 0.8f, sampled.top_k = 50, sampled.top_p = 0.95f, sampled.seed = 1;
+    SamplingParams full = sampled;
+    full.repetition_penalty = 1.1f, full.frequency_penalty = 0.2f, full.presence_penalty = 0.2f;
+    full.logprobs = true, full.top_logprobs = 5;
+    for (const Case& c : {Case{"greedy", greedy}, Case{"top_k=50,top_p=0.95", sampled},
+                          Case{"+penalties(1024+256),logprobs,top5", full}}) {
+      const Sampler s(c.p);
+      const std::vector<RowSampling> rows(size_t(R), RowSampling{&s, prompt, output});
+      std::vector<SampleResult> out;
+      const double us = time_us([&] { ds.sample(dx.data(), rows, mask, out, nullptr); });
+      perf_line("device_sampler", fmt::format("rows={},V={},{}", R, V, c.name), us, "-");
     }
   }
 }
