@@ -3,7 +3,9 @@
 // top_k by an 8-bit radix select over the 64-bit key (ordered logit bits << 32 | ~id), whose
 // descending order is exactly the CPU's "better" order (larger logit, then lower id); top_p by a
 // radix select on the same key guided by bucket masses; then the inverse-CDF draw in ascending id
-// order via a block scan of per-thread contiguous chunks.
+// order via a block scan of per-thread contiguous chunks. Around them: the logit mask, the raw
+// log-softmax with top_logprobs (a count-mode radix select on the same key), the penalties on the
+// distinct history tokens, and the sampled token's raw logprob.
 #include "ops/cuda/cuda_check.h"
 // (cuda_check.h first: see its note on fmt under nvcc)
 #include <cfloat>
