@@ -107,12 +107,20 @@ int BenchOfflineCommand::run() {
   const double D = double(cfg.head_dim), Hq = double(cfg.num_heads);
   const double attn_layers = double(cfg.num_layers_of(LayerType::FullAttention));
   std::printf("\n%-28s %12s %12s %12s %10s\n", "case", "median", "spread", "tokens/s", "roofline");
+  // Every timed step samples its tokens greedily inside the executor, as serving does (on the GPU with
+  // --device cuda); the decode workload still feeds fixed random tokens, so the sampled ones are unused.
+  SamplingParams greedy_params;
+  greedy_params.temperature = 0.0f;
+  greedy_params.seed = 0;
+  const Sampler greedy(greedy_params);
+  std::vector<SampleResult> sampled;
   for (int T : prefill) {
     std::vector<double> times;
     for (int r = 0; r < repeats + 1; ++r) {
       int32_t s = runner.add_sequence(random_tokens(T, cfg.vocab_size, uint32_t(r)));
       auto t0 = Clock::now();
-      runner.step_views({{s, T, false}});
+      const RowSampling row{&greedy, {}, {}};
+      runner.step_sample({{s, T, false}}, {&row, 1}, {}, sampled);
       if (r > 0) times.push_back(seconds_since(t0));  // first run warms up
       runner.release(s);
     }
@@ -132,7 +140,8 @@ int BenchOfflineCommand::run() {
       seqs.push_back(runner.add_sequence(random_tokens(decode_context, cfg.vocab_size, uint32_t(100 + b))));
       work.push_back({seqs.back(), decode_context, false});
     }
-    runner.step_views(work);  // prefill all contexts in one step
+    runner.step_sample(work, std::vector<RowSampling>(work.size(), RowSampling{&greedy, {}, {}}), {},
+                       sampled);  // prefill all contexts in one step
     std::vector<double> times;
     std::mt19937 rng(7);
     for (int step = 0; step < decode_steps + 2; ++step) {
@@ -141,8 +150,9 @@ int BenchOfflineCommand::run() {
         runner.append_token(s, int32_t(rng() % 1000));
         work.push_back({s, 1, false});
       }
+      const std::vector<RowSampling> rows(work.size(), RowSampling{&greedy, {}, {}});
       auto t0 = Clock::now();
-      runner.step_views(work);
+      runner.step_sample(work, rows, {}, sampled);
       if (step >= 2) times.push_back(seconds_since(t0));
     }
     for (int32_t s : seqs) runner.release(s);

@@ -27,13 +27,19 @@ TextGenerationResult generate_text(ModelRunner& runner, const Tokenizer& tokeniz
   const std::vector<int32_t> unknown = tokenizer.unknown_ids(runner.config().vocab_size);
   const int32_t seq = runner.add_sequence(prompt_ids);
   try {
-    std::span<float> logits = runner.step_views({{seq, int32_t(prompt_ids.size()), false}})[0];
+    // Sampled inside the executor (on the GPU with --device cuda): only the token comes back.
+    std::vector<SampleResult> sampled;
+    auto step = [&](int32_t num_tokens) {
+      const RowSampling row{&sampler, prompt_ids, r.output_ids};
+      runner.step_sample({{seq, num_tokens, false}}, {&row, 1}, unknown, sampled);
+      if (!sampled[0].error.empty()) fail("{}", sampled[0].error);  // the sampler's own message
+      return sampled[0].token;
+    };
+    int32_t token = step(int32_t(prompt_ids.size()));
     while (true) {
-      mask_tokens(logits, unknown);
-      SampleResult s = sampler.sample(logits, prompt_ids, r.output_ids);
-      r.output_ids.push_back(s.token);
-      std::string delta = detok.feed(s.token);
-      StopUpdate u = stop.on_token(s.token, delta);
+      r.output_ids.push_back(token);
+      std::string delta = detok.feed(token);
+      StopUpdate u = stop.on_token(token, delta);
       if (!u.finished() && int64_t(prompt_ids.size() + r.output_ids.size()) >= max_total_tokens)
         u = [&] {
           StopUpdate f = stop.finish(FinishReason::kLength);
@@ -45,8 +51,8 @@ TextGenerationResult generate_text(ModelRunner& runner, const Tokenizer& tokeniz
         r.finish = u.finish;
         break;
       }
-      runner.append_token(seq, s.token);
-      logits = runner.step_views({{seq, 1, false}})[0];
+      runner.append_token(seq, token);
+      token = step(1);
     }
   } catch (...) {
     runner.release(seq);
