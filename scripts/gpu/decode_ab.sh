@@ -15,7 +15,7 @@ for mode in eager graphs graphs eager; do
   [ "$mode" = eager ] && flag=--enforce-eager
   echo "=== run $i: $mode"
   # shellcheck disable=SC2086
-  "$bin" bench offline --model "$model" --prefill '' --json "$out/decode_$i.json" $flag "$@" 2>&1 | tee "$out/decode_$i.log"
+  "$bin" bench offline --model "$model" --prefill 0 --json "$out/decode_$i.json" $flag "$@" 2>&1 | tee "$out/decode_$i.log"
 done
 python3 - "$out" <<'PY'
 import json, sys

@@ -41,6 +41,8 @@ std::unique_ptr<BenchOfflineCommand> add_bench_offline_command(CLI::App& bench) 
   b->app->add_option("--seed", b->seed, "dummy-weight seed");
   b->app->add_option("--json", b->json_out, "also write the results as JSON");
   b->app->add_flag("--enforce-eager", b->enforce_eager, "run decode steps eagerly (no CUDA graphs)");
+  b->app->add_flag("--batch-invariant,!--no-batch-invariant", b->batch_invariant,
+                   "kernels whose per-row results do not depend on the batch (off: the fastest per step size)");
   b->app->add_option("--cuda-graph-sizes", b->cuda_graph_sizes, "decode batch sizes captured as CUDA graphs")
       ->delimiter(',');
   return b;
@@ -89,18 +91,20 @@ int BenchOfflineCommand::run() {
   o.max_blocks_per_seq = std::max((max_prefill + bs - 1) / bs + 1, (decode_tokens + bs - 1) / bs + 1);
   o.max_logits_rows = max_batch;
   o.enforce_eager = enforce_eager;
+  o.batch_invariant = batch_invariant;
   if (!cuda_graph_sizes.empty()) o.cuda_graph_sizes = cuda_graph_sizes;
   o.log_graphs = true;
   auto t_load = Clock::now();
   ModelRunner runner(make_cuda_executor(model_dir, parse_load_format(load_format), seed, o),
                      RunnerOptions{blocks, bs, max_batch});
-  std::printf("weights loaded and uploaded in %.1f s (decode: %s)\n", seconds_since(t_load),
-              enforce_eager ? "eager" : "CUDA graphs");
+  std::printf("weights loaded and uploaded in %.1f s (decode: %s, %s)\n", seconds_since(t_load),
+              enforce_eager ? "eager" : "CUDA graphs", batch_invariant ? "batch-invariant" : "not batch-invariant");
 
   nlohmann::json results = {{"device", prop.name},
                             {"model", model_dir},
                             {"copy_bandwidth_bytes_per_s", bw},
                             {"cuda_graphs", !enforce_eager},
+                            {"batch_invariant", batch_invariant},
                             {"bf16_gemm_flops", peak},
                             {"prefill", nlohmann::json::array()},
                             {"decode", nlohmann::json::array()}};
@@ -115,6 +119,7 @@ int BenchOfflineCommand::run() {
   const Sampler greedy(greedy_params);
   std::vector<SampleResult> sampled;
   for (int T : prefill) {
+    if (T <= 0) continue;  // --prefill 0: decode only
     std::vector<double> times;
     for (int r = 0; r < repeats + 1; ++r) {
       int32_t s = runner.add_sequence(random_tokens(T, cfg.vocab_size, uint32_t(r)));

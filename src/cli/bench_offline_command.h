@@ -19,6 +19,7 @@ struct BenchOfflineCommand {
   int decode_context = 512, decode_steps = 32, repeats = 3;
   uint64_t seed = 0;
   bool enforce_eager = false;
+  bool batch_invariant = true;
   std::vector<int32_t> cuda_graph_sizes;  ///< empty: the executor's default buckets
   /// Runs the benchmark and prints a table; returns the exit code. Throws moefold::Error (also
   /// when the binary has no CUDA backend).

@@ -162,6 +162,11 @@ int run_server(const ServeOptions& o) {
     co.block_size = ro.block_size;
     co.num_slots = ro.max_seqs;
     co.max_rows = o.max_num_batched_tokens;
+    co.max_blocks_per_seq = (pool.max_model_len + o.block_size - 1) / o.block_size;
+    co.enforce_eager = o.enforce_eager;
+    if (!o.cuda_graph_sizes.empty()) co.cuda_graph_sizes = o.cuda_graph_sizes;
+    co.batch_invariant = o.batch_invariant;
+    co.log_graphs = true;
     runner = std::make_unique<ModelRunner>(make_cuda_executor(dir, format, o.seed, co), ro);
 #else
     fail("--device cuda: this binary was built without the CUDA backend");

@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace moefold::server {
 
@@ -34,6 +35,9 @@ struct ServeOptions {
   double http_receive_timeout = 30;     ///< seconds from a request's first byte to its last
   double http_keep_alive_timeout = 5;   ///< seconds an idle connection stays open
   bool disable_log_requests = false;    ///< no per-request log lines
+  bool enforce_eager = false;           ///< --device cuda: no CUDA graphs for decode steps
+  std::vector<int32_t> cuda_graph_sizes;  ///< decode batch sizes captured as CUDA graphs (empty: default)
+  bool batch_invariant = true;          ///< --device cuda: per-row results independent of the batch
 };
 
 /// Parses a byte count with an optional K/M/G/T suffix (powers of 1024), e.g. "512M".

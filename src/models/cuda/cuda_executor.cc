@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "core/parallel.h"
 #include "core/profiler.h"
+#include "models/cuda/device_sampler.h"
 #include "models/weight_loader.h"
 #include "ops/cpu/rope.h"
 #include "ops/cuda/attention.h"
@@ -20,11 +21,13 @@
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/cuda_graph.h"
 #include "ops/cuda/device_buffer.h"
+#include "ops/cuda/decode_gemm.h"
 #include "ops/cuda/dummy_fill.h"
 #include "ops/cuda/elementwise.h"
 #include "ops/cuda/gated_delta_net.h"
 #include "ops/cuda/gated_rms_norm.h"
 #include "ops/cuda/gemm.h"
+#include "ops/cuda/gemv.h"
 #include "ops/cuda/moe.h"
 #include "ops/cuda/rope.h"
 
@@ -41,6 +44,15 @@ bool cuda_available() {
 namespace {
 
 const bf16* dev(const Param& p) { return static_cast<const bf16*>(p.device); }
+
+/// Calls fn on every dense projection of a layer (empty ones included: check l.w.device).
+template <class F>
+void for_each_linear(const LayerWeights& L, F&& fn) {
+  for (const Linear* l : {&L.attn.q_proj, &L.attn.k_proj, &L.attn.v_proj, &L.attn.o_proj, &L.gdn.in_proj_qkv,
+                          &L.gdn.in_proj_z, &L.gdn.in_proj_b, &L.gdn.in_proj_a, &L.gdn.out_proj,
+                          &L.moe.shared_gate_up, &L.moe.shared_down, &L.mlp.gate_up, &L.mlp.down})
+    fn(*l);
+}
 
 /// The host facts of one step that size its launches: grids, GEMM rows, the block-table stride, the
 /// lm_head rows. A CUDA graph is captured for one StepDims and replayed for every step mapped to it
@@ -61,6 +73,7 @@ class CudaExecutor : public Executor {
     MOEFOLD_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   }
   ~CudaExecutor() override {
+    if (oob_host_) cudaFreeHost(oob_host_);
     if (stream_) cudaStreamDestroy(stream_);
   }
 
@@ -196,6 +209,20 @@ class CudaExecutor : public Executor {
       conv_ = act(c.conv_dim());
       go_ = act(c.value_dim());
     }
+    // The decode GEMM's split partials: one workspace for every dense weight (calls are serialised
+    // on stream_), zero-filled once.
+    size_t dgemm_bytes = cuda::decode_gemm_workspace_bytes(cuda::kDecodeGemmMaxRows, c.vocab_size, H);
+    for (size_t l = 0; l < w_.layers.size(); ++l) {
+      auto need = [&](int64_t out, int64_t in) {
+        if (in >= 8 && in % 8 == 0)
+          dgemm_bytes = std::max(dgemm_bytes, cuda::decode_gemm_workspace_bytes(cuda::kDecodeGemmMaxRows, out, in));
+      };
+      const LayerWeights& L = w_.layers[l];
+      if (fused_[l].w) need(fused_[l].rows, H);
+      for_each_linear(L, [&](const Linear& lin) { if (lin.w.device) need(lin.out, lin.in); });
+    }
+    dgemm_ws_ = DeviceBuffer<uint8_t>(std::max<size_t>(dgemm_bytes, 16));
+    dgemm_ws_.fill_bytes(0);
     int64_t ffn = 0;
     for (int64_t l = 0; l < c.num_layers; ++l)
       ffn = std::max(ffn, c.layer_is_moe[size_t(l)] ? c.shared_expert_intermediate_size : c.intermediate_size);
@@ -313,6 +340,8 @@ class CudaExecutor : public Executor {
   }
 
   void forward(const ForwardBatch& b, std::vector<float>& logits) override;
+  void forward_sample(const ForwardBatch& b, std::span<const RowSampling> rows, std::span<const int32_t> masked,
+                      std::vector<SampleResult>& out) override;
   void set_routing(RoutingControl routing) override { routing_ = routing; }
 
  private:
@@ -331,7 +360,27 @@ class CudaExecutor : public Executor {
     return sh;
   }
   void gemm(const Linear& l, const bf16* x, bf16* y, int64_t T) {
-    cuda::gemm_bf16(x, dev(l.w), l.b.empty() ? nullptr : dev(l.b), y, T, l.in, l.out, stream_);
+    dense(x, dev(l.w), l.b.empty() ? nullptr : dev(l.b), y, T, l.in, l.out);
+  }
+  /// y[T, out] = x[T, in] . w^T (+ b) over the step's live rows (counts_[live_index] on the device):
+  /// with batch_invariant (default), up to 256 rows run the decode GEMM, whose per-row reduction order
+  /// depends only on the weight's shape; otherwise up to 16 rows run the GEMV; the rest cuBLASLt
+  /// (decode-regime algorithms pinned per shape up to 256 rows, see gemm.h).
+  void dense(const bf16* x, const bf16* w, const bf16* b, bf16* y, int64_t T, int64_t in, int64_t out,
+             int64_t x_stride = 0, int64_t y_stride = 0, int live_index = 0) {
+    const int32_t* live = counts_.data() + live_index;
+    if (opt_.batch_invariant && T <= cuda::kDecodeGemmMaxRows && decode_gemm_fits(x, w, in, x_stride))
+      cuda::decode_gemm_bf16(x, w, b, y, T, in, out, live, dgemm_ws_.data(), stream_, x_stride, y_stride);
+    else if (!opt_.batch_invariant && T <= kGemvRows)
+      cuda::gemv_bf16(x, w, b, y, T, in, out, live, stream_, x_stride, y_stride);
+    else
+      cuda::gemm_bf16(x, w, b, y, T, in, out, stream_, false, x_stride, y_stride);
+  }
+  static constexpr int64_t kGemvRows = 16;
+  /// The decode GEMM's preconditions (decode_gemm.h): K a multiple of 8, 16-byte rows of x and w.
+  static bool decode_gemm_fits(const void* x, const void* w, int64_t in, int64_t x_stride) {
+    auto al = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
+    return in >= 8 && in % 8 == 0 && (x_stride ? x_stride : in) % 8 == 0 && al(x) && al(w);
   }
   /// Validates the step, uploads it (padded to `d`) and runs it, as a graph replay when one serves
   /// it. Leaves the logits of the first min(R, max_logits_rows) rows in logits_; returns true when
@@ -372,6 +421,9 @@ class CudaExecutor : public Executor {
   std::vector<Fused> fused_;
   int64_t fused_cols_ = 0;
   DeviceBuffer<bf16> proj_;  // [max_rows, fused_cols_]: the fused projections' output
+  DeviceBuffer<uint8_t> dgemm_ws_;  // the decode GEMM's split partials and tile counters
+  std::unique_ptr<DeviceSampler> sampler_;  // created on the first forward_sample
+  int32_t* oob_host_ = nullptr;              // pinned: the step's out-of-range flag
   std::unique_ptr<cuda::RopeFreqs> freqs_;
   DeviceBuffer<int32_t> ids_, positions_, slot_mapping_, logits_rows_, cu_seqlens_, context_lens_, state_slots_,
       block_tables_, counts_;
@@ -543,7 +595,14 @@ void CudaExecutor::launch_head(int64_t rows, int64_t r0, int64_t n, bool live_fr
   cuda::embedding_gather(h_.data(), rows, H, logits_rows_.data() + r0, hr_.data(), n, live,
                          counts_.data() + 2, stream_);
   cuda::rms_norm(hr_.data(), dev(w_.final_norm), hr_.data(), n, H, float(c.rms_norm_eps), nk, live, stream_);
-  cuda::gemm_bf16_f32out(hr_.data(), dev(w_.lm_head_param()), nullptr, logits_.data(), n, H, V, stream_);
+  const bf16* lm = dev(w_.lm_head_param());
+  if (opt_.batch_invariant && n <= cuda::kDecodeGemmMaxRows && decode_gemm_fits(hr_.data(), lm, H, 0))
+    cuda::decode_gemm_bf16_f32out(hr_.data(), lm, nullptr, logits_.data(), n, H, V,
+                                  live, dgemm_ws_.data(), stream_);
+  else if (!opt_.batch_invariant && n <= kGemvRows)
+    cuda::gemv_bf16_f32out(hr_.data(), lm, nullptr, logits_.data(), n, H, V, live, stream_);
+  else
+    cuda::gemm_bf16_f32out(hr_.data(), lm, nullptr, logits_.data(), n, H, V, stream_);
 }
 
 void CudaExecutor::forward(const ForwardBatch& b, std::vector<float>& logits) {
@@ -565,6 +624,28 @@ void CudaExecutor::forward(const ForwardBatch& b, std::vector<float>& logits) {
   MOEFOLD_CHECK(oob == 0, "a token id or logits row of this step is out of range");
 }
 
+// The step on the GPU, then DeviceSampler on the logits rows, pass by pass (max_logits_rows rows
+// each): only token ids and the requested logprobs come back to the host.
+void CudaExecutor::forward_sample(const ForwardBatch& b, std::span<const RowSampling> rows,
+                                  std::span<const int32_t> masked, std::vector<SampleResult>& out) {
+  const int64_t R = int64_t(b.logits_rows.size());
+  MOEFOLD_CHECK(int64_t(rows.size()) == R, "forward_sample: {} sampling rows for {} logits rows", rows.size(), R);
+  if (!sampler_) sampler_ = std::make_unique<DeviceSampler>(opt_.max_logits_rows, cfg_.vocab_size);
+  if (!oob_host_) MOEFOLD_CUDA_CHECK(cudaMallocHost(&oob_host_, sizeof(int32_t)));
+  run_step(b);
+  MOEFOLD_CUDA_CHECK(cudaMemcpyAsync(oob_host_, counts_.data() + 2, sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
+  out.clear();
+  std::vector<SampleResult> part;
+  for (int64_t r0 = 0; r0 < R; r0 += opt_.max_logits_rows) {
+    const int64_t n = std::min<int64_t>(opt_.max_logits_rows, R - r0);
+    if (r0 > 0) launch_head(b.num_rows(), r0, n, false);
+    sampler_->sample(logits_.data(), rows.subspan(size_t(r0), size_t(n)), masked, part, stream_);  // synchronises
+    out.insert(out.end(), std::make_move_iterator(part.begin()), std::make_move_iterator(part.end()));
+  }
+  if (R == 0) MOEFOLD_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  MOEFOLD_CHECK(*oob_host_ == 0, "a token id or logits row of this step is out of range");
+}
+
 // Gated softmax attention, as Model::attention: [q | gate] = q_proj(x); k, v; q/k RMSNorm per head;
 // RoPE; causal paged attention; o * sigmoid(gate) (fused); out = o_proj(o).
 void CudaExecutor::attention(size_t l, const StepDims& d) {
@@ -581,7 +662,7 @@ void CudaExecutor::attention(size_t l, const StepDims& d) {
   const Fused& f = fused_[l];
   if (f.w) {
     const int64_t W = f.rows;
-    cuda::gemm_bf16(x_.data(), f.w, f.b, proj_.data(), T, c.hidden_size, W, stream_, false, 0, W);
+    dense(x_.data(), f.w, f.b, proj_.data(), T, c.hidden_size, W, 0, W);
     q = proj_.data();
     k = q + a.q_proj.out;
     v = k + a.k_proj.out;
@@ -629,7 +710,7 @@ void CudaExecutor::deltanet(size_t l, const StepDims& d) {
   const Fused& f = fused_[l];
   if (f.w) {
     W = f.rows;
-    cuda::gemm_bf16(x_.data(), f.w, f.b, proj_.data(), T, c.hidden_size, W, stream_, false, 0, W);
+    dense(x_.data(), f.w, f.b, proj_.data(), T, c.hidden_size, W, 0, W);
     mixed = proj_.data();
     z = mixed + C;
     gb = z + g.in_proj_z.out;
@@ -678,6 +759,7 @@ void CudaExecutor::ffn(size_t l, int64_t T, size_t moe_index) {
     // max_rows; a decode step runs the decode tiles).
     cuda::MoeShape step_shape = moe_shape_;
     step_shape.capacity = int(T);
+    step_shape.batch_invariant = opt_.batch_invariant;
     cuda::moe_forward(x_.data(), dev(m.router.w), dev(m.gate_up), dev(m.down), shared_out,
                       shared_out ? dev(m.shared_expert_gate.w) : nullptr, h_.data(), num_rows, step_shape,
                       c.norm_topk_prob, moe_ws_, h_.data(), stream_,

@@ -27,6 +27,11 @@ struct CudaExecutorOptions {
   /// sequences read from device memory. Sizes above num_slots, max_rows or max_logits_rows are dropped.
   std::vector<int32_t> cuda_graph_sizes = default_cuda_graph_sizes();
   bool enforce_eager = false;  ///< no CUDA graphs (vLLM's --enforce-eager)
+  /// Every kernel computes a row with a reduction order independent of the other rows and of the row
+  /// count, so a sequence's logits are bitwise the same alone or in any batch (decode GEMM for dense
+  /// projections up to 256 rows, MoE expert tiles); false takes the fastest kernels per step size
+  /// (GEMV up to 16 rows, the MoE GEMV), whose bits depend on the step's row count.
+  bool batch_invariant = true;
   bool log_graphs = false;     ///< print the graph captures (time, memory) to stderr
   static std::vector<int32_t> default_cuda_graph_sizes() { return {1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256}; }
 };

@@ -34,7 +34,7 @@ constexpr float kLog2e = 1.4426950408889634f;
 // function of that sequence's own length alone (never of the batch or of a host bound), so that its
 // output is bitwise the same whatever else the step holds: at most kMaxDecodeSplits chunks, each a
 // multiple of kDecodeSplitUnit keys. A sequence with a single chunk is written directly.
-constexpr int kDecodeSplitUnit = 128;
+constexpr int kDecodeSplitUnit = 32;
 constexpr int kMaxDecodeSplits = 64;
 constexpr int kDecodeSplit = -1;  // Args::split_size value selecting the per-sequence rule
 

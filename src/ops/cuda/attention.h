@@ -93,7 +93,7 @@ size_t attention_decode_workspace_bytes(int num_seqs, const AttentionShape& shap
 /// kv_len = context_lens[s] + 1 cached keys (this step's K/V already written). The KV range is
 /// split into chunks processed by separate blocks (flash-decoding) and merged by a log-sum-exp
 /// combine kernel. The chunking of a sequence depends on its own kv_len alone (chunks of a multiple
-/// of 128 keys, at most 64 of them), so each sequence's output is bitwise the same whatever else the
+/// of 32 keys, at most 64 of them), so each sequence's output is bitwise the same whatever else the
 /// batch holds (batch invariance). max_kv_len: host bound on kv_len that sizes the grid and the
 /// workspace (a longer sequence is still computed correctly, its last chunk taking the rest, but is
 /// then no longer batch-invariant). workspace: device memory of at least

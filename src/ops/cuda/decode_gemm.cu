@@ -26,6 +26,7 @@
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/decode_gemm.h"
 #include "ops/cuda/kernel_util.cuh"
+#include "ops/cuda/launch_scope.h"
 #include "ops/cuda/ptx.cuh"
 
 namespace moefold::cuda {
@@ -70,6 +71,7 @@ struct Params {
   float* partials;     // [column tiles][S][PARTIAL_FLOATS] (S > 1)
   const int32_t* live_rows;
   int64_t x_stride, y_stride;
+  bool pair_stores;  // (row, col) and (row, col + 1) stored as one aligned pair (even y_stride, aligned y)
   int max_rows, K, N, S, KC;  // KC = ceil(K / 64) chunks
 };
 
@@ -93,11 +95,19 @@ __device__ __forceinline__ void store_pair(const Params& p, int row, int col, fl
   }
   OutT* out = static_cast<OutT*>(p.y) + int64_t(row) * p.y_stride + col;
   if constexpr (sizeof(OutT) == 4) {
-    if (two) *reinterpret_cast<float2*>(out) = make_float2(v0, v1);  // col even, y_stride % 4 == 0
-    else out[0] = v0;
+    if (two && p.pair_stores) {
+      *reinterpret_cast<float2*>(out) = make_float2(v0, v1);  // col even
+    } else {
+      out[0] = v0;
+      if (two) out[1] = v1;
+    }
   } else {
-    if (two) *reinterpret_cast<__nv_bfloat162*>(out) = __floats2bfloat162_rn(v0, v1);
-    else out[0] = __float2bfloat16_rn(v0);
+    if (two && p.pair_stores) {
+      *reinterpret_cast<__nv_bfloat162*>(out) = __floats2bfloat162_rn(v0, v1);
+    } else {
+      out[0] = __float2bfloat16_rn(v0);
+      if (two) out[1] = __float2bfloat16_rn(v1);
+    }
   }
 }
 
@@ -322,6 +332,9 @@ void launch(const Params& p, cudaStream_t stream) {
   MOEFOLD_CUDA_CHECK_LAUNCH();
 }
 
+const prof::Kernel kDecodeGemmBf16{"decode_gemm_kernel", prof::Category::DenseGemm};
+const prof::Kernel kDecodeGemmF32{"decode_gemm_kernel:f32out", prof::Category::DenseGemm};
+
 bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
 
 template <class OutT>
@@ -329,21 +342,20 @@ void run(const char* name, const __nv_bfloat16* x, const __nv_bfloat16* w, const
          int64_t max_rows, int64_t K, int64_t N, const int32_t* live_rows, void* workspace, cudaStream_t stream,
          int64_t x_stride, int64_t y_stride) {
   const int64_t xs = x_stride ? x_stride : K, ys = y_stride ? y_stride : N;
-  const std::string shape = std::string(name) + "(max_rows=" + std::to_string(max_rows) + ", K=" +
-                            std::to_string(K) + ", N=" + std::to_string(N) + ", x_stride=" + std::to_string(xs) +
-                            ", y_stride=" + std::to_string(ys) + ")";
-  constexpr int64_t y_vec = 16 / int64_t(sizeof(OutT));
+  // Built only for an error message (this runs for every dense projection of every step).
+  auto shape = [&] {
+    return std::string(name) + "(max_rows=" + std::to_string(max_rows) + ", K=" + std::to_string(K) +
+           ", N=" + std::to_string(N) + ", x_stride=" + std::to_string(xs) + ", y_stride=" + std::to_string(ys) + ")";
+  };
   if (max_rows < 0 || max_rows > kDecodeGemmMaxRows)
-    throw Error(shape + ": max_rows must be in [0, " + std::to_string(kDecodeGemmMaxRows) + "]");
-  if (N < 1 || N > (int64_t(1) << 30)) throw Error(shape + ": N must be in [1, 2^30]");
-  if (K < 8 || K % 8 != 0 || K > (int64_t(1) << 30)) throw Error(shape + ": K must be a positive multiple of 8");
-  if (xs < K || ys < N) throw Error(shape + ": row strides must be >= the row lengths");
-  if (xs % 8 != 0 || ys % y_vec != 0)
-    throw Error(shape + ": row strides must keep rows 16-byte aligned (x_stride % 8, y_stride % " +
-                std::to_string(y_vec) + ")");
+    throw Error(shape() + ": max_rows must be in [0, " + std::to_string(kDecodeGemmMaxRows) + "]");
+  if (N < 1 || N > (int64_t(1) << 30)) throw Error(shape() + ": N must be in [1, 2^30]");
+  if (K < 8 || K % 8 != 0 || K > (int64_t(1) << 30)) throw Error(shape() + ": K must be a positive multiple of 8");
+  if (xs < K || ys < N) throw Error(shape() + ": row strides must be >= the row lengths");
+  if (xs % 8 != 0) throw Error(shape() + ": x_stride must keep rows of x 16-byte aligned (x_stride % 8)");
   if (max_rows == 0) return;
-  if (!x || !w || !y) throw Error(shape + ": null x, w or y");
-  if (!aligned16(x) || !aligned16(w) || !aligned16(y)) throw Error(shape + ": x, w and y must be 16-byte aligned");
+  if (!x || !w || !y) throw Error(shape() + ": null x, w or y");
+  if (!aligned16(x) || !aligned16(w)) throw Error(shape() + ": x and w must be 16-byte aligned");
   Params p{};
   p.x = x;
   p.w = w;
@@ -352,6 +364,7 @@ void run(const char* name, const __nv_bfloat16* x, const __nv_bfloat16* w, const
   p.live_rows = live_rows;
   p.x_stride = xs;
   p.y_stride = ys;
+  p.pair_stores = ys % 2 == 0 && reinterpret_cast<uintptr_t>(y) % (2 * sizeof(OutT)) == 0;
   p.max_rows = int(max_rows);
   p.K = int(K);
   p.N = int(N);
@@ -359,11 +372,17 @@ void run(const char* name, const __nv_bfloat16* x, const __nv_bfloat16* w, const
   p.KC = int(ceil_div(K, kBK));
   if (p.S > 1) {
     if (!workspace || !aligned16(workspace))
-      throw Error(shape + ": needs a 16-byte aligned workspace of decode_gemm_workspace_bytes() = " +
+      throw Error(shape() + ": needs a 16-byte aligned workspace of decode_gemm_workspace_bytes() = " +
                   std::to_string(workspace_bytes_impl(max_rows, N, K)) + " bytes");
     p.counters = static_cast<unsigned*>(workspace);
     p.partials = reinterpret_cast<float*>(static_cast<unsigned char*>(workspace) + counter_bytes(N));
   }
+  // W once, the live rows of x and y (and the partials when split), 2 flops per multiply-add.
+  LaunchScope scope(std::is_same_v<OutT, float> ? kDecodeGemmF32 : kDecodeGemmBf16, stream, [&] {
+    const double rows = double(work_rows(max_rows, live_rows));
+    return prof::Work{double(N) * K * 2 + rows * (double(K) * 2 + double(N) * sizeof(OutT)),
+                      2.0 * rows * double(N) * double(K)};
+  });
   switch (which_cfg(max_rows)) {
     case Which::S: launch<CfgS, OutT>(p, stream); break;
     case Which::M: launch<CfgM, OutT>(p, stream); break;

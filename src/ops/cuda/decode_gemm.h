@@ -49,15 +49,16 @@ size_t decode_gemm_workspace_bytes(int64_t max_rows, int64_t N, int64_t K);
 /// y: [max_rows, N] bf16, row stride y_stride >= N (0 = N); y must not overlap x, w or the workspace.
 /// live_rows: device int32 (nullptr = max_rows), clamped to [0, max_rows].
 /// Preconditions (else moefold::Error naming the shape, nothing launched): 0 <= max_rows <= 256
-/// (0 is a no-op), N >= 1, K >= 8 and K % 8 == 0, x, w, y 16-byte aligned, x_stride % 8 == 0,
-/// y_stride % 8 == 0, workspace non-null and 16-byte aligned when decode_gemm_workspace_bytes() > 0.
+/// (0 is a no-op), N >= 1, K >= 8 and K % 8 == 0, x and w 16-byte aligned, x_stride % 8 == 0 (y: any
+/// stride; pairs of outputs are stored together when y_stride is even and y aligned to a pair),
+/// workspace non-null and 16-byte aligned when decode_gemm_workspace_bytes() > 0.
 /// Throws moefold::Error for a launch failure as well.
 void decode_gemm_bf16(const __nv_bfloat16* x, const __nv_bfloat16* w, const __nv_bfloat16* bias, __nv_bfloat16* y,
                       int64_t max_rows, int64_t K, int64_t N, const int32_t* live_rows, void* workspace,
                       cudaStream_t stream, int64_t x_stride = 0, int64_t y_stride = 0);
 
 /// The same with fp32 output y (the lm_head's logits, N up to 248,320 and more); bias, if given, is
-/// fp32. y_stride % 4 == 0 (16-byte rows); the other preconditions as decode_gemm_bf16.
+/// fp32; the preconditions as decode_gemm_bf16.
 void decode_gemm_bf16_f32out(const __nv_bfloat16* x, const __nv_bfloat16* w, const float* bias, float* y,
                              int64_t max_rows, int64_t K, int64_t N, const int32_t* live_rows, void* workspace,
                              cudaStream_t stream, int64_t x_stride = 0, int64_t y_stride = 0);

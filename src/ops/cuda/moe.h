@@ -52,6 +52,8 @@ struct MoeShape {
                           // decode (16-row), medium (64) or prefill (128) tiles (bit-identical among
                           // themselves); 3 (kMoeExpertGemv) forces the small-batch GEMV at any capacity
                           // (tests, benchmarks; its bits differ from the tiles')
+  bool batch_invariant = false;  // with expert_tiles -1: never the GEMV, so a row's bits do not depend on
+                                 // the capacity (the tiles are bit-identical among themselves)
 };
 
 /// The expert kernels a step of `shape` runs: shape.expert_tiles when >= 0, else kMoeExpertGemv for

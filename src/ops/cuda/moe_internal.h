@@ -17,7 +17,7 @@ namespace moefold::cuda::moe_detail {
 /// 0 = decode tiles (BM 16: weight streaming), 1 = medium (BM 64), 2 = prefill (BM 128).
 inline int expert_config(const MoeShape& s) {
   if (s.expert_tiles >= 0) return s.expert_tiles;
-  if (s.capacity <= kMoeSmallBatchMaxRows) return kMoeExpertGemv;
+  if (s.capacity <= kMoeSmallBatchMaxRows && !s.batch_invariant) return kMoeExpertGemv;
   const double avg = double(s.capacity) * s.k / s.E;
   return avg < 24.0 ? 0 : (avg < 96.0 ? 1 : 2);
 }
