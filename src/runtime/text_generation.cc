@@ -1,5 +1,7 @@
 #include "runtime/text_generation.h"
 
+#include <chrono>
+
 #include "core/error.h"
 #include "runtime/sampler.h"
 #include "text/detokenizer.h"
@@ -25,6 +27,10 @@ TextGenerationResult generate_text(ModelRunner& runner, const Tokenizer& tokeniz
   };
   // Ids the tokenizer cannot decode (vocabulary padding) are never sampled.
   const std::vector<int32_t> unknown = tokenizer.unknown_ids(runner.config().vocab_size);
+  using clock = std::chrono::steady_clock;
+  const auto t0 = clock::now();
+  auto first_token = t0;
+  auto seconds = [](clock::duration d) { return std::chrono::duration<double>(d).count(); };
   const int32_t seq = runner.add_sequence(prompt_ids);
   try {
     std::span<float> logits = runner.step_views({{seq, int32_t(prompt_ids.size()), false}})[0];
@@ -32,6 +38,7 @@ TextGenerationResult generate_text(ModelRunner& runner, const Tokenizer& tokeniz
       mask_tokens(logits, unknown);
       SampleResult s = sampler.sample(logits, prompt_ids, r.output_ids);
       r.output_ids.push_back(s.token);
+      if (r.output_ids.size() == 1) first_token = clock::now();
       std::string delta = detok.feed(s.token);
       StopUpdate u = stop.on_token(s.token, delta);
       if (!u.finished() && int64_t(prompt_ids.size() + r.output_ids.size()) >= max_total_tokens)
@@ -53,6 +60,8 @@ TextGenerationResult generate_text(ModelRunner& runner, const Tokenizer& tokeniz
     throw;
   }
   runner.release(seq);
+  r.prefill_seconds = seconds(first_token - t0);
+  r.decode_seconds = seconds(clock::now() - first_token);
   return r;
 }
 
