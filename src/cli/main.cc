@@ -126,7 +126,7 @@ struct SamplingOpts {
     c->add_option("--min-p", min_p, "min-p sampling (0 = off)");
     c->add_option("--repetition-penalty", repetition_penalty, "1 = off");
     c->add_option("--sampling-seed", seed, "seed for sampling (-1: random)");
-    c->add_option("--stop", stop, "stop string (repeatable)");
+    c->add_option("--stop", stop, "stop string (repeatable)")->default_str("");  // no "=[]" in --help
     c->add_flag("--ignore-eos", ignore_eos, "keep generating past end-of-sequence tokens");
   }
   SamplingParams params() const {
@@ -175,7 +175,8 @@ std::vector<std::string> g_required_kernels;
 
 void add_require_kernel(CLI::App* c) {
   c->add_option("--require-kernel", g_required_kernels,
-                "fail unless this kernel ran (a registry name, e.g. attn_tc_kernel; repeatable)");
+                "fail unless this kernel ran (a registry name, e.g. attn_tc_kernel; repeatable)")
+      ->default_str("");  // no "=[]" in --help
 }
 
 int run_command(int argc, char** argv) {
