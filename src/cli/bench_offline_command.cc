@@ -40,6 +40,9 @@ std::unique_ptr<BenchOfflineCommand> add_bench_offline_command(CLI::App& bench) 
   b->app->add_option("--repeats", b->repeats, "timed prefills per length (median reported)");
   b->app->add_option("--seed", b->seed, "dummy-weight seed");
   b->app->add_option("--json", b->json_out, "also write the results as JSON");
+  b->app->add_flag("--enforce-eager", b->enforce_eager, "run decode steps eagerly (no CUDA graphs)");
+  b->app->add_option("--cuda-graph-sizes", b->cuda_graph_sizes, "decode batch sizes captured as CUDA graphs")
+      ->delimiter(',');
   return b;
 }
 
@@ -85,26 +88,39 @@ int BenchOfflineCommand::run() {
   o.max_rows = std::max({max_prefill, max_batch * decode_context, max_batch, 1});
   o.max_blocks_per_seq = std::max((max_prefill + bs - 1) / bs + 1, (decode_tokens + bs - 1) / bs + 1);
   o.max_logits_rows = max_batch;
+  o.enforce_eager = enforce_eager;
+  if (!cuda_graph_sizes.empty()) o.cuda_graph_sizes = cuda_graph_sizes;
+  o.log_graphs = true;
   auto t_load = Clock::now();
   ModelRunner runner(make_cuda_executor(model_dir, parse_load_format(load_format), seed, o),
                      RunnerOptions{blocks, bs, max_batch});
-  std::printf("weights loaded and uploaded in %.1f s\n", seconds_since(t_load));
+  std::printf("weights loaded and uploaded in %.1f s (decode: %s)\n", seconds_since(t_load),
+              enforce_eager ? "eager" : "CUDA graphs");
 
   nlohmann::json results = {{"device", prop.name},
                             {"model", model_dir},
                             {"copy_bandwidth_bytes_per_s", bw},
+                            {"cuda_graphs", !enforce_eager},
                             {"bf16_gemm_flops", peak},
                             {"prefill", nlohmann::json::array()},
                             {"decode", nlohmann::json::array()}};
   const double D = double(cfg.head_dim), Hq = double(cfg.num_heads);
   const double attn_layers = double(cfg.num_layers_of(LayerType::FullAttention));
   std::printf("\n%-28s %12s %12s %12s %10s\n", "case", "median", "spread", "tokens/s", "roofline");
+  // Every timed step samples its tokens greedily inside the executor, as serving does (on the GPU with
+  // --device cuda); the decode workload still feeds fixed random tokens, so the sampled ones are unused.
+  SamplingParams greedy_params;
+  greedy_params.temperature = 0.0f;
+  greedy_params.seed = 0;
+  const Sampler greedy(greedy_params);
+  std::vector<SampleResult> sampled;
   for (int T : prefill) {
     std::vector<double> times;
     for (int r = 0; r < repeats + 1; ++r) {
       int32_t s = runner.add_sequence(random_tokens(T, cfg.vocab_size, uint32_t(r)));
       auto t0 = Clock::now();
-      runner.step_views({{s, T, false}});
+      const RowSampling row{&greedy, {}, {}};
+      runner.step_sample({{s, T, false}}, {&row, 1}, {}, sampled);
       if (r > 0) times.push_back(seconds_since(t0));  // first run warms up
       runner.release(s);
     }
@@ -124,7 +140,8 @@ int BenchOfflineCommand::run() {
       seqs.push_back(runner.add_sequence(random_tokens(decode_context, cfg.vocab_size, uint32_t(100 + b))));
       work.push_back({seqs.back(), decode_context, false});
     }
-    runner.step_views(work);  // prefill all contexts in one step
+    runner.step_sample(work, std::vector<RowSampling>(work.size(), RowSampling{&greedy, {}, {}}), {},
+                       sampled);  // prefill all contexts in one step
     std::vector<double> times;
     std::mt19937 rng(7);
     for (int step = 0; step < decode_steps + 2; ++step) {
@@ -133,8 +150,9 @@ int BenchOfflineCommand::run() {
         runner.append_token(s, int32_t(rng() % 1000));
         work.push_back({s, 1, false});
       }
+      const std::vector<RowSampling> rows(work.size(), RowSampling{&greedy, {}, {}});
       auto t0 = Clock::now();
-      runner.step_views(work);
+      runner.step_sample(work, rows, {}, sampled);
       if (step >= 2) times.push_back(seconds_since(t0));
     }
     for (int32_t s : seqs) runner.release(s);

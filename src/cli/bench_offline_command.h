@@ -4,6 +4,7 @@
 #pragma once
 #include <CLI/CLI.hpp>
 #include <memory>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,8 @@ struct BenchOfflineCommand {
   std::vector<int> decode_batch = {1, 8, 64};
   int decode_context = 512, decode_steps = 32, repeats = 3;
   uint64_t seed = 0;
+  bool enforce_eager = false;
+  std::vector<int32_t> cuda_graph_sizes;  ///< empty: the executor's default buckets
   /// Runs the benchmark and prints a table; returns the exit code. Throws moefold::Error (also
   /// when the binary has no CUDA backend).
   int run();

@@ -311,25 +311,32 @@ int run_command(int argc, char** argv) {
       write_npy(out_path, {int64_t(ids.size()), cfg.vocab_size}, out[0]);
       return 0;
     }
-    // Token ids in, token ids out: sampled with the same Sampler as text generation.
+    // Token ids in, token ids out: sampled with the same Sampler as text generation, inside the
+    // executor (ModelRunner::step_sample: on the GPU with --device cuda).
     SamplingParams params = sopts.params();
     params.validate();
     Sampler sampler(params);
     std::vector<int32_t> gen;
+    std::vector<SampleResult> sampled;
     using clock = std::chrono::steady_clock;
     const auto t0 = clock::now();
     auto first_token = t0;
     int32_t seq = runner.add_sequence(ids);
-    auto out = runner.step({{seq, int32_t(ids.size()), false}});
+    auto step = [&](int32_t n) {
+      const RowSampling row{&sampler, ids, gen};
+      runner.step_sample({{seq, n, false}}, {&row, 1}, {}, sampled);
+      if (!sampled[0].error.empty()) fail("{}", sampled[0].error);
+      return sampled[0].token;
+    };
+    int32_t tok = step(int32_t(ids.size()));
     const auto& eos = cfg.eos_token_ids;
     for (int i = 0; i < sopts.max_tokens; ++i) {
-      int32_t tok = sampler.sample(out[0], ids, gen).token;
       gen.push_back(tok);
       if (i == 0) first_token = clock::now();
       const bool is_eos = !params.ignore_eos && std::find(eos.begin(), eos.end(), tok) != eos.end();
       if (is_eos || i + 1 == sopts.max_tokens) break;
       runner.append_token(seq, tok);
-      out = runner.step({{seq, 1, false}});
+      tok = step(1);
     }
     const auto done = clock::now();
     if (output == "json") {

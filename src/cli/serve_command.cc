@@ -10,23 +10,48 @@ std::unique_ptr<ServeCommand> add_serve_command(CLI::App& app) {
   cmd->app = c;
   c->add_option("--model", o.model_dir, "model directory (config.json, tokenizer.json, safetensors)")->required();
   c->add_option("--served-model-name", o.served_model_name, "model name in the API (default: the directory's name)");
-  c->add_option("--load-format", o.load_format, "auto | safetensors | dummy (seeded random weights)");
-  c->add_option("--device", o.device, "cpu");
-  c->add_option("--seed", o.seed, "seed for dummy weights");
+  c->add_option("--load-format", o.load_format, "auto | safetensors | dummy (seeded random weights)")
+      ->capture_default_str();
+  c->add_option("--device", o.device, "cpu | cuda (cuda needs a build with the CUDA backend)")->capture_default_str();
+  c->add_option("--seed", o.seed, "seed for dummy weights")->capture_default_str();
   c->add_option("--host", o.host, "address to listen on")->capture_default_str();
   c->add_option("--port", o.port, "port to listen on; 0 picks a free one")->capture_default_str()->check(CLI::Range(0, 65535));
   c->add_option("--max-num-seqs", o.max_num_seqs, "sequences running at once (= DeltaNet state slots)")
       ->capture_default_str();
   c->add_option("--max-num-batched-tokens", o.max_num_batched_tokens, "token rows per step")->capture_default_str();
-  c->add_option("--max-prefill-chunk", o.max_prefill_chunk, "most prompt tokens of one request per step (0: budget)");
-  c->add_option("--max-model-len", o.max_model_len, "prompt + output tokens (default: the model's, capped by the KV cache)");
+  c->add_option("--max-prefill-chunk", o.max_prefill_chunk, "most prompt tokens of one request per step (0: budget)")
+      ->capture_default_str();
+  c->add_option("--max-model-len", o.max_model_len, "prompt + output tokens (0: the model's, capped by the KV cache)")
+      ->capture_default_str();
   c->add_option("--kv-cache-memory", cmd->kv_cache_memory, "bytes for KV pages, e.g. 2G (default 1G)");
-  c->add_option("--num-kv-blocks", o.num_kv_blocks, "KV pages; overrides --kv-cache-memory");
+  c->add_option("--num-kv-blocks", o.num_kv_blocks, "KV pages; overrides --kv-cache-memory when > 0")
+      ->capture_default_str();
   c->add_option("--block-size", o.block_size, "tokens per KV page")->capture_default_str();
   c->add_option("--max-queue", o.max_queue, "waiting sequences before new requests get 503")->capture_default_str();
   c->add_option("--max-n", o.max_n, "largest n (choices per request) accepted")->capture_default_str();
   c->add_option("--http-threads", o.http_threads, "HTTP handler threads (each open stream holds one)")
       ->capture_default_str();
+  c->add_option("--generation-config", o.generation_config,
+                "auto: sampling defaults from the model's generation_config.json; vllm: ignore it")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "vllm"}));
+  c->add_option("--api-key", o.api_key,
+                "require 'Authorization: Bearer KEY' on every endpoint except /health (default: $MOEFOLD_API_KEY)");
+  c->add_flag("--disable-metrics-auth", o.disable_metrics_auth, "with an API key, leave /metrics open");
+  c->add_option("--allowed-origins", o.allowed_origins,
+                "CORS origins, comma-separated or a JSON list (\"*\": any); default: no CORS headers");
+  c->add_option("--allowed-methods", o.allowed_methods, "CORS methods allowed in a preflight")->capture_default_str();
+  c->add_option("--allowed-headers", o.allowed_headers, "CORS request headers allowed in a preflight")
+      ->capture_default_str();
+  c->add_option("--allowed-hosts", o.allowed_hosts,
+                "accepted Host header names, comma-separated (others get 400); default: any");
+  c->add_option("--http-receive-timeout", o.http_receive_timeout,
+                "seconds from a request's first byte to its last before it gets 408")
+      ->capture_default_str();
+  c->add_option("--http-keep-alive-timeout", o.http_keep_alive_timeout,
+                "seconds an idle connection stays open")
+      ->capture_default_str();
+  c->add_flag("--disable-log-requests", o.disable_log_requests, "no log line per finished request");
   return cmd;
 }
 

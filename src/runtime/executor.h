@@ -4,16 +4,28 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "io/model_config.h"
 #include "runtime/forward_batch.h"
 #include "runtime/routed_experts.h"
+#include "runtime/sampler.h"
 
 namespace moefold {
 
 class Model;
+
+/// How to sample one logits row of a step: the request's sampler (validated params + resolved seed)
+/// and its history, which the penalties read; the draw index is output.size() (Sampler::sample).
+/// sampler == nullptr: the row is not sampled (e.g. the last row of a partial prefill chunk).
+/// The spans must stay valid for the duration of the forward_sample call.
+struct RowSampling {
+  const Sampler* sampler = nullptr;
+  std::span<const int32_t> prompt;
+  std::span<const int32_t> output;
+};
 
 class Executor {
  public:
@@ -28,8 +40,21 @@ class Executor {
   /// One step: writes K/V of every row into the pages named by the block tables, advances each
   /// sequence's state slot, and returns fp32 logits [batch.logits_rows.size(), vocab].
   virtual void forward(const ForwardBatch& batch, std::vector<float>& logits) = 0;
+  /// One step as forward(), then one token per logits row: rows[i] samples logits row i
+  /// (rows.size() == batch.logits_rows.size(), else moefold::Error), after mask_tokens(row,
+  /// masked_tokens). out is resized to rows.size(); out[i] is what rows[i].sampler->sample() returns
+  /// on the masked row (sampler.h: the CPU sampler is the definition), or, for a row whose sampling
+  /// failed, token -1 with SampleResult::error set (the other rows are unaffected); a row with a null
+  /// sampler gets a default SampleResult (token -1, no error). A failure of the forward itself throws.
+  /// The default runs forward() into a host buffer it keeps and samples the rows on the host in
+  /// parallel; a GPU executor overrides it to sample on the device and download only the results.
+  virtual void forward_sample(const ForwardBatch& batch, std::span<const RowSampling> rows,
+                              std::span<const int32_t> masked_tokens, std::vector<SampleResult>& out);
   /// Routing capture / replay for later forwards (runtime/routed_experts.h); {} turns both off.
   virtual void set_routing(RoutingControl routing) = 0;
+
+ private:
+  std::vector<float> sample_logits_;  // forward_sample's host logits (reused across steps)
 };
 
 /// The CPU reference executor over `model` with `num_blocks` pages of `block_size` tokens and

@@ -57,7 +57,7 @@ int32_t ModelRunner::blocks_needed(int32_t seq, int32_t extra) const {
   return std::max(0, need - int32_t(s.blocks.size()));
 }
 
-std::vector<std::span<float>> ModelRunner::step_views(const std::vector<Work>& work) {
+ForwardBatch ModelRunner::build_batch(const std::vector<Work>& work) {
   // Reserve pages first so that a failure leaves every sequence unchanged.
   int32_t need = 0;
   for (auto& w : work) {
@@ -91,6 +91,15 @@ std::vector<std::span<float>> ModelRunner::step_views(const std::vector<Work>& w
     std::copy(s.blocks.begin(), s.blocks.end(), row.begin());
     b.block_tables.insert(b.block_tables.end(), row.begin(), row.end());
   }
+  return b;
+}
+
+void ModelRunner::advance(const std::vector<Work>& work) {
+  for (auto& w : work) seq_ref(w.seq).num_computed += w.num_tokens;
+}
+
+std::vector<std::span<float>> ModelRunner::step_views(const std::vector<Work>& work) {
+  const ForwardBatch b = build_batch(work);
   {
     // The step's host facts, for the profiler's work counts of kernels that see only device counts.
     const prof::StepFacts facts{b.num_rows(), b.cu_seqlens, b.context_lens};
@@ -105,9 +114,23 @@ std::vector<std::span<float>> ModelRunner::step_views(const std::vector<Work>& w
     const size_t rows = w.all_logits ? size_t(w.num_tokens) : 1;
     out.emplace_back(logits_.data() + r * size_t(V), rows * size_t(V));
     r += rows;
-    seq_ref(w.seq).num_computed += w.num_tokens;
   }
+  advance(work);
   return out;
+}
+
+void ModelRunner::step_sample(const std::vector<Work>& work, std::span<const RowSampling> rows,
+                              std::span<const int32_t> masked_tokens, std::vector<SampleResult>& out) {
+  size_t want = 0;
+  for (auto& w : work) want += w.all_logits ? size_t(w.num_tokens) : 1;
+  MOEFOLD_CHECK(rows.size() == want, "step_sample: {} sampling rows for a step of {} logits rows", rows.size(), want);
+  const ForwardBatch b = build_batch(work);
+  {
+    const prof::StepFacts facts{b.num_rows(), b.cu_seqlens, b.context_lens};
+    const prof::StepFactsScope facts_scope(facts);
+    exec_->forward_sample(b, rows, masked_tokens, out);
+  }
+  advance(work);
 }
 
 std::vector<std::vector<float>> ModelRunner::step(const std::vector<Work>& work) {

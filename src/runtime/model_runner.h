@@ -56,6 +56,14 @@ class ModelRunner {
   /// runner's own buffer, valid until the next step (the serving path: no per-step allocation of
   /// rows x vocab floats).
   std::vector<std::span<float>> step_views(const std::vector<Work>& work);
+  /// The same step, sampled inside the executor (Executor::forward_sample): rows holds one entry per
+  /// logits row of the step (work items in order; an all_logits item has num_tokens rows), out gets
+  /// one SampleResult per row (per-row failures in SampleResult::error). No logits reach the host
+  /// on a GPU executor. Throws Error (nothing changed) if KV pages run out or rows has the wrong
+  /// size; a failure of the forward throws after the pages were taken, as step_views does. The
+  /// sampled tokens are not appended (append_token does that).
+  void step_sample(const std::vector<Work>& work, std::span<const RowSampling> rows,
+                   std::span<const int32_t> masked_tokens, std::vector<SampleResult>& out);
 
   /// Pages a sequence still needs to hold `extra` more tokens.
   int32_t blocks_needed(int32_t seq, int32_t extra) const;
@@ -68,6 +76,10 @@ class ModelRunner {
 
  private:
   SequenceState& seq_ref(int32_t seq);
+  /// Checks the work, takes its KV pages and builds the step's batch (no sequence advanced yet).
+  ForwardBatch build_batch(const std::vector<Work>& work);
+  /// Marks the work's tokens as computed.
+  void advance(const std::vector<Work>& work);
   std::vector<float> logits_;  // the last step's logits (reused: no page faults per step)
   std::unique_ptr<Executor> exec_;  // declared before opt_: opt_ may take its page count
   RunnerOptions opt_;

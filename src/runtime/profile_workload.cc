@@ -6,7 +6,6 @@
 #include <random>
 
 #include "core/error.h"
-#include "core/parallel.h"
 #include "runtime/sampler.h"
 #include "runtime/scheduler.h"
 
@@ -52,26 +51,25 @@ struct DecodeBatch {
   Sampler sampler{greedy()};
   std::vector<int32_t> seqs;
   std::vector<std::vector<int32_t>> prompts, outputs;
+  std::vector<SampleResult> sampled;
 
-  void sample_and_append(size_t i, std::span<const float> logits) {
-    const int32_t tok = sampler.sample(logits, prompts[i], outputs[i]).token;
-    outputs[i].push_back(tok);
-    runner.append_token(seqs[i], tok);
+  /// One step over `work` (work[j] is sequence first + j), sampled inside the executor as the
+  /// Scheduler does (ModelRunner::step_sample); the tokens are appended.
+  void step_and_append(const std::vector<ModelRunner::Work>& work, size_t first) {
+    std::vector<RowSampling> rows;
+    for (size_t j = 0; j < work.size(); ++j) rows.push_back({&sampler, prompts[first + j], outputs[first + j]});
+    runner.step_sample(work, rows, {}, sampled);
+    for (size_t j = 0; j < work.size(); ++j) {
+      MOEFOLD_CHECK(sampled[j].error.empty(), "sampling failed: {}", sampled[j].error);
+      outputs[first + j].push_back(sampled[j].token);
+      runner.append_token(seqs[first + j], sampled[j].token);
+    }
   }
-  /// One decode step; the rows are sampled in parallel as the Scheduler does.
+  /// One decode step of every sequence.
   void step() {
     std::vector<ModelRunner::Work> work;
     for (int32_t s : seqs) work.push_back({s, 1, false});
-    const auto out = runner.step_views(work);
-    std::vector<int32_t> tok(seqs.size());
-    parallel_for_rows(int64_t(seqs.size()), out.empty() ? 1 : int64_t(out[0].size()), [&](int64_t lo, int64_t hi) {
-      for (int64_t i = lo; i < hi; ++i)
-        tok[size_t(i)] = sampler.sample(out[size_t(i)], prompts[size_t(i)], outputs[size_t(i)]).token;
-    });
-    for (size_t i = 0; i < seqs.size(); ++i) {
-      outputs[i].push_back(tok[i]);
-      runner.append_token(seqs[i], tok[i]);
-    }
+    step_and_append(work, 0);
   }
   void release() {
     for (int32_t s : seqs) runner.release(s);
@@ -102,8 +100,10 @@ WorkloadResult run_prefill(ModelRunner& runner, const Workload& w, const Profile
     const int32_t s = runner.add_sequence(prompt);
     try {
       timed([&] {
-        const auto out = runner.step_views({{s, w.prompt, false}});
-        sampler.sample(out[0], prompt, {});
+        const RowSampling row{&sampler, prompt, {}};
+        std::vector<SampleResult> out;
+        runner.step_sample({{s, w.prompt, false}}, {&row, 1}, {}, out);
+        MOEFOLD_CHECK(out[0].error.empty(), "sampling failed: {}", out[0].error);
       });
     } catch (...) {
       runner.release(s);
@@ -147,8 +147,7 @@ WorkloadResult run_decode(ModelRunner& runner, const Workload& w, const ProfileO
         rows += w.prompt;
         ++i;
       }
-      const auto out = runner.step_views(work);
-      for (size_t j = 0; j < work.size(); ++j) d.sample_and_append(first + j, out[j]);
+      d.step_and_append(work, first);
     }
     for (int i = 0; i < o.warmup; ++i) d.step();
     const auto t0 = Clock::now();

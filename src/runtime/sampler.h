@@ -46,6 +46,7 @@
 #pragma once
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "runtime/sampling_params.h"
@@ -69,6 +70,10 @@ struct SampleResult {
   /// The min(top_logprobs, vocab) most likely tokens under the raw log_softmax, by decreasing
   /// logprob (ties: lower id first). Empty unless params.logprobs && params.top_logprobs > 0.
   std::vector<TokenLogprob> top_logprobs;
+  /// Non-empty when sampling this row failed (e.g. NaN logits; the message of the moefold::Error the
+  /// CPU sampler throws): token is then -1 and the other fields are meaningless. Batched samplers
+  /// (Executor::forward_sample) report a row's failure here so that only that request fails.
+  std::string error;
 };
 
 /// Sets logits[id] = -inf for every id in `ids` inside the row (ids outside [0, size) are ignored): those

@@ -7,7 +7,6 @@
 #include <limits>
 
 #include "core/error.h"
-#include "core/parallel.h"
 
 namespace moefold {
 
@@ -167,16 +166,28 @@ std::vector<TokenOutput> Scheduler::step() {
   plan_admissions(plan, budget, reserved);
   if (plan.empty()) return outs;
 
+  // One sampling row per chunk: the chunks that complete their request's known tokens sample (decode
+  // rows, last prefill chunks); a partial prefill chunk's row is computed but not sampled.
   std::vector<ModelRunner::Work> work;
-  for (const Planned& p : plan) {
-    work.push_back({requests_.at(p.id).seq, p.num_tokens, false});
+  std::vector<RowSampling> sampling;
+  std::vector<size_t> rows;  // plan indices of the sampled chunks
+  for (size_t i = 0; i < plan.size(); ++i) {
+    const Planned& p = plan[i];
+    const Request& r = requests_.at(p.id);
+    work.push_back({r.seq, p.num_tokens, false});
     last_step_.push_back({p.id, p.num_tokens, p.prefill});
+    RowSampling rs;
+    if (uncomputed(r) == p.num_tokens) {
+      rs = {&r.sampler, r.prompt, r.output};
+      rows.push_back(i);
+    }
+    sampling.push_back(rs);
   }
-  std::vector<std::span<float>> logits;  // views into the runner's buffer, valid until its next step
+  std::vector<SampleResult> results;
   try {
-    logits = runner_.step_views(work);
+    runner_.step_sample(work, sampling, masked_tokens_, results);
   } catch (const std::exception& e) {
-    // The runner changed nothing; fail the requests of this batch so that the rest can go on.
+    // Fail the requests of this batch so that the rest can go on (their pages are released).
     for (const Planned& p : plan) {
       TokenOutput o;
       o.id = p.id;
@@ -187,40 +198,21 @@ std::vector<TokenOutput> Scheduler::step() {
     return outs;
   }
 
-  // Sample every row that completed its prompt or decoded, in parallel across rows (each request has
-  // its own Sampler and counter-based randomness), then apply the results in plan order.
-  std::vector<size_t> rows;
-  for (size_t i = 0; i < plan.size(); ++i)
-    if (uncomputed(requests_.at(plan[i].id)) == 0) rows.push_back(i);  // partial prefill chunks sample nothing
-  std::vector<SampleResult> sampled(rows.size());
-  std::vector<std::string> errors(rows.size());
-  parallel_for_rows(
-      int64_t(rows.size()), logits.empty() ? 1 : int64_t(logits[0].size()),
-      [&](int64_t lo, int64_t hi) {
-        for (int64_t j = lo; j < hi; ++j) {
-          const size_t i = rows[size_t(j)];
-          Request& r = requests_.at(plan[i].id);
-          try {
-            mask_tokens(logits[i], masked_tokens_);
-            sampled[size_t(j)] = r.sampler.sample(logits[i], r.prompt, r.output);
-          } catch (const std::exception& e) {
-            errors[size_t(j)] = std::string("sampling failed: ") + e.what();
-          }
-        }
-      });
+  // Apply the sampled tokens in plan order.
   for (size_t j = 0; j < rows.size(); ++j) {
+    SampleResult& s = results[rows[j]];
     Request& r = requests_.at(plan[rows[j]].id);
     TokenOutput o;
     o.id = r.id;
-    if (!errors[j].empty()) {
-      o.error = std::move(errors[j]);
+    if (!s.error.empty()) {
+      o.error = "sampling failed: " + s.error;
       outs.push_back(std::move(o));
       remove(r.id);
       continue;
     }
-    o.token = sampled[j].token;
-    o.logprob = sampled[j].logprob;
-    o.top_logprobs = std::move(sampled[j].top_logprobs);
+    o.token = s.token;
+    o.logprob = s.logprob;
+    o.top_logprobs = std::move(s.top_logprobs);
     r.output.push_back(o.token);
     o.finish = finish_reason(r, o.token);
     if (o.finish == FinishReason::kNone) {

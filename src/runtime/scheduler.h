@@ -11,8 +11,9 @@
 //   2. when the running requests' KV pages do not fit, preempts the youngest running request by
 //      recompute: its pages and state slot are released and it goes back to the front of the
 //      queue with prompt + generated tokens as its new prompt, so its state is rebuilt later;
-//   3. runs one ModelRunner::step over all chunks and samples a token for every request whose
-//      known tokens are now all computed (a partial prefill chunk samples nothing);
+//   3. runs one ModelRunner::step_sample over all chunks, which samples a token inside the executor
+//      (on the GPU for a CUDA executor) for every request whose known tokens are then all computed
+//      (a partial prefill chunk samples nothing);
 //   4. ends requests on EOS (unless ignore_eos), a stop_token_ids entry, max_tokens or the
 //      context limit (max_model_len), releasing their pages and slot at once.
 //

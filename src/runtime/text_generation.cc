@@ -33,14 +33,20 @@ TextGenerationResult generate_text(ModelRunner& runner, const Tokenizer& tokeniz
   auto seconds = [](clock::duration d) { return std::chrono::duration<double>(d).count(); };
   const int32_t seq = runner.add_sequence(prompt_ids);
   try {
-    std::span<float> logits = runner.step_views({{seq, int32_t(prompt_ids.size()), false}})[0];
+    // Sampled inside the executor (on the GPU with --device cuda): only the token comes back.
+    std::vector<SampleResult> sampled;
+    auto step = [&](int32_t num_tokens) {
+      const RowSampling row{&sampler, prompt_ids, r.output_ids};
+      runner.step_sample({{seq, num_tokens, false}}, {&row, 1}, unknown, sampled);
+      if (!sampled[0].error.empty()) fail("{}", sampled[0].error);  // the sampler's own message
+      return sampled[0].token;
+    };
+    int32_t token = step(int32_t(prompt_ids.size()));
     while (true) {
-      mask_tokens(logits, unknown);
-      SampleResult s = sampler.sample(logits, prompt_ids, r.output_ids);
-      r.output_ids.push_back(s.token);
+      r.output_ids.push_back(token);
       if (r.output_ids.size() == 1) first_token = clock::now();
-      std::string delta = detok.feed(s.token);
-      StopUpdate u = stop.on_token(s.token, delta);
+      std::string delta = detok.feed(token);
+      StopUpdate u = stop.on_token(token, delta);
       if (!u.finished() && int64_t(prompt_ids.size() + r.output_ids.size()) >= max_total_tokens)
         u = [&] {
           StopUpdate f = stop.finish(FinishReason::kLength);
@@ -52,8 +58,8 @@ TextGenerationResult generate_text(ModelRunner& runner, const Tokenizer& tokeniz
         r.finish = u.finish;
         break;
       }
-      runner.append_token(seq, s.token);
-      logits = runner.step_views({{seq, 1, false}})[0];
+      runner.append_token(seq, token);
+      token = step(1);
     }
   } catch (...) {
     runner.release(seq);

@@ -36,6 +36,14 @@ std::shared_ptr<RequestChannel> Engine::submit(std::vector<ChoiceSpec> choices) 
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (stop_) throw ApiError(503, "The server is shutting down.", "service_unavailable", "", "shutting_down");
+    // More sequences than the queue can ever hold: no retry can succeed, so this is the client's
+    // error (400), not an overload (503 + Retry-After).
+    if (int64_t(choices.size()) > opt_.max_queue)
+      throw ApiError(400,
+                     fmt::format("This request asks for {} sequences (n x prompts) but the server queues at most {} "
+                                 "(--max-queue); lower 'n' or send fewer prompts per request.",
+                                 choices.size(), opt_.max_queue),
+                     "invalid_request_error", "n", "too_many_sequences");
     const int64_t queued = int64_t(waiting_) + inbox_choices_ + int64_t(choices.size());
     if (queued > opt_.max_queue)
       throw ApiError(503,

@@ -44,7 +44,8 @@ class Engine {
   ~Engine();
 
   /// Queues the choices of one request; their events arrive on the returned channel in order.
-  /// Throws ApiError 503 when the queue already holds max_queue waiting sequences.
+  /// Throws ApiError 400 when the request alone has more than max_queue sequences (it could never
+  /// be queued), ApiError 503 when the queue is too full for it now.
   std::shared_ptr<RequestChannel> submit(std::vector<ChoiceSpec> choices);
   /// Wakes the engine so that it notices a cancelled channel promptly.
   void notify();

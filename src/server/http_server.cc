@@ -7,8 +7,11 @@
 #include <atomic>
 #include <chrono>
 
+#include <cstdio>
+
 #include "core/error.h"
 #include "server/api_error.h"
+#include "server/http_connection.h"
 #include "server/responses.h"
 
 namespace moefold::server {
@@ -21,6 +24,29 @@ namespace {
 constexpr auto kPoll = std::chrono::milliseconds(200);
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+int64_t unix_now() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+/// What the request log line of the request on this handler thread reports (httplib calls the
+/// logger on the thread that ran the request, after its last byte went out).
+struct RequestLog {
+  Clock::time_point start;
+  int64_t prompt_tokens = -1, completion_tokens = -1;  // -1: not a generation request
+};
+thread_local RequestLog t_log;
+
+/// A client-supplied string made safe for a log line: clipped, control bytes written as \xHH
+/// (a path may decode to newlines or terminal escapes).
+std::string loggable(const std::string& s) {
+  std::string out;
+  for (unsigned char c : clip(s)) {
+    if (c < 0x20 || c == 0x7f || c == '"' || c == '\\') out += fmt::format("\\x{:02x}", c);
+    else out += char(c);
+  }
+  return out;
+}
 
 std::string sse(const Json& j) { return "data: " + j.dump(-1, ' ', false, Json::error_handler_t::replace) + "\n\n"; }
 
@@ -45,6 +71,8 @@ struct StreamState {
 /// that reads /metrics right after [DONE] sees it), or when the stream is torn down early.
 void account(StreamState& st, Metrics& metrics) {
   if (st.accounted.exchange(true)) return;
+  t_log.prompt_tokens = st.req->prompt_tokens();
+  t_log.completion_tokens = st.completion_tokens;
   metrics.count_request(st.endpoint, 200);
   metrics.add_tokens(st.req->prompt_tokens(), st.completion_tokens);
   metrics.observe_e2e(seconds_since(st.start));
@@ -52,12 +80,11 @@ void account(StreamState& st, Metrics& metrics) {
 
 }  // namespace
 
-HttpApi::HttpApi(Engine& engine, ModelInfo info, Metrics& metrics, int http_threads)
-    : engine_(engine), info_(std::move(info)), metrics_(metrics), svr_(std::make_unique<httplib::Server>()) {
-  httplib::Server& s = *svr_;
-  const size_t threads = size_t(std::max(4, http_threads));
-  s.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-  s.set_payload_max_length(size_t(64) << 20);
+HttpApi::HttpApi(Engine& engine, ModelInfo info, Metrics& metrics, HttpOptions options)
+    : engine_(engine), info_(std::move(info)), metrics_(metrics), options_(std::move(options)),
+      policy_(options_.policy),
+      svr_(std::make_unique<ConnectionServer>(options_.limits, size_t(std::max(4, options_.http_threads)))) {
+  ConnectionServer& s = *svr_;
   s.set_keep_alive_max_count(1000);
   s.set_tcp_nodelay(true);  // each SSE chunk goes out at once (no Nagle / delayed-ACK stalls)
   // Only SO_REUSEADDR (httplib's default adds SO_REUSEPORT, which would let a second server bind
@@ -66,6 +93,36 @@ HttpApi::HttpApi(Engine& engine, ModelInfo info, Metrics& metrics, int http_thre
     int yes = 1;
     ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
     listen_fd_ = fd;
+  });
+
+  s.on_reader_error = [this](int status, const std::string& message) {
+    if (options_.log_requests) std::fprintf(stderr, "moefold serve: rejected a request: %d %s\n", status, message.c_str());
+  };
+  s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    t_log = RequestLog{Clock::now()};
+    const PolicyDecision d =
+        policy_.check(req.method, req.path, [&](const std::string& name) { return req.get_header_value(name.c_str()); });
+    for (const auto& [k, v] : d.headers) res.set_header(k, v);
+    if (d.status == 0) return httplib::Server::HandlerResponse::Unhandled;
+    res.status = d.status;
+    if (d.status >= 400) {
+      const char* type = d.status == 401 ? "authentication_error" : "invalid_request_error";
+      res.set_content(ApiError::error_body(d.message, type, "", d.code).dump(-1, ' ', false, Json::error_handler_t::replace),
+                      "application/json");
+    }
+    // The body (if any) was not read; the connection reader drops it with the request.
+    return httplib::Server::HandlerResponse::Handled;
+  });
+  s.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+    if (!options_.log_requests) return;
+    if (res.status == 200 && req.method == "GET" && (req.path == "/health" || req.path == "/metrics")) return;
+    const double secs = t_log.start == Clock::time_point{} ? 0.0 : seconds_since(t_log.start);
+    std::string tokens;
+    if (t_log.prompt_tokens >= 0)
+      tokens = fmt::format(" prompt_tokens={} completion_tokens={}", t_log.prompt_tokens, t_log.completion_tokens);
+    std::fprintf(stderr, "moefold serve: %s:%d \"%s %s\" %d%s time=%.3fs\n", req.remote_addr.c_str(), req.remote_port,
+                 loggable(req.method).c_str(), loggable(req.path).c_str(), res.status, tokens.c_str(), secs);
+    t_log = RequestLog{};
   });
 
   s.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
@@ -124,7 +181,11 @@ int HttpApi::bind(const std::string& host, int port) {
   return bound;
 }
 
-bool HttpApi::listen() { return svr_->listen_after_bind(); }
+bool HttpApi::listen() {
+  const bool ok = svr_->listen_after_bind();
+  svr_->shutdown_connections();
+  return ok;
+}
 
 void HttpApi::stop() { svr_->stop(); }
 
@@ -138,10 +199,12 @@ void HttpApi::respond_error(const std::string& endpoint, int status, const nlohm
 
 void HttpApi::generate(Api api, const std::string& endpoint, const httplib::Request& hreq, httplib::Response& res) {
   const auto start = Clock::now();
+  const int64_t arrival = unix_now();
   std::shared_ptr<ParsedRequest> req;
   std::shared_ptr<RequestChannel> channel;
   try {
     req = std::make_shared<ParsedRequest>(parse_request(api, hreq.body, info_));
+    req->created = arrival;
     channel = engine_.submit(req->choices());
   } catch (const ApiError& e) {
     respond_error(endpoint, e.status(), e.body(), res);
@@ -179,6 +242,8 @@ void HttpApi::generate(Api api, const std::string& endpoint, const httplib::Requ
     ResponseBuilder builder(*req, *info_.tokenizer);
     res.set_content(builder.response(results).dump(-1, ' ', false, Json::error_handler_t::replace),
                     "application/json");
+    t_log.prompt_tokens = req->prompt_tokens();
+    t_log.completion_tokens = completion_tokens;
     metrics_.count_request(endpoint, 200);
     metrics_.add_tokens(req->prompt_tokens(), completion_tokens);
     metrics_.observe_e2e(seconds_since(start));

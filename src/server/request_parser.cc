@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "server/api_error.h"
+#include "server/json_depth.h"
 #include "text/unicode.h"
 
 namespace moefold::server {
@@ -38,24 +39,44 @@ bool get_bool(const Json& body, const char* name, bool def) {
   return v->get<bool>();
 }
 
-int64_t as_int(const Json& v, const char* name) {
-  if (v.is_number_integer()) return v.get<int64_t>();
+constexpr int64_t kInt32Min = std::numeric_limits<int32_t>::min();
+constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
+
+/// An integer in [lo, hi]. Integral floats (3.0) count as integers; fractions, other types and
+/// anything outside [lo, hi] (also beyond 64 bits) are a 400 naming the field. Note that nlohmann
+/// reports unsigned values as is_number_integer() too: they are checked before any conversion.
+int64_t as_int(const Json& v, const char* name, int64_t lo = std::numeric_limits<int64_t>::min(),
+               int64_t hi = std::numeric_limits<int64_t>::max()) {
+  auto out_of_range = [&](const std::string& shown) {
+    bad_request(name, "'{}' must be an integer in [{}, {}], got {}.", name, lo, hi, clip(shown));
+  };
+  int64_t x = 0;
   if (v.is_number_unsigned()) {
     const uint64_t u = v.get<uint64_t>();
-    if (u > uint64_t(std::numeric_limits<int64_t>::max())) bad_request(name, "'{}' is out of range.", name);
-    return int64_t(u);
-  }
-  if (v.is_number_float()) {
+    if (u > uint64_t(std::numeric_limits<int64_t>::max())) out_of_range(std::to_string(u));
+    x = int64_t(u);
+  } else if (v.is_number_integer()) {
+    x = v.get<int64_t>();
+  } else if (v.is_number_float()) {
     const double d = v.get<double>();
-    if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9.0e15) return int64_t(d);
+    if (!std::isfinite(d) || d != std::floor(d))
+      bad_request(name, "'{}' must be an integer, got {}.", name, clip(v.dump()));
+    // JSON integers within 64 bits parse as integers; a float this large is either written with
+    // an exponent or an integer literal beyond 64 bits rounded to a double: not exact, refused.
+    if (std::fabs(d) >= 9007199254740992.0) out_of_range(v.dump());
+    x = int64_t(d);
+  } else {
+    bad_request(name, "'{}' must be an integer, got {}.", name, type_name(v));
   }
-  bad_request(name, "'{}' must be an integer, got {}.", name, type_name(v));
+  if (x < lo || x > hi) out_of_range(std::to_string(x));
+  return x;
 }
 
-std::optional<int64_t> get_int(const Json& body, const char* name) {
+std::optional<int64_t> get_int(const Json& body, const char* name, int64_t lo = std::numeric_limits<int64_t>::min(),
+                               int64_t hi = std::numeric_limits<int64_t>::max()) {
   const Json* v = field(body, name);
   if (!v) return std::nullopt;
-  return as_int(*v, name);
+  return as_int(*v, name, lo, hi);
 }
 
 std::optional<double> get_number(const Json& body, const char* name) {
@@ -63,11 +84,6 @@ std::optional<double> get_number(const Json& body, const char* name) {
   if (!v) return std::nullopt;
   if (!v->is_number()) bad_request(name, "'{}' must be a number, got {}.", name, type_name(*v));
   return v->get<double>();
-}
-
-/// Narrows to int32, saturating (range checks come afterwards with a proper message).
-int32_t clamp32(int64_t v) {
-  return int32_t(std::clamp<int64_t>(v, std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max()));
 }
 
 std::vector<int32_t> token_ids(const Json& arr, const char* name, const ModelInfo& info) {
@@ -89,7 +105,7 @@ std::vector<int32_t> encode(const ModelInfo& info, const std::string& text, bool
   try {
     return info.tokenizer->encode(text, add_special);
   } catch (const Error& e) {
-    bad_request(name, "Could not tokenize '{}': {}", name, e.what());
+    bad_request(name, "Could not tokenize '{}': {}", name, clip(e.what(), 4 * kMaxEchoedChars));
   }
 }
 
@@ -172,7 +188,7 @@ std::vector<int32_t> chat_prompt(const Json& body, const ModelInfo& info) {
   try {
     text = info.chat_template->render(messages, tools, add_generation_prompt, kwargs);
   } catch (const Error& e) {
-    bad_request("messages", "The chat template failed on these messages: {}", e.what());
+    bad_request("messages", "The chat template failed on these messages: {}", clip(e.what(), 4 * kMaxEchoedChars));
   }
   std::vector<int32_t> ids = encode(info, text, get_bool(body, "add_special_tokens", false), "messages");
   if (ids.empty()) bad_request("messages", "The prompt is empty.");
@@ -196,16 +212,22 @@ void parse_stop(const Json& body, SamplingParams& p) {
   }
   if (const Json* s = field(body, "stop_token_ids")) {
     if (!s->is_array()) bad_request("stop_token_ids", "'stop_token_ids' must be a list of token ids.");
-    for (const Json& x : *s) p.stop_token_ids.push_back(clamp32(as_int(x, "stop_token_ids")));
+    for (const Json& x : *s) p.stop_token_ids.push_back(int32_t(as_int(x, "stop_token_ids", 0, kInt32Max)));
   }
 }
 
 /// The sampling fields shared by both APIs. Range checks: SamplingParams::validate().
-void parse_sampling(const Json& body, ParsedRequest& r) {
+void parse_sampling(const Json& body, const ModelInfo& info, ParsedRequest& r) {
   SamplingParams& p = r.params;
+  const SamplingDefaults& d = info.sampling_defaults;
+  if (d.temperature) p.temperature = *d.temperature;
+  if (d.top_p) p.top_p = *d.top_p;
+  if (d.top_k) p.top_k = *d.top_k;
+  if (d.min_p) p.min_p = *d.min_p;
+  if (d.repetition_penalty) p.repetition_penalty = *d.repetition_penalty;
   if (auto v = get_number(body, "temperature")) p.temperature = float(*v);
   if (auto v = get_number(body, "top_p")) p.top_p = float(*v);
-  if (auto v = get_int(body, "top_k")) p.top_k = clamp32(*v);
+  if (auto v = get_int(body, "top_k", -1, kInt32Max)) p.top_k = int32_t(*v);
   if (auto v = get_number(body, "min_p")) p.min_p = float(*v);
   if (auto v = get_number(body, "presence_penalty")) p.presence_penalty = float(*v);
   if (auto v = get_number(body, "frequency_penalty")) p.frequency_penalty = float(*v);
@@ -215,15 +237,10 @@ void parse_sampling(const Json& body, ParsedRequest& r) {
   parse_stop(body, p);
   if (r.api == Api::kChat) {
     r.logprobs = get_bool(body, "logprobs", false);
-    if (auto v = get_int(body, "top_logprobs")) r.top_logprobs = clamp32(*v);
-    if (r.top_logprobs < 0 || r.top_logprobs > SamplingParams::kMaxTopLogprobs)
-      bad_request("top_logprobs", "'top_logprobs' must be in [0, {}], got {}.", SamplingParams::kMaxTopLogprobs,
-                  r.top_logprobs);
+    if (auto v = get_int(body, "top_logprobs", 0, SamplingParams::kMaxTopLogprobs)) r.top_logprobs = int32_t(*v);
     if (r.top_logprobs > 0 && !r.logprobs)
       bad_request("top_logprobs", "'logprobs' must be true when 'top_logprobs' is used.");
-  } else if (auto v = get_int(body, "logprobs")) {
-    if (*v < 0 || *v > SamplingParams::kMaxTopLogprobs)
-      bad_request("logprobs", "'logprobs' must be in [0, {}], got {}.", SamplingParams::kMaxTopLogprobs, *v);
+  } else if (auto v = get_int(body, "logprobs", 0, SamplingParams::kMaxTopLogprobs)) {
     r.logprobs = true;
     r.top_logprobs = int32_t(*v);
   }
@@ -277,9 +294,15 @@ ParsedRequest parse_request(Api api, const std::string& raw, const ModelInfo& in
   try {
     body = Json::parse(raw);
   } catch (const std::exception& e) {
-    throw ApiError(400, fmt::format("The request body is not valid JSON: {}", e.what()), "invalid_request_error", "",
-                   "invalid_json");
+    throw ApiError(400, fmt::format("The request body is not valid JSON: {}", clip(e.what(), 2 * kMaxEchoedChars)),
+                   "invalid_request_error", "", "invalid_json");
   }
+  // Before anything copies, compares or converts the body (all recursive): see json_depth.h.
+  if (json_depth(body) > kMaxRequestJsonDepth)
+    throw ApiError(400,
+                   fmt::format("The request body nests arrays / objects more than {} levels deep (the limit).",
+                               kMaxRequestJsonDepth),
+                   "invalid_request_error", "", "json_too_deep");
   if (!body.is_object())
     throw ApiError(400, fmt::format("The request body must be a JSON object, got {}.", type_name(body)),
                    "invalid_request_error", "", "invalid_json");
@@ -290,17 +313,15 @@ ParsedRequest parse_request(Api api, const std::string& raw, const ModelInfo& in
     if (!m->is_string()) bad_request("model", "'model' must be a string, got {}.", type_name(*m));
     r.model = m->get<std::string>();
     if (r.model != info.name)
-      throw ApiError(400, fmt::format("The model '{}' does not exist; this server serves '{}'.", r.model, info.name),
+      throw ApiError(400,
+                     fmt::format("The model '{}' does not exist; this server serves '{}'.", clip(r.model), info.name),
                      "invalid_request_error", "model", "model_not_found");
   } else {
     r.model = info.name;
   }
   reject_unsupported(body, api);
 
-  if (auto v = get_int(body, "n")) {
-    if (*v < 1 || *v > info.max_n) bad_request("n", "'n' must be in [1, {}], got {}.", info.max_n, *v);
-    r.n = int32_t(*v);
-  }
+  if (auto v = get_int(body, "n", 1, info.max_n)) r.n = int32_t(*v);
   r.stream = get_bool(body, "stream", false);
   if (const Json* so = field(body, "stream_options")) {
     if (!so->is_object()) bad_request("stream_options", "'stream_options' must be an object.");
@@ -309,7 +330,7 @@ ParsedRequest parse_request(Api api, const std::string& raw, const ModelInfo& in
   }
   r.tokens_as_ids = get_bool(body, "return_tokens_as_token_ids", false);
   r.skip_special_tokens = get_bool(body, "skip_special_tokens", true);
-  parse_sampling(body, r);
+  parse_sampling(body, info, r);
 
   std::optional<int64_t> max_tokens = get_int(body, "max_completion_tokens");
   const char* max_name = "max_completion_tokens";

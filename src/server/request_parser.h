@@ -18,6 +18,7 @@
 
 #include "runtime/sampling_params.h"
 #include "server/engine.h"
+#include "server/generation_config.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
 
@@ -31,6 +32,7 @@ struct ModelInfo {
   int32_t max_n = 16;         ///< largest n accepted
   const Tokenizer* tokenizer = nullptr;
   const ChatTemplate* chat_template = nullptr;  ///< null: /v1/chat/completions answers 400
+  SamplingDefaults sampling_defaults;            ///< generation_config.json; request fields override
 };
 
 enum class Api { kChat, kCompletions };
@@ -48,6 +50,7 @@ struct ParsedRequest {
   int32_t top_logprobs = 0;    ///< alternatives per position
   bool tokens_as_ids = false;  ///< return_tokens_as_token_ids: tokens spelled "token_id:<id>"
   bool skip_special_tokens = true;
+  int64_t created = 0;  ///< Unix seconds when the request arrived (the responses' `created`); 0: now
 
   /// Sum of the prompt lengths (usage.prompt_tokens).
   int64_t prompt_tokens() const;
@@ -56,7 +59,11 @@ struct ParsedRequest {
   std::vector<ChoiceSpec> choices() const;
 };
 
-/// Validates the raw body (UTF-8, JSON object) and parses it for `api`. Throws ApiError 400.
+/// Validates the raw body (UTF-8, a JSON object nested at most kMaxRequestJsonDepth levels) and
+/// parses it for `api`; sampling fields the body leaves out take info.sampling_defaults, then
+/// SamplingParams' defaults. Integer fields must be integers in their range (beyond 64 bits, too,
+/// is a 400, never a wrapped value). Error messages repeat at most kMaxEchoedChars bytes of a
+/// client's value. Throws ApiError 400.
 ParsedRequest parse_request(Api api, const std::string& body, const ModelInfo& info);
 
 }  // namespace moefold::server

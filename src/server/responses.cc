@@ -33,8 +33,10 @@ int64_t utf8_length(const std::string& s) {
 
 ResponseBuilder::ResponseBuilder(const ParsedRequest& req, const Tokenizer& tokenizer)
     : req_(req), tok_(tokenizer), id_(make_id(req.api == Api::kChat ? "chatcmpl" : "cmpl")),
-      created_(std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
-                   .count()) {}
+      created_(req.created != 0 ? req.created
+                                : std::chrono::duration_cast<std::chrono::seconds>(
+                                      std::chrono::system_clock::now().time_since_epoch())
+                                      .count()) {}
 
 ResponseBuilder::Json ResponseBuilder::base(const char* object) const {
   return Json{{"id", id_}, {"object", object}, {"created", created_}, {"model", req_.model}};

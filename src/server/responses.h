@@ -26,7 +26,7 @@ class ResponseBuilder {
  public:
   using Json = nlohmann::ordered_json;
 
-  /// `req` and `tokenizer` must outlive the builder. Picks the response id and creation time.
+  /// `req` and `tokenizer` must outlive the builder. Picks the response id; `created` is req.created (the arrival), or now when 0.
   ResponseBuilder(const ParsedRequest& req, const Tokenizer& tokenizer);
 
   /// The whole non-streamed response with usage.

@@ -1,12 +1,15 @@
 // `moefold serve` start-up and shutdown (contract: serve.h).
 #include "server/serve.h"
 
+#include <fmt/format.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <cerrno>
 
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <optional>
 #include <thread>
@@ -15,6 +18,7 @@
 #include "io/model_config.h"
 #include "models/load_model.h"
 #include "server/engine.h"
+#include "server/generation_config.h"
 #include "server/http_server.h"
 #include "server/metrics.h"
 #include "text/chat_template.h"
@@ -96,6 +100,23 @@ int run_server(const ServeOptions& o) {
   if (o.device != "cpu" && o.device != "cuda") fail("--device {}: expected cpu or cuda", o.device);
   MOEFOLD_CHECK(o.max_n >= 1, "--max-n must be at least 1");
   MOEFOLD_CHECK(o.max_queue >= 1, "--max-queue must be at least 1");
+  if (o.generation_config != "auto" && o.generation_config != "vllm")
+    fail("--generation-config {}: expected auto or vllm", o.generation_config);
+  MOEFOLD_CHECK(o.http_receive_timeout > 0 && o.http_keep_alive_timeout > 0,
+                "--http-receive-timeout and --http-keep-alive-timeout must be positive");
+  HttpOptions ho;
+  ho.http_threads = o.http_threads;
+  ho.limits.receive_timeout = o.http_receive_timeout;
+  ho.limits.keep_alive_timeout = o.http_keep_alive_timeout;
+  ho.log_requests = !o.disable_log_requests;
+  ho.policy.api_key = o.api_key;
+  if (ho.policy.api_key.empty())
+    if (const char* k = std::getenv("MOEFOLD_API_KEY")) ho.policy.api_key = k;
+  ho.policy.metrics_without_key = o.disable_metrics_auth;
+  ho.policy.allowed_origins = parse_list_option(o.allowed_origins, "--allowed-origins");
+  ho.policy.allowed_methods = parse_list_option(o.allowed_methods, "--allowed-methods");
+  ho.policy.allowed_headers = parse_list_option(o.allowed_headers, "--allowed-headers");
+  ho.policy.allowed_hosts = parse_list_option(o.allowed_hosts, "--allowed-hosts");
   const std::string dir = o.model_dir;
   ModelConfig cfg = ModelConfig::from_dir(dir);
   const PoolPlan pool = plan_pool(o, cfg);
@@ -107,7 +128,27 @@ int run_server(const ServeOptions& o) {
   } catch (const Error& e) {
     std::fprintf(stderr, "moefold serve: no chat template (%s); /v1/chat/completions will answer 400\n", e.what());
   }
+  const SamplingDefaults sampling_defaults =
+      o.generation_config == "auto" ? load_generation_config(dir) : SamplingDefaults{};
+  if (!sampling_defaults.empty())
+    std::fprintf(stderr, "moefold serve: default sampling parameters from generation_config.json: %s\n",
+                 sampling_defaults.describe().c_str());
   const LoadFormat format = parse_load_format(o.load_format);
+  std::string what = o.load_format + " weights";
+  if (format != LoadFormat::Dummy) {
+    size_t files = 0;
+    uintmax_t bytes = 0;
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(dir, ec))
+      if (e.path().extension() == ".safetensors") {
+        ++files;
+        bytes += e.file_size(ec);
+      }
+    what += fmt::format(": {} safetensors file{}, {:.2f} GB", files, files == 1 ? "" : "s", double(bytes) / 1e9);
+  }
+  std::fprintf(stderr, "moefold serve: loading the model from %s (%s, %s)...\n", dir.c_str(), what.c_str(),
+               o.device.c_str());
+  const auto load_start = std::chrono::steady_clock::now();
   const RunnerOptions ro{pool.num_blocks, o.block_size, o.max_num_seqs};
   std::unique_ptr<Model> cpu_model;
   std::unique_ptr<ModelRunner> runner;
@@ -127,6 +168,9 @@ int run_server(const ServeOptions& o) {
 #endif
   }
 
+  std::fprintf(stderr, "moefold serve: model loaded in %.1f s\n",
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count());
+
   std::string name = o.served_model_name;
   if (name.empty()) {
     std::filesystem::path p = std::filesystem::path(dir).lexically_normal();
@@ -140,6 +184,7 @@ int run_server(const ServeOptions& o) {
   info.max_n = o.max_n;
   info.tokenizer = &tokenizer;
   info.chat_template = chat_template ? &*chat_template : nullptr;
+  info.sampling_defaults = sampling_defaults;
 
   EngineOptions eo;
   eo.scheduler = {o.max_num_seqs, o.max_num_batched_tokens, o.max_prefill_chunk, pool.max_model_len};
@@ -163,7 +208,7 @@ int run_server(const ServeOptions& o) {
 
   Metrics metrics;
   Engine engine(std::move(runner), tokenizer, eo, metrics);
-  HttpApi api(engine, info, metrics, o.http_threads);
+  HttpApi api(engine, info, metrics, ho);
   const int port = api.bind(o.host, o.port);
   std::thread watcher([&] {
     unsigned char sig = 0;
@@ -178,6 +223,9 @@ int run_server(const ServeOptions& o) {
                "budget %d tokens/step\n",
                name.c_str(), family_name(cfg.family).c_str(), pool.max_model_len, pool.num_blocks, o.block_size,
                o.max_num_seqs, o.max_num_batched_tokens);
+  if (!ho.policy.api_key.empty())
+    std::fprintf(stderr, "moefold serve: API key required on every endpoint except /health%s\n",
+                 ho.policy.metrics_without_key ? " and /metrics" : "");
   std::printf("moefold serve: listening on http://%s:%d\n", o.host.c_str(), port);
   std::fflush(stdout);
   const bool ok = api.listen();

@@ -24,6 +24,16 @@ struct ServeOptions {
   int32_t max_queue = 1024;  ///< waiting sequences before requests get 503
   int32_t max_n = 16;        ///< largest `n` accepted
   int32_t http_threads = 512;
+  /// "auto": sampling defaults from the model's generation_config.json; "vllm": ignore the file.
+  std::string generation_config = "auto";
+  /// API key ("" = none); when empty, the MOEFOLD_API_KEY environment variable is used.
+  std::string api_key;
+  bool disable_metrics_auth = false;  ///< /metrics answers without the key
+  std::string allowed_origins, allowed_methods = "*", allowed_headers = "*";  ///< CORS lists
+  std::string allowed_hosts;  ///< Host allow-list ("" = any)
+  double http_receive_timeout = 30;     ///< seconds from a request's first byte to its last
+  double http_keep_alive_timeout = 5;   ///< seconds an idle connection stays open
+  bool disable_log_requests = false;    ///< no per-request log lines
 };
 
 /// Parses a byte count with an optional K/M/G/T suffix (powers of 1024), e.g. "512M".

@@ -255,6 +255,17 @@ void conv_prefill_case(int C, const std::vector<int>& lens, uint64_t seed) {
   const auto st2 = dst2.down();
   EXPECT_TRUE(contract_exact("conv1d_prefill.unpadded_equal", shape,
                              byte_mismatches(y, y2, 0, size_t(rows) * C) + byte_mismatches(st, st2, 0, st.size())));
+  // x read in place from a wider row (a fused projection's output): the same bytes.
+  const int xs = C + 40;
+  std::vector<uint16_t> xw(size_t(cap_rows) * xs, 0xFFFF);
+  const auto xb = to_bf16(x);
+  for (int r = 0; r < cap_rows; ++r) std::copy_n(xb.begin() + size_t(r) * C, C, xw.begin() + size_t(r) * xs);
+  Dev<uint16_t> dxw(xw), dy3(size_t(cap_rows) * C), dst3(st0);
+  dy3.poison();
+  moefold::cuda::causal_conv1d_silu_prefill(dxw.bf(), dw.bf(), dcu.p, dslots.p, dns.p, cap_rows, dst3.bf(), dy3.bf(),
+                                            C, kConvK, nullptr, xs);
+  EXPECT_TRUE(contract_exact("conv1d_prefill.strided_x_equal", shape + ",x_stride=" + std::to_string(xs),
+                             byte_mismatches(y, dy3.down(), 0, y.size()) + byte_mismatches(st, dst3.down(), 0, st.size())));
 }
 
 // Causal conv1d decode: batch `live` in capacity live+3.
@@ -289,6 +300,17 @@ void conv_decode_case(int C, int live, uint64_t seed) {
   EXPECT_TRUE(contract_exact("conv1d_decode.unpadded_equal", shape,
                              byte_mismatches(y, dy2.down(), 0, size_t(live) * C) +
                                  byte_mismatches(st, dst2.down(), 0, st.size())));
+  // x read in place from a wider row (a fused projection's output): the same bytes.
+  const int xs = C + 40;
+  std::vector<uint16_t> xw(size_t(cap) * xs, 0xFFFF);
+  const auto xb = to_bf16(x);
+  for (int r = 0; r < cap; ++r) std::copy_n(xb.begin() + size_t(r) * C, C, xw.begin() + size_t(r) * xs);
+  Dev<uint16_t> dxw(xw), dy3(size_t(cap) * C), dst3(st0);
+  dy3.poison();
+  moefold::cuda::causal_conv1d_silu_decode(dxw.bf(), dw.bf(), dslots.p, dns.p, cap, dst3.bf(), dy3.bf(), C, kConvK,
+                                           nullptr, xs);
+  EXPECT_TRUE(contract_exact("conv1d_decode.strided_x_equal", shape + ",x_stride=" + std::to_string(xs),
+                             byte_mismatches(y, dy3.down(), 0, y.size()) + byte_mismatches(st, dst3.down(), 0, st.size())));
 }
 
 // ---------------------------------------------------------------------------------------------------

@@ -42,6 +42,18 @@ void check_gated_rms_norm(std::initializer_list<int64_t> token_counts) {
       touched += bits != 0xFFFF;
     }
     EXPECT_TRUE(test::contract_exact("gated_rms_norm_padding", "tokens=" + std::to_string(tokens), touched));
+    // z read in place from a wider row (a fused projection's output): the same bytes.
+    const int64_t zs = heads * dim + 24;
+    std::vector<__nv_bfloat16> zw(size_t(cap * zs), zb[0]);
+    for (int64_t t = 0; t < cap; ++t)
+      std::copy_n(zb.begin() + t * heads * dim, heads * dim, zw.begin() + t * zs);
+    auto zd = cuda::to_device(zw);
+    cuda::DeviceBuffer<__nv_bfloat16> y2(cap * heads * dim);
+    y2.fill_bytes(0xFF);
+    cuda::gated_rms_norm(x.data(), zd.data(), w.data(), y2.data(), cap, heads, dim, 1e-6f, live.data(), nullptr, zs);
+    auto raw2 = y2.download();
+    EXPECT_TRUE(test::contract_exact("gated_rms_norm_strided_z_equal", "tokens=" + std::to_string(tokens),
+                                     size_t(std::memcmp(raw.data(), raw2.data(), raw.size() * 2) != 0)));
   }
 }
 

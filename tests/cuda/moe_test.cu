@@ -5,7 +5,13 @@
 // must change nothing: no padding output, logit, id, weight, act or y row is written (bytes compared),
 // and live rows are bit-equal to an unpadded run. Skips without a GPU.
 //
-// MoeBench.RealShape (runs only with MOEFOLD_MOE_BENCH=1) times the chain at the real Qwen3.5 shape.
+// Small-batch GEMV path (capacity <= 16, MoeGemv.*): the routed chain captured once in a CUDA graph per
+// bucket and replayed at changing live counts with poisoned padding; exactly the live pairs planned, no
+// padding row or pair written, live rows bit-equal to one-row runs (batch invariance), vs the CPU.
+//
+// MoeBench.RealShape (runs only with MOEFOLD_MOE_BENCH=1) times the chain at the real Qwen3.5 shape;
+// MoePerf.DISABLED_DecodeGemvVsTiles times the decode capacities 1..16 on both expert paths.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -14,12 +20,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "core/dtype.h"
 #include "cuda/contract.h"
+#include "cuda/cuda_test_util.h"
 #include "ops/cpu/linear.h"
 #include "ops/cpu/moe.h"
 #include "ops/cuda/cuda_check.h"
@@ -214,6 +222,26 @@ ChainRun run_chain(MoeWeights& w, int T, int cap, const std::vector<uint16_t>& x
   return r;
 }
 
+/// CPU reference of rows [0, T): routed experts with the given ids / weights ([T, k]) + sigmoid(gate . x) *
+/// shared (+ residual when resf is not empty). x, shared, residual: [T, H] fp32 of the bf16 inputs.
+std::vector<float> reference_rows(const MoeWeights& w, int k, int T, const std::vector<float>& xf,
+                                  const std::vector<float>& shf, const std::vector<float>& resf,
+                                  const int32_t* ids, const float* weights) {
+  const int H = w.H;
+  std::vector<float> ref(size_t(T) * H, 0.0f);
+  for (size_t t = 0; t < size_t(T); ++t) {  // serial: OpenBLAS calls from several threads at once are not safe
+    float* r = ref.data() + t * H;
+    if (!resf.empty()) std::copy_n(resf.data() + t * H, H, r);
+    cpu::moe_experts(xf.data() + t * H, w.gate_up.data(), w.down.data(), ids + t * k, weights + t * k, r, 1, H, w.I,
+                     w.E, k);
+    double d = 0;
+    for (int h = 0; h < H; ++h) d += double(xf[t * H + h]) * w.shared_gate[size_t(h)];
+    const float sg = cpu::sigmoid(float(d));
+    for (int h = 0; h < H; ++h) r[h] += sg * shf[t * H + h];
+  }
+  return ref;
+}
+
 /// Full contract of one (weights, T) case: padded run vs CPU and vs an unpadded run.
 void check_chain(MoeWeights& w, int T, int pad, bool with_residual, uint64_t seed) {
   const int E = w.E, k = w.k, H = w.H, I = w.I;
@@ -261,16 +289,7 @@ void check_chain(MoeWeights& w, int T, int pad, bool with_residual, uint64_t see
   EXPECT_TRUE(contract_exact("moe_plan", shp, plan_mis));
 
   // Output vs CPU: routed experts with the GPU's ids/weights, + sigmoid(gate . x) * shared (+ residual).
-  std::vector<float> ref(size_t(T) * H, 0.0f);
-  if (with_residual) ref = resf;
-  cpu::moe_experts(xf.data(), w.gate_up.data(), w.down.data(), g.ids.data(), g.weights.data(), ref.data(), T, H, I,
-                   E, k);
-  for (int t = 0; t < T; ++t) {
-    double d = 0;
-    for (int h = 0; h < H; ++h) d += double(xf[size_t(t) * H + h]) * w.shared_gate[size_t(h)];
-    const float s = cpu::sigmoid(float(d));
-    for (int h = 0; h < H; ++h) ref[size_t(t) * H + h] += s * shf[size_t(t) * H + h];
-  }
+  const std::vector<float> ref = reference_rows(w, k, T, xf, shf, resf, g.ids.data(), g.weights.data());
   EXPECT_TRUE(contract("moe_forward", shp + (with_residual ? ",residual" : ""), rel_err(from_bf16(g.out), ref), 1e-2));
 
   // Padding: nothing written, nothing routed, nothing run.
@@ -284,9 +303,10 @@ void check_chain(MoeWeights& w, int T, int pad, bool with_residual, uint64_t see
   EXPECT_EQ(g.pad_y, 0u);
   EXPECT_TRUE(contract_exact("moe_padding_untouched", shp, pad_written));
 
-  // Live rows equal an unpadded run, bit for bit.
+  // Live rows equal an unpadded run, bit for bit, on the same expert path (the GEMV of capacities <= 16
+  // and the tiles differ in the last bits: moe.h).
   if (pad > 0) {
-    ChainRun u = run_chain(w, T, T, xh, shh, resh);
+    ChainRun u = run_chain(w, T, T, xh, shh, resh, moe_expert_config(MoeShape{cap, E, k, H, I}));
     size_t mis = 0;
     for (size_t i = 0; i < u.out.size(); ++i) mis += u.out[i] != g.out[i];
     for (size_t i = 0; i < u.ids.size(); ++i) mis += u.ids[i] != g.ids[i];
@@ -404,6 +424,61 @@ TEST(MoeRouter, ReplayMatchesCpu) {
   for (auto [E, k] : {std::pair{256, 8}, std::pair{16, 4}})
     for (int T : {1, 17, 128})
       for (bool renorm : {true, false}) check_topk_replay(E, k, T, T % 2 ? 5 : 0, renorm, ++seed);
+}
+
+// ---- fused top-k + plan of small steps (moe_route) ---------------------------------------------------------
+// moe_route at capacity <= 16 (one launch) gives the bytes of moe_router_topk then moe_plan: ids, weights,
+// counts, offsets, the live pair list, tiles, status; padding rows' logits NaN / huge, stale padding ids and
+// replay entries; with replay, an invalid live id is counted in status in both.
+void check_route_fused(int E, int k, int T, int cap, bool replay_on, uint64_t seed) {
+  const MoeShape shape{cap, E, k, 128, 64};
+  ASSERT_TRUE(moe_route_fused(shape));
+  std::vector<float> l = crafted_logits(LogitKind::kRandom, cap, E, seed);
+  for (size_t i = size_t(T) * E; i < l.size(); ++i) l[i] = i % 3 ? (i % 3 == 1 ? 3.0e38f : -3.0e38f) : NAN;
+  std::vector<int32_t> replay(size_t(cap) * k);
+  uint64_t st = seed;
+  for (auto& e : replay) e = int32_t(splitmix(st) % uint64_t(E));
+  if (replay_on && T > 0) replay[0] = E + 1;  // invalid: dropped, counted in status
+  const size_t bytes = moe_workspace_bytes(shape);
+  DevBuf d_l(l.size() * 4), d_rep(replay.size() * 4), d_rows(4), wa(bytes), wb(bytes);
+  upload(d_l.p, l), upload(d_rep.p, replay), upload(d_rows.p, std::vector<int32_t>{T});
+  MoeWorkspace a = moe_workspace_bind(wa.p, bytes, shape), b = moe_workspace_bind(wb.p, bytes, shape);
+  MOEFOLD_CUDA_CHECK(cudaMemset(wa.p, 0xFF, bytes));
+  MOEFOLD_CUDA_CHECK(cudaMemset(wb.p, 0xFF, bytes));
+  const int32_t* rp = replay_on ? d_rep.as<int32_t>() : nullptr;
+  moe_router_topk(d_l.as<float>(), d_rows.as<int32_t>(), shape, true, a.ids, a.weights, nullptr, rp);
+  moe_plan(a.ids, d_rows.as<int32_t>(), shape, a, nullptr);
+  moe_route(d_l.as<float>(), d_rows.as<int32_t>(), shape, true, b, nullptr, rp);
+  MOEFOLD_CUDA_CHECK(cudaDeviceSynchronize());
+  const size_t P = size_t(cap) * k;
+  auto bytes_of = [&](const MoeWorkspace& w) {
+    std::vector<uint8_t> v;
+    auto add = [&](const void* p, size_t n) {
+      auto h = download<uint8_t>(p, n);
+      v.insert(v.end(), h.begin(), h.end());
+    };
+    add(w.ids, P * 4), add(w.weights, P * 4), add(w.counts, size_t(E) * 4), add(w.offsets, size_t(E + 1) * 4);
+    add(w.pairs, P * 4), add(w.num_tiles, 4), add(w.status, 4);
+    add(w.tiles, size_t(download<int32_t>(w.num_tiles, 1)[0]) * 8);
+    return v;
+  };
+  const std::vector<uint8_t> ra = bytes_of(a), rb = bytes_of(b);
+  size_t mis = ra.size() == rb.size() ? 0 : 1000000;
+  for (size_t i = 0; i < std::min(ra.size(), rb.size()); ++i) mis += ra[i] != rb[i];
+  const int status = download<int32_t>(b.status, 1)[0];
+  EXPECT_EQ(status, replay_on && T > 0 ? 1 : 0);
+  EXPECT_EQ(download<int32_t>(b.offsets + E, 1)[0], T * k - status);
+  char extra[32];
+  std::snprintf(extra, sizeof extra, ",%s", replay_on ? "replay" : "topk");
+  EXPECT_TRUE(contract_exact("moe_route_fused_eq_topk_plan", shape_str(E, k, 0, 0, T, cap) + extra, mis));
+}
+
+TEST(MoeRoute, SmallFusedEqualsTopkThenPlan) {
+  MOEFOLD_REQUIRE_GPU();
+  uint64_t seed = 600;
+  for (auto [E, k] : {std::pair{8, 1}, std::pair{16, 4}, std::pair{64, 8}, std::pair{256, 8}, std::pair{512, 32}})
+    for (auto [T, cap] : {std::pair{1, 1}, std::pair{0, 3}, std::pair{3, 7}, std::pair{15, 16}, std::pair{16, 16}})
+      for (bool rp : {false, true}) check_route_fused(E, k, T, cap, rp, ++seed);
 }
 
 // ---- plan on given ids ------------------------------------------------------------------------------------
@@ -559,6 +634,233 @@ TEST(MoeChain, Sanitize) {
   check_chain(w, 1100, 30, false, 902);
 }
 
+// ---- small-batch GEMV path: graph replays at changing live counts ---------------------------------------
+// The routing of the live rows: the router's top-k, or a replay naming only expert 0 / only expert E-1
+// in every slot (k pairs of a row on one expert: with k > 8 or several rows, several 8-pair tiles).
+enum class Routing { kTopk, kExpert0, kExpertLast };
+const char* routing_name(Routing r) { return r == Routing::kTopk ? "topk" : (r == Routing::kExpert0 ? "expert0" : "expertLast"); }
+
+/// Inputs of up to `rows` live rows (bf16 bits and their fp32 values) and their replayed experts.
+struct SmallInputs {
+  std::vector<uint16_t> xh, shh, resh;
+  std::vector<float> xf, shf, resf;
+  std::vector<int32_t> replay;  // [rows, k]; empty for top-k routing
+};
+SmallInputs small_inputs(const MoeWeights& w, int k, int rows, Routing routing, uint64_t seed) {
+  SmallInputs in;
+  rand_bf16(size_t(rows) * w.H, seed, 1.0f, in.xh, &in.xf);
+  rand_bf16(size_t(rows) * w.H, seed + 1, 0.5f, in.shh, &in.shf);
+  rand_bf16(size_t(rows) * w.H, seed + 2, 1.0f, in.resh, &in.resf);
+  if (routing != Routing::kTopk) in.replay.assign(size_t(rows) * k, routing == Routing::kExpert0 ? 0 : w.E - 1);
+  return in;
+}
+
+/// Device buffers and a bound workspace of one capacity; `run` launches the chain (eager, or captured).
+struct SmallChain {
+  const MoeWeights& w;
+  int k, cap;
+  MoeShape shape;
+  DevBuf x, sh, res, out, rows, replay, ws_mem;
+  MoeWorkspace ws;
+  SmallChain(const MoeWeights& w_, int k_, int cap_)
+      : w(w_), k(k_), cap(cap_), shape{cap_, w_.E, k_, w_.H, w_.I}, x(size_t(cap_) * w_.H * 2),
+        sh(size_t(cap_) * w_.H * 2), res(size_t(cap_) * w_.H * 2), out(size_t(cap_) * w_.H * 2), rows(4),
+        replay(size_t(cap_) * k_ * 4), ws_mem(moe_workspace_bytes(shape)) {
+    ws = moe_workspace_bind(ws_mem.p, ws_mem.bytes, shape);
+  }
+  void run(bool with_replay, cudaStream_t st) {
+    moe_forward(x.as<__nv_bfloat16>(), w.d_router.as<__nv_bfloat16>(), w.d_gate_up.as<__nv_bfloat16>(),
+                w.d_down.as<__nv_bfloat16>(), sh.as<__nv_bfloat16>(), w.d_shared_gate.as<__nv_bfloat16>(),
+                res.as<__nv_bfloat16>(), rows.as<int32_t>(), shape, true, ws, out.as<__nv_bfloat16>(), st,
+                with_replay ? replay.as<int32_t>() : nullptr);
+  }
+  /// Live rows [0, L) from `in` (rows first .. first + L - 1 of it); padding rows poisoned with `garbage`
+  /// bf16 bits, stale ids and replay entries naming real experts; workspace and out poisoned (0xFF).
+  void prepare(const SmallInputs& in, int first, int L, uint16_t garbage) {
+    const int H = w.H, E = w.E;
+    std::vector<uint16_t> hx(size_t(cap) * H, garbage), hs(hx), hr(hx);
+    std::copy_n(in.xh.begin() + size_t(first) * H, size_t(L) * H, hx.begin());
+    std::copy_n(in.shh.begin() + size_t(first) * H, size_t(L) * H, hs.begin());
+    std::copy_n(in.resh.begin() + size_t(first) * H, size_t(L) * H, hr.begin());
+    upload(x.p, hx), upload(sh.p, hs), upload(res.p, hr);
+    MOEFOLD_CUDA_CHECK(cudaMemset(ws_mem.p, 0xFF, ws_mem.bytes));
+    MOEFOLD_CUDA_CHECK(cudaMemset(out.p, 0xFF, out.bytes));
+    const std::vector<int32_t> st = stale(L);
+    if (!st.empty()) MOEFOLD_CUDA_CHECK(cudaMemcpy(ws.ids + size_t(L) * k, st.data(), st.size() * 4, cudaMemcpyHostToDevice));
+    std::vector<int32_t> rp(size_t(cap) * k);
+    for (size_t i = 0; i < rp.size(); ++i)
+      rp[i] = i < size_t(L) * k && !in.replay.empty() ? in.replay[size_t(first) * k + i] : int32_t((i * 5 + 1) % size_t(E));
+    upload(replay.p, rp);
+    upload(rows.p, std::vector<int32_t>{L});
+  }
+  std::vector<int32_t> stale(int L) const {
+    std::vector<int32_t> st(size_t(cap - L) * k);
+    for (size_t i = 0; i < st.size(); ++i) st[i] = int32_t((i * 7 + 3) % size_t(w.E));
+    return st;
+  }
+};
+
+/// One row run alone (capacity 1, its own workspace): out bits, ids and weights of row `t` of `in`.
+struct RowResult {
+  std::vector<uint16_t> out;
+  std::vector<int32_t> ids;
+  std::vector<float> weights;
+};
+RowResult run_one_row(const MoeWeights& w, int k, const SmallInputs& in, int t) {
+  SmallChain c(w, k, 1);
+  c.prepare(in, t, 1, 0x7FC0);
+  c.run(!in.replay.empty(), nullptr);
+  MOEFOLD_CUDA_CHECK(cudaDeviceSynchronize());
+  return RowResult{download<uint16_t>(c.out.p, size_t(w.H)), download<int32_t>(c.ws.ids, size_t(k)),
+                   download<float>(c.ws.weights, size_t(k))};
+}
+
+/// The GEMV-path contract at capacity `cap`: the chain captured once in a graph, replayed at each live
+/// count of `lives` (padding poisoned NaN / +huge / -huge in turn). Checks per replay: exactly the live
+/// pairs planned (= cpu::moe_plan of the live ids; the replayed experts when replaying), no padding
+/// output / logit / id / weight / act / y row written, every live row bit-equal to its one-row run
+/// (`alone`, computed at capacity 1), and the output vs the CPU reference.
+void check_gemv_replays(const MoeWeights& w, int k, int cap, const std::vector<int>& lives, const SmallInputs& in,
+                        const std::vector<RowResult>& alone, Routing routing) {
+  const int E = w.E, H = w.H, I = w.I;
+  SmallChain c(w, k, cap);
+  ASSERT_EQ(moe_expert_config(c.shape), kMoeExpertGemv);
+  const bool with_replay = routing != Routing::kTopk;
+  cudaStream_t st;
+  MOEFOLD_CUDA_CHECK(cudaStreamCreate(&st));
+  c.prepare(in, 0, cap, 0x7FC0);  // eager warm-up (kernel attributes) before the capture
+  c.run(with_replay, st);
+  MOEFOLD_CUDA_CHECK(cudaStreamSynchronize(st));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  MOEFOLD_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+  c.run(with_replay, st);
+  MOEFOLD_CUDA_CHECK(cudaStreamEndCapture(st, &graph));
+  MOEFOLD_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+
+  const uint16_t garbage[3] = {0x7FC0 /*NaN*/, 0x7F7F /*+3.4e38*/, 0xFF7F /*-3.4e38*/};
+  for (size_t i = 0; i < lives.size(); ++i) {
+    const int L = lives[i];
+    const size_t LP = size_t(L) * k, P = size_t(cap) * k;
+    c.prepare(in, 0, L, garbage[i % 3]);
+    MOEFOLD_CUDA_CHECK(cudaGraphLaunch(exec, st));
+    MOEFOLD_CUDA_CHECK(cudaStreamSynchronize(st));
+    char shp[160];
+    std::snprintf(shp, sizeof shp, "E=%d,k=%d,H=%d,I=%d,cap=%d,live=%d,%s", E, k, H, I, cap, L, routing_name(routing));
+
+    // Plan: exactly the live pairs.
+    const auto ids = download<int32_t>(c.ws.ids, LP);
+    const auto wts = download<float>(c.ws.weights, LP);
+    const auto offsets = download<int32_t>(c.ws.offsets, size_t(E) + 1);
+    const auto counts = download<int32_t>(c.ws.counts, size_t(E));
+    const auto pairs = download<int32_t>(c.ws.pairs, LP);
+    const cpu::MoePlan pref = cpu::moe_plan(ids.data(), L, k, E);
+    size_t plan_mis = (offsets != pref.offsets) + (pairs != pref.pairs);
+    for (int e = 0; e < E; ++e) plan_mis += counts[size_t(e)] != pref.offsets[size_t(e + 1)] - pref.offsets[size_t(e)];
+    if (with_replay)
+      for (size_t j = 0; j < LP; ++j) plan_mis += ids[j] != in.replay[j];
+    EXPECT_EQ(offsets[size_t(E)], L * k) << shp;
+    EXPECT_TRUE(contract_exact("moe_gemv_replay_plan", shp, plan_mis));
+
+    // Padding: nothing written (bytes still 0xFF, stale ids intact).
+    size_t pad = count_unpoisoned(c.out.as<uint16_t>() + size_t(L) * H, size_t(cap - L) * H * 2) +
+                 count_unpoisoned(c.ws.logits + size_t(L) * E, size_t(cap - L) * E * 4) +
+                 count_unpoisoned(c.ws.weights + LP, (P - LP) * 4) +
+                 count_unpoisoned(c.ws.act + LP * I, (P - LP) * size_t(I) * 2) +
+                 count_unpoisoned(c.ws.y + LP * H, (P - LP) * size_t(H) * 2);
+    if (P > LP) pad += download<int32_t>(c.ws.ids + LP, P - LP) != c.stale(L);
+    EXPECT_TRUE(contract_exact("moe_gemv_replay_padding_untouched", shp, pad));
+
+    // Live rows: bit-equal to the row alone; vs the CPU reference.
+    const auto out = download<uint16_t>(c.out.p, size_t(L) * H);
+    size_t mis = 0;
+    for (int t = 0; t < L; ++t) {
+      const RowResult& a = alone[size_t(t)];
+      for (int h = 0; h < H; ++h) mis += out[size_t(t) * H + h] != a.out[size_t(h)];
+      for (int s = 0; s < k; ++s)
+        mis += ids[size_t(t) * k + s] != a.ids[size_t(s)] || std::memcmp(&wts[size_t(t) * k + s], &a.weights[size_t(s)], 4);
+    }
+    EXPECT_TRUE(contract_exact("moe_gemv_replay_eq_one_row", shp, mis));
+    const std::vector<float> x_live(in.xf.begin(), in.xf.begin() + ptrdiff_t(L) * H),
+        sh_live(in.shf.begin(), in.shf.begin() + ptrdiff_t(L) * H), res_live(in.resf.begin(), in.resf.begin() + ptrdiff_t(L) * H);
+    const std::vector<float> ref = reference_rows(w, k, L, x_live, sh_live, res_live, ids.data(), wts.data());
+    EXPECT_TRUE(contract("moe_gemv_replay_vs_cpu", shp, rel_err(from_bf16(out), ref), 1e-2));
+  }
+  MOEFOLD_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  MOEFOLD_CUDA_CHECK(cudaGraphDestroy(graph));
+  MOEFOLD_CUDA_CHECK(cudaStreamDestroy(st));
+}
+
+/// The issue's bucket-16 sequence (and other capacities when `caps` has more) for one shape and routing.
+void check_gemv_shape(const MoeWeights& w, int k, Routing routing, uint64_t seed,
+                      const std::vector<std::pair<int, std::vector<int>>>& caps) {
+  int rows = 0;
+  for (const auto& c : caps) rows = std::max(rows, c.first);
+  const SmallInputs in = small_inputs(w, k, rows, routing, seed);
+  std::vector<RowResult> alone;
+  for (int t = 0; t < rows; ++t) alone.push_back(run_one_row(w, k, in, t));
+  for (const auto& [cap, lives] : caps) check_gemv_replays(w, k, cap, lives, in, alone, routing);
+}
+
+const std::vector<int> kBucket16Lives = {1, 2, 3, 7, 15, 16, 3};
+
+MoeWeights& fixture_weights(int E) {  // the fixtures' MoE shape (hidden 128, intermediate 64)
+  static std::unique_ptr<MoeWeights> w8 = make_weights(8, 2, 128, 64, 3100), w64 = make_weights(64, 8, 128, 64, 3200),
+                                     w256 = make_weights(256, 8, 128, 64, 3300);
+  return E == 8 ? *w8 : (E == 64 ? *w64 : *w256);
+}
+
+// For compute-sanitizer: one fixture shape, one mid shape with multi-tile experts.
+TEST(MoeGemv, SmallGraphReplay) {
+  MOEFOLD_REQUIRE_GPU();
+  check_gemv_shape(fixture_weights(8), 2, Routing::kTopk, 4000, {{16, {1, 3, 16, 2}}});
+  static std::unique_ptr<MoeWeights> w = make_weights(64, 8, 256, 128, 3400);
+  check_gemv_shape(*w, 8, Routing::kExpert0, 4010, {{5, {5, 2}}});
+}
+
+// E in {8, 64, 256} x k in {1, 2, 8} at the fixtures' H / I, three routings: bucket 16 at the issue's live
+// counts, and capacities 1 .. 16 at live counts up to the capacity (rows bit-equal across capacities).
+TEST(MoeGemv, GraphReplayFixtureShapes) {
+  MOEFOLD_REQUIRE_GPU();
+  uint64_t seed = 4100;
+  for (int E : {8, 64, 256})
+    for (int k : {1, 2, 8})
+      for (Routing r : {Routing::kTopk, Routing::kExpert0, Routing::kExpertLast})
+        check_gemv_shape(fixture_weights(E), k, r, ++seed,
+                         {{16, kBucket16Lives}, {1, {1}}, {2, {1, 2}}, {3, {2}}, {8, {8, 5, 1}}, {13, {12}}});
+  static std::unique_ptr<MoeWeights> w = make_weights(64, 8, 256, 128, 3400);
+  for (int cap : {4, 9, 16}) check_gemv_shape(*w, 8, Routing::kTopk, ++seed, {{cap, {cap, cap - 1, 1}}});
+}
+
+// The Qwen3.6-35B-A3B layer shape (E 256, H 2048, I 512) at k 8, 2, 1.
+TEST(MoeGemv, GraphReplay35BShape) {
+  MOEFOLD_REQUIRE_GPU();
+  MoeWeights& w = real_weights();
+  uint64_t seed = 4200;
+  for (Routing r : {Routing::kTopk, Routing::kExpert0, Routing::kExpertLast})
+    check_gemv_shape(w, 8, r, ++seed, {{16, kBucket16Lives}, {4, {4, 1}}});
+  for (int k : {1, 2}) check_gemv_shape(w, k, Routing::kTopk, ++seed, {{16, kBucket16Lives}});
+}
+
+// The GEMV forced at a capacity above 16 (experts with more than 8 pairs: several 8-pair tiles each)
+// against the CPU and the padding contract.
+TEST(MoeGemv, ForcedAtLargerCapacity) {
+  MOEFOLD_REQUIRE_GPU();
+  MoeWeights& w = fixture_weights(8);
+  std::vector<uint16_t> xh, shh, resh;
+  std::vector<float> xf, shf, resf;
+  const int T = 40, cap = 45;
+  rand_bf16(size_t(T) * w.H, 4300, 1.0f, xh, &xf);
+  rand_bf16(size_t(T) * w.H, 4301, 0.5f, shh, &shf);
+  ChainRun g = run_chain(w, T, cap, xh, shh, resh, kMoeExpertGemv);
+  const std::vector<float> ref = reference_rows(w, w.k, T, xf, shf, resf, g.ids.data(), g.weights.data());
+  const std::string shp = shape_str(w.E, w.k, w.H, w.I, T, cap) + ",forced_gemv";
+  EXPECT_EQ(g.offsets[size_t(w.E)], T * w.k);
+  EXPECT_TRUE(contract("moe_gemv_forced", shp, rel_err(from_bf16(g.out), ref), 1e-2));
+  EXPECT_TRUE(contract_exact("moe_gemv_forced_padding", shp,
+                             g.pad_out_bytes_written + g.pad_logits + g.pad_ids + g.pad_weights + g.pad_act + g.pad_y));
+}
+
 // ---- micro-benchmark (MOEFOLD_MOE_BENCH=1) ----------------------------------------------------------------
 __global__ void fill_bf16_kernel(__nv_bfloat16* p, size_t n, uint64_t seed, float scale) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
@@ -569,17 +871,62 @@ __global__ void fill_bf16_kernel(__nv_bfloat16* p, size_t n, uint64_t seed, floa
     p[i] = __float2bfloat16((float(z >> 40) * (1.0f / 16777216.0f) * 2.0f - 1.0f) * scale);
   }
 }
+void fill_device(DevBuf& b, uint64_t seed, float scale) {
+  fill_bf16_kernel<<<1024, 256>>>(b.as<__nv_bfloat16>(), b.bytes / 2, seed, scale);
+  MOEFOLD_CUDA_CHECK(cudaGetLastError());
+}
+
+/// The work `body` enqueues on `st`, captured into an instantiated graph.
+cudaGraphExec_t capture_graph(cudaStream_t st, const std::function<void()>& body) {
+  cudaGraph_t g;
+  cudaGraphExec_t ex;
+  MOEFOLD_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+  body();
+  MOEFOLD_CUDA_CHECK(cudaStreamEndCapture(st, &g));
+  MOEFOLD_CUDA_CHECK(cudaGraphInstantiate(&ex, g, 0));
+  MOEFOLD_CUDA_CHECK(cudaGraphDestroy(g));
+  return ex;
+}
+
+/// Median milliseconds of one replay of gs[i % n] (rotating through the graphs, 3 rounds of warm-up),
+/// each timed with CUDA events.
+double median_graph_ms(const std::vector<cudaGraphExec_t>& gs, cudaStream_t st, int iters) {
+  cudaEvent_t a, b;
+  MOEFOLD_CUDA_CHECK(cudaEventCreate(&a));
+  MOEFOLD_CUDA_CHECK(cudaEventCreate(&b));
+  for (size_t i = 0; i < 3 * gs.size(); ++i) MOEFOLD_CUDA_CHECK(cudaGraphLaunch(gs[i % gs.size()], st));
+  std::vector<float> ms;
+  for (int i = 0; i < iters; ++i) {
+    MOEFOLD_CUDA_CHECK(cudaEventRecord(a, st));
+    MOEFOLD_CUDA_CHECK(cudaGraphLaunch(gs[size_t(i) % gs.size()], st));
+    MOEFOLD_CUDA_CHECK(cudaEventRecord(b, st));
+    MOEFOLD_CUDA_CHECK(cudaEventSynchronize(b));
+    float t = 0;
+    MOEFOLD_CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
+    ms.push_back(t);
+  }
+  std::sort(ms.begin(), ms.end());
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return double(ms[ms.size() / 2]);
+}
+
+/// Distinct experts with pairs in the plan of `ws` (its counts), averaged over the workspaces.
+double mean_touched_experts(const std::vector<MoeWorkspace>& ws, int E) {
+  double experts = 0;
+  for (const MoeWorkspace& w : ws) {
+    auto c = download<int32_t>(w.counts, size_t(E));
+    experts += double(std::count_if(c.begin(), c.end(), [](int32_t v) { return v > 0; }));
+  }
+  return experts / double(ws.size());
+}
 
 TEST(MoeBench, RealShape) {
   MOEFOLD_REQUIRE_GPU();
   if (!std::getenv("MOEFOLD_MOE_BENCH")) GTEST_SKIP() << "set MOEFOLD_MOE_BENCH=1 to run the benchmark";
   const int E = 256, k = 8, H = 2048, I = 512;
   DevBuf wr(size_t(E) * H * 2), gu(size_t(E) * 2 * I * H * 2), dn(size_t(E) * H * I * 2), sg(size_t(H) * 2);
-  auto fill = [](DevBuf& b, uint64_t seed, float scale) {
-    fill_bf16_kernel<<<1024, 256>>>(b.as<__nv_bfloat16>(), b.bytes / 2, seed, scale);
-    MOEFOLD_CUDA_CHECK(cudaGetLastError());
-  };
-  fill(wr, 1, 0.08f), fill(gu, 2, 0.04f), fill(dn, 3, 0.08f), fill(sg, 4, 0.04f);
+  fill_device(wr, 1, 0.08f), fill_device(gu, 2, 0.04f), fill_device(dn, 3, 0.08f), fill_device(sg, 4, 0.04f);
   cudaStream_t st;
   MOEFOLD_CUDA_CHECK(cudaStreamCreate(&st));
   std::printf("BENCH moe E=%d k=%d H=%d I=%d (bf16 weights; median of graph replays, rotating %d inputs)\n", E, k, H,
@@ -590,7 +937,7 @@ TEST(MoeBench, RealShape) {
     std::vector<std::unique_ptr<DevBuf>> xs;
     for (int i = 0; i < nsets; ++i) {
       xs.push_back(std::make_unique<DevBuf>(size_t(T) * H * 2));
-      fill(*xs.back(), 100 + i, 1.7f);
+      fill_device(*xs.back(), 100 + i, 1.7f);
     }
     DevBuf out(size_t(T) * H * 2), rows(4);
     upload(rows.p, std::vector<int32_t>{T});
@@ -609,16 +956,7 @@ TEST(MoeBench, RealShape) {
     std::vector<cudaGraphExec_t> full(nsets), router(nsets), gemms(nsets);
     for (int i = 0; i < nsets; ++i) {
       const __nv_bfloat16* x = xs[size_t(i)]->as<__nv_bfloat16>();
-      auto capture = [&](auto&& body) {
-        cudaGraph_t g;
-        cudaGraphExec_t ex;
-        MOEFOLD_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-        body();
-        MOEFOLD_CUDA_CHECK(cudaStreamEndCapture(st, &g));
-        MOEFOLD_CUDA_CHECK(cudaGraphInstantiate(&ex, g, 0));
-        MOEFOLD_CUDA_CHECK(cudaGraphDestroy(g));
-        return ex;
-      };
+      auto capture = [&](const std::function<void()>& body) { return capture_graph(st, body); };
       full[size_t(i)] = capture([&] {
         moe_forward(x, wr.as<__nv_bfloat16>(), gu.as<__nv_bfloat16>(), dn.as<__nv_bfloat16>(), nullptr, nullptr,
                     nullptr, rows.as<int32_t>(), shape, true, ws[size_t(i)], out.as<__nv_bfloat16>(), st);
@@ -634,36 +972,12 @@ TEST(MoeBench, RealShape) {
         moe_expert_down(dn.as<__nv_bfloat16>(), shape, ws[size_t(i)], st);
       });
     }
-    auto time_graphs = [&](std::vector<cudaGraphExec_t>& gs, int iters) {
-      cudaEvent_t a, b;
-      MOEFOLD_CUDA_CHECK(cudaEventCreate(&a));
-      MOEFOLD_CUDA_CHECK(cudaEventCreate(&b));
-      for (int i = 0; i < 3 * nsets; ++i) MOEFOLD_CUDA_CHECK(cudaGraphLaunch(gs[size_t(i % nsets)], st));
-      std::vector<float> ms;
-      for (int i = 0; i < iters; ++i) {
-        MOEFOLD_CUDA_CHECK(cudaEventRecord(a, st));
-        MOEFOLD_CUDA_CHECK(cudaGraphLaunch(gs[size_t(i % nsets)], st));
-        MOEFOLD_CUDA_CHECK(cudaEventRecord(b, st));
-        MOEFOLD_CUDA_CHECK(cudaEventSynchronize(b));
-        float t = 0;
-        MOEFOLD_CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
-        ms.push_back(t);
-      }
-      std::sort(ms.begin(), ms.end());
-      cudaEventDestroy(a);
-      cudaEventDestroy(b);
-      return double(ms[ms.size() / 2]);
-    };
+    auto time_graphs = [&](const std::vector<cudaGraphExec_t>& gs, int iters) { return median_graph_ms(gs, st, iters); };
     const int iters = T >= 4096 ? 50 : 200;
     const double t_full = time_graphs(full, iters), t_router = time_graphs(router, iters);
     const double t_gemm = time_graphs(gemms, iters);  // after full: plans are in place
     // Expert weights touched: distinct experts per input set (from the plan's counts), averaged.
-    double experts = 0;
-    for (int i = 0; i < nsets; ++i) {
-      auto c = download<int32_t>(ws[size_t(i)].counts, size_t(E));
-      experts += double(std::count_if(c.begin(), c.end(), [](int32_t v) { return v > 0; }));
-    }
-    experts /= nsets;
+    const double experts = mean_touched_experts(ws, E);
     const double wbytes = experts * (3.0 * I * H * 2);
     const double flops = double(T) * k * (2.0 * H * 2 * I + 2.0 * I * H);
     const double gbs_full = (wbytes + double(E) * H * 2) / (t_full * 1e-3) / 1e9, gbs = wbytes / (t_gemm * 1e-3) / 1e9;
@@ -678,6 +992,78 @@ TEST(MoeBench, RealShape) {
       cudaGraphExecDestroy(gemms[size_t(i)]);
     }
   }
+  MOEFOLD_CUDA_CHECK(cudaStreamDestroy(st));
+}
+
+// Decode capacities 1, 2, 4, 8, 16 at the Qwen3.6-35B-A3B shape: the small-batch GEMV path (auto) next to
+// the 16-row tensor-core tiles (expert_tiles = 0). Per case two PERF lines: the routed chain
+// (moe_forward: router, top-k, plan, experts, combine) and the two expert kernels alone, each with the
+// GB/s of the expert weights touched (experts with pairs x 3 x H x I bf16) and that rate's fraction of the
+// device-to-device copy bandwidth (read + write) measured first in this binary. CUDA graphs, 8 input
+// sets rotated (other experts each replay: no L2 reuse of weights), median of 200 replays.
+TEST(MoePerf, DISABLED_DecodeGemvVsTiles) {
+  MOEFOLD_REQUIRE_GPU();
+  const int E = 256, k = 8, H = 2048, I = 512, nsets = 8;
+  DevBuf wr(size_t(E) * H * 2), gu(size_t(E) * 2 * I * H * 2), dn(size_t(E) * H * I * 2);
+  fill_device(wr, 1, 0.08f), fill_device(gu, 2, 0.04f), fill_device(dn, 3, 0.08f);
+  cudaStream_t st;
+  MOEFOLD_CUDA_CHECK(cudaStreamCreate(&st));
+
+  const size_t copy_bytes = size_t(1) << 30;
+  DevBuf ca(copy_bytes), cb(copy_bytes);
+  const std::vector<cudaGraphExec_t> copy{capture_graph(st, [&] {
+    MOEFOLD_CUDA_CHECK(cudaMemcpyAsync(cb.p, ca.p, copy_bytes, cudaMemcpyDeviceToDevice, st));
+  })};
+  const double t_copy = median_graph_ms(copy, st, 20);
+  const double copy_gbs = 2.0 * double(copy_bytes) / (t_copy * 1e-3) / 1e9;  // read + write
+  test::perf_line("device_copy", "bytes=1GiB", t_copy * 1e3, fmt::format("GB/s={:.0f}", copy_gbs));
+
+  for (int T : {1, 2, 4, 8, 16}) {
+    std::vector<std::unique_ptr<DevBuf>> xs;
+    for (int i = 0; i < nsets; ++i) {
+      xs.push_back(std::make_unique<DevBuf>(size_t(T) * H * 2));
+      fill_device(*xs.back(), 100 + i, 1.7f);
+    }
+    DevBuf out(size_t(T) * H * 2), rows(4);
+    upload(rows.p, std::vector<int32_t>{T});
+    for (int cfg : {-1, 0}) {
+      const MoeShape shape{T, E, k, H, I, cfg};
+      const size_t bytes = moe_workspace_bytes(shape);
+      std::vector<std::unique_ptr<DevBuf>> wsb;
+      std::vector<MoeWorkspace> ws;
+      for (int i = 0; i < nsets; ++i) {
+        wsb.push_back(std::make_unique<DevBuf>(bytes));
+        ws.push_back(moe_workspace_bind(wsb.back()->p, bytes, shape));
+      }
+      auto chain = [&](int i) {
+        moe_forward(xs[size_t(i)]->as<__nv_bfloat16>(), wr.as<__nv_bfloat16>(), gu.as<__nv_bfloat16>(),
+                    dn.as<__nv_bfloat16>(), nullptr, nullptr, nullptr, rows.as<int32_t>(), shape, true, ws[size_t(i)],
+                    out.as<__nv_bfloat16>(), st);
+      };
+      chain(0);  // eager warm-up before any capture
+      MOEFOLD_CUDA_CHECK(cudaStreamSynchronize(st));
+      std::vector<cudaGraphExec_t> full, experts;
+      for (int i = 0; i < nsets; ++i) {
+        full.push_back(capture_graph(st, [&] { chain(i); }));
+        experts.push_back(capture_graph(st, [&] {  // on the plan the full chain leaves in ws[i]
+          moe_expert_gate_up(xs[size_t(i)]->as<__nv_bfloat16>(), gu.as<__nv_bfloat16>(), shape, ws[size_t(i)], st);
+          moe_expert_down(dn.as<__nv_bfloat16>(), shape, ws[size_t(i)], st);
+        }));
+      }
+      const double t_full = median_graph_ms(full, st, 200), t_exp = median_graph_ms(experts, st, 200);
+      const double wbytes = mean_touched_experts(ws, E) * 3.0 * I * H * 2;
+      const std::string name = cfg < 0 ? "gemv" : "tiles16";
+      const std::string shp = fmt::format("E={},k={},H={},I={},T={},experts={:.1f}", E, k, H, I, T, wbytes / (3.0 * I * H * 2));
+      for (auto [what, t] : {std::pair{"moe_chain", t_full}, std::pair{"moe_experts", t_exp}}) {
+        const double gbs = wbytes / (t * 1e-3) / 1e9;
+        test::perf_line(std::string(what) + ":" + name, shp, t * 1e3,
+                        fmt::format("GB/s={:.0f} copy_frac={:.2f}", gbs, gbs / copy_gbs));
+      }
+      for (auto& g : full) cudaGraphExecDestroy(g);
+      for (auto& g : experts) cudaGraphExecDestroy(g);
+    }
+  }
+  cudaGraphExecDestroy(copy[0]);
   MOEFOLD_CUDA_CHECK(cudaStreamDestroy(st));
 }
 

@@ -111,12 +111,12 @@ TEST(ProfilerGpu, HybridPrefillAndDecodeTables) {
   EXPECT_EQ(calls(dec.profile, "conv1d_decode_kernel"), steps * linear_layers);
   EXPECT_EQ(calls(dec.profile, "attn_kernel:decode"), steps * attention_layers);
   EXPECT_EQ(calls(dec.profile, "attn_tc_kernel"), 0);
-  EXPECT_EQ(calls(dec.profile, "router_topk_kernel"), steps * layers);
+  EXPECT_EQ(calls(dec.profile, "router_topk_plan_kernel"), steps * layers);  // decode: top-k + plan fused
   EXPECT_EQ(calls(dec.profile, "profiler:moe_counts_snapshot"), steps * layers);
   EXPECT_EQ(calls(dec.profile, "cpu::sample_token"), steps * batch);
   // Expert GEMM work from the plan's counts: batch * k pairs per layer, not the capacity's.
-  const auto* gu = find(dec.profile, "moe_gemm_kernel:gate_up:bm16");
-  ASSERT_NE(gu, nullptr) << "decode-size capacity must run the 16-row expert tiles";
+  const auto* gu = find(dec.profile, "moe_gemv_gate_up_kernel");
+  ASSERT_NE(gu, nullptr) << "decode-size capacity must run the small-batch expert GEMV";
   EXPECT_EQ(gu->calls, steps * layers);
   const double H = 128, I = 64, k = 4;
   EXPECT_DOUBLE_EQ(gu->work.flops, double(steps * layers) * 2.0 * batch * k * H * 2 * I);

@@ -4,15 +4,25 @@
 // uniform u = sampling_uniform(seed, step)) is compared draw by draw with sample_token() on the
 // same u (logits quantised to create many ties), and its distribution with sampling_distribution()
 // through 4096 stratified draws. Padding rows are left untouched.
+// The kernels around the selection are checked against their CPU counterparts: mask_logits_rows vs
+// mask_tokens and apply_penalties_rows vs apply_penalties (bytes), raw_logprobs_rows vs the CPU's
+// log-sum-exp and top_logprobs (1e-5, same ids); the whole DeviceSampler vs Sampler::sample on the
+// masked rows with every option, histories and failing rows (tokens equal: 0 mismatches allowed);
+// and its token frequencies over seeded draws vs sampling_distribution (5-sigma binomial bounds,
+// fixed seeds) for toy distributions (V = 5, 12, 50) and the real V = 248,320 with a peaked head.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <map>
 
 #include "cuda/contract.h"
 #include "cuda/cuda_test_util.h"
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/sampling.h"
+#include "models/cuda/device_sampler.h"
 #include "runtime/sampler.h"
 
 using namespace moefold;
@@ -183,7 +193,460 @@ void check_sampling_distribution(int64_t V, const SamplingParams& p, int N, uint
   EXPECT_TRUE(contract("sample_distribution_maxdiff", shape, maxdiff, 1.01 / N));
 }
 
+// ---- masks, penalties, raw logprobs and the whole DeviceSampler ------------------------------------
+
+/// Logits ~ N(0, 1.5^2) rounded to 1/8 (ties), with a few -inf entries.
+std::vector<float> make_rows(int64_t R, int64_t V, uint64_t seed) {
+  auto v = randn(size_t(R * V), seed, 1.5f);
+  for (size_t i = 0; i < v.size(); ++i) {
+    v[i] = std::round(v[i] * 8.0f) / 8.0f;
+    if (mix64(seed ^ (i * 0x9E37ull)) % 997 == 0) v[i] = -INFINITY;
+  }
+  return v;
+}
+
+/// n ids uniform in [0, V).
+std::vector<int32_t> random_history(int64_t V, size_t n, uint64_t seed) {
+  std::vector<int32_t> h(n);
+  for (size_t i = 0; i < n; ++i) h[i] = int32_t(mix64(seed * 0x9E37ull + i) % uint64_t(V));
+  return h;
+}
+
+bool same_bytes(const float* a, const float* b, size_t n) { return std::memcmp(a, b, n * sizeof(float)) == 0; }
+
+void check_mask(int64_t R, int64_t V, int64_t live, uint64_t seed) {
+  auto x = make_rows(R, V, seed);
+  std::vector<int32_t> ids = {0, int32_t(V - 1), -3, int32_t(V), int32_t(V + 100), 5 % int32_t(V), 5 % int32_t(V)};
+  for (int j = 0; j < 300; ++j) ids.push_back(int32_t(mix64(seed + uint64_t(j)) % uint64_t(V)));
+  auto dx = cuda::to_device(x);
+  auto di = cuda::to_device(ids);
+  auto dn = cuda::to_device(std::vector<int32_t>{int32_t(ids.size())});
+  auto dl = cuda::to_device(std::vector<int32_t>{int32_t(live)});
+  cu::mask_logits_rows(dx.data(), R, V, 0, di.data(), dn.data(), int64_t(ids.size()), dl.data(), nullptr);
+  sync();
+  const auto got = dx.download();
+  size_t bad = 0;
+  for (int64_t r = 0; r < R; ++r) {
+    std::vector<float> want(x.begin() + r * V, x.begin() + (r + 1) * V);
+    if (r < live) mask_tokens(want, ids);  // padding rows: untouched
+    bad += !same_bytes(got.data() + r * V, want.data(), size_t(V));
+  }
+  EXPECT_TRUE(contract_exact("mask_logits", fmt::format("rows={},live={},V={},ids={}", R, live, V, ids.size()), bad));
+}
+
+/// Random penalty parameters of one row (every penalty alone and together, negative ones too).
+SamplingParams penalty_params(uint64_t h) {
+  SamplingParams p;
+  const float reps[] = {1.0f, 1.3f, 0.7f, 1.0f, 2.0f};
+  const float freqs[] = {0.0f, 0.5f, -0.3f, 0.0f};
+  const float pres[] = {0.0f, 0.0f, 0.8f, -0.5f};
+  p.repetition_penalty = reps[h % 5];
+  p.frequency_penalty = freqs[(h / 5) % 4];
+  p.presence_penalty = pres[(h / 20) % 4];
+  return p;
+}
+
+/// A history of n ids: half among the row's 30 largest logits (so that penalties matter), with repeats.
+std::vector<int32_t> make_history(const float* row, int64_t V, size_t n, uint64_t seed) {
+  std::vector<int32_t> order(static_cast<size_t>(V));
+  for (int64_t i = 0; i < V; ++i) order[size_t(i)] = int32_t(i);
+  const size_t k = std::min<size_t>(30, size_t(V));
+  std::partial_sort(order.begin(), order.begin() + long(k), order.end(),
+                    [&](int32_t a, int32_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
+  std::vector<int32_t> h(n);
+  for (size_t i = 0; i < n; ++i) {
+    const uint64_t z = mix64(seed + i);
+    h[i] = z % 2 ? order[(z >> 8) % k] : int32_t((z >> 8) % uint64_t(V));
+  }
+  return h;
+}
+
+void check_penalties(int64_t R, int64_t V, int64_t live, uint64_t seed) {
+  auto x = make_rows(R, V, seed);
+  std::vector<float> rep(static_cast<size_t>(R)), freq(static_cast<size_t>(R)), pres(static_cast<size_t>(R));
+  std::vector<int32_t> offsets{0}, tokens, counts;
+  std::vector<float> want = x, raw_saved;
+  for (int64_t r = 0; r < R; ++r) {
+    const SamplingParams p = penalty_params(mix64(seed * 7 + uint64_t(r)));
+    rep[size_t(r)] = p.repetition_penalty, freq[size_t(r)] = p.frequency_penalty, pres[size_t(r)] = p.presence_penalty;
+    const float* row = x.data() + r * V;
+    const auto prompt = make_history(row, V, size_t(mix64(seed + 5 + uint64_t(r)) % 200), seed * 3 + uint64_t(r));
+    const auto output = make_history(row, V, size_t(mix64(seed + 9 + uint64_t(r)) % 120), seed * 5 + uint64_t(r));
+    // The device input: distinct ids (prompt too when the repetition penalty is on) + output counts.
+    std::map<int32_t, int32_t> cnt;
+    if (p.repetition_penalty != 1.0f)
+      for (int32_t t : prompt) cnt[t];
+    for (int32_t t : output) ++cnt[t];
+    for (auto [t, c] : cnt) {
+      tokens.push_back(t);
+      counts.push_back(c);
+      raw_saved.push_back(row[t]);
+    }
+    offsets.push_back(int32_t(tokens.size()));
+    if (r < live) apply_penalties(std::span<float>(want.data() + r * V, size_t(V)), prompt, output, p);
+  }
+  auto dx = cuda::to_device(x);
+  auto drep = cuda::to_device(rep), dfreq = cuda::to_device(freq), dpres = cuda::to_device(pres);
+  auto doff = cuda::to_device(offsets), dtok = cuda::to_device(tokens), dcnt = cuda::to_device(counts);
+  DeviceBuffer<float> dsaved(std::max<size_t>(tokens.size(), 1));
+  dsaved.fill_bytes(0xFF);
+  auto dl = cuda::to_device(std::vector<int32_t>{int32_t(live)});
+  const cu::PenaltyRows pr{drep.data(), dfreq.data(), dpres.data(), doff.data(), dtok.data(), dcnt.data(), dsaved.data()};
+  cu::apply_penalties_rows(dx.data(), R, V, 0, pr, dl.data(), nullptr);
+  sync();
+  const auto got = dx.download();
+  const auto saved = dsaved.download();
+  size_t bad = 0, bad_saved = 0;
+  for (int64_t r = 0; r < R; ++r) bad += !same_bytes(got.data() + r * V, want.data() + r * V, size_t(V));
+  for (size_t j = 0; j < size_t(offsets[size_t(live)]); ++j) bad_saved += !same_bytes(&saved[j], &raw_saved[j], 1);
+  const std::string shape = fmt::format("rows={},live={},V={},entries={}", R, live, V, tokens.size());
+  EXPECT_TRUE(contract_exact("penalties_vs_apply_penalties", shape, bad));
+  EXPECT_TRUE(contract_exact("penalties_saved_raw", shape, bad_saved));
+}
+
+void check_raw_logprobs(int64_t R, int64_t V, uint64_t seed) {
+  auto x = make_rows(R, V, seed);
+  std::vector<int32_t> top_n(static_cast<size_t>(R));
+  const int32_t ns[] = {-1, 0, 1, 5, 20, 7};
+  for (int64_t r = 0; r < R; ++r) top_n[size_t(r)] = ns[r % 6];
+  auto dx = cuda::to_device(x);
+  auto dn = cuda::to_device(top_n);
+  DeviceBuffer<double> dlse(static_cast<size_t>(R));
+  DeviceBuffer<int32_t> dids(size_t(R) * cu::kMaxTopLogprobs);
+  DeviceBuffer<float> dlp(size_t(R) * cu::kMaxTopLogprobs);
+  dlse.fill_bytes(0xFF);
+  dids.fill_bytes(0xFF);
+  cu::raw_logprobs_rows(dx.data(), R, V, 0, dn.data(), dlse.data(), dids.data(), dlp.data(), nullptr, nullptr);
+  sync();
+  const auto lse = dlse.download();
+  const auto ids = dids.download();
+  const auto lp = dlp.download();
+  size_t bad_ids = 0, untouched = 0;
+  double lse_err = 0, lp_err = 0;
+  for (int64_t r = 0; r < R; ++r) {
+    const std::span<const float> row(x.data() + r * V, size_t(V));
+    if (top_n[size_t(r)] < 0) {
+      untouched += std::isnan(lse[size_t(r)]) ? 0 : 1;  // still poison
+      continue;
+    }
+    // The CPU's definition: m + log(sum exp(x - m)) in double, sequentially.
+    const float m = *std::max_element(row.begin(), row.end());
+    double s = 0;
+    for (float v : row) s += std::exp(double(v) - double(m));
+    lse_err = std::max(lse_err, std::abs(lse[size_t(r)] - (double(m) + std::log(s))));
+    const auto want = top_logprobs(row, top_n[size_t(r)]);
+    for (size_t j = 0; j < want.size(); ++j) {
+      bad_ids += ids[size_t(r) * cu::kMaxTopLogprobs + j] != want[j].token;
+      const float g = lp[size_t(r) * cu::kMaxTopLogprobs + j];
+      lp_err = std::max(lp_err, want[j].logprob == -INFINITY ? (g == -INFINITY ? 0.0 : INFINITY)
+                                                             : std::abs(double(g) - double(want[j].logprob)));
+    }
+  }
+  const std::string shape = fmt::format("rows={},V={},top_n=-1..20", R, V);
+  EXPECT_TRUE(contract("raw_lse_abs_err", shape, lse_err, 1e-9));
+  EXPECT_TRUE(contract("top_logprobs_abs_err", shape, lp_err, 1e-5));
+  EXPECT_TRUE(contract_exact("top_logprobs_ids", shape, bad_ids));
+  EXPECT_TRUE(contract_exact("raw_logprobs_rows_off_untouched", shape, untouched));
+}
+
+/// Every option at once, per row: temperature / top_k / top_p / min_p (row_params), penalties,
+/// logprobs with 0, 1, 5 or 20 top entries, a seed.
+SamplingParams mixed_params(uint64_t h) {
+  SamplingParams p = penalty_params(mix64(h + 1));
+  const SamplingParams s = row_params(h);
+  p.temperature = s.temperature, p.top_k = s.top_k, p.top_p = s.top_p, p.min_p = s.min_p;
+  const int32_t tops[] = {0, 1, 5, 20};
+  p.logprobs = (h >> 20) % 3 != 0;
+  p.top_logprobs = p.logprobs ? tops[(h >> 24) % 4] : 0;
+  p.seed = int64_t(mix64(h + 2) >> 1);
+  return p;
+}
+
+/// DeviceSampler vs the CPU sampler on the same masked rows, histories and (seed, step): tokens
+/// equal, logprobs within 1e-5, top_logprobs the same ids; failing rows fail on both sides only.
+void check_device_sampler(int64_t R, int64_t V, int calls, uint64_t seed) {
+  DeviceSampler ds(R, V);
+  std::vector<int32_t> mask;
+  for (int64_t i = 0; i < std::min<int64_t>(V / 4, 200); ++i) mask.push_back(int32_t(V - 1 - i));  // "padding" ids
+  mask.push_back(-1);
+  mask.push_back(int32_t(V) + 7);
+  size_t tok_mis = 0, err_mis = 0, top_mis = 0, rows_checked = 0, errors = 0;
+  double lp_err = 0;
+  for (int c = 0; c < calls; ++c) {
+    const uint64_t cs = seed * 1000 + uint64_t(c);
+    auto x = make_rows(R, V, cs);
+    std::vector<Sampler> samplers;
+    std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(R)), outputs(static_cast<size_t>(R));
+    samplers.reserve(size_t(R));
+    for (int64_t r = 0; r < R; ++r) {
+      const uint64_t h = mix64(cs * 131 + uint64_t(r));
+      samplers.emplace_back(mixed_params(h));
+      float* row = x.data() + r * V;
+      prompts[size_t(r)] = make_history(row, V, 1 + h % 150, h + 11);
+      outputs[size_t(r)] = make_history(row, V, (h >> 8) % 60, h + 13);  // its size is the draw index
+      if (r % 37 == 5) row[(h >> 16) % uint64_t(V / 2)] = NAN;
+      if (r % 41 == 7) row[(h >> 16) % uint64_t(V / 2)] = INFINITY;
+      if (r % 43 == 9) outputs[size_t(r)].push_back(int32_t(V) + 1);  // out of range (read only with penalties)
+      if (c == 1 && r % 3 == 0) mask.push_back(int32_t(h % uint64_t(V)));  // the mask changes between calls
+    }
+    std::vector<RowSampling> rows;
+    for (int64_t r = 0; r < R; ++r)
+      rows.push_back({r % 47 == 11 ? nullptr : &samplers[size_t(r)], prompts[size_t(r)], outputs[size_t(r)]});
+    auto dx = cuda::to_device(x);
+    std::vector<SampleResult> got;
+    ds.sample(dx.data(), rows, mask, got, nullptr);
+    ASSERT_EQ(got.size(), size_t(R));
+    std::vector<SampleResult> want(static_cast<size_t>(R));
+    std::vector<int> threw(static_cast<size_t>(R), 0);
+    parallel_for(size_t(R), [&](size_t r) {
+      if (!rows[r].sampler) return;
+      std::vector<float> row(x.begin() + int64_t(r) * V, x.begin() + int64_t(r + 1) * V);
+      mask_tokens(row, mask);
+      try {
+        want[r] = samplers[r].sample(row, prompts[r], outputs[r]);
+      } catch (const Error&) {
+        threw[r] = 1;
+      }
+    });
+    for (size_t r = 0; r < size_t(R); ++r) {
+      if (!rows[r].sampler) {
+        err_mis += got[r].token != -1 || !got[r].error.empty();
+        continue;
+      }
+      ++rows_checked;
+      if (threw[r] || !got[r].error.empty()) {
+        ++errors;
+        err_mis += !threw[r] || got[r].error.empty() || got[r].token != -1;
+        continue;
+      }
+      tok_mis += got[r].token != want[r].token;
+      const SamplingParams& p = samplers[r].params();
+      if (p.logprobs) {
+        lp_err = std::max(lp_err, std::abs(double(got[r].logprob) - double(want[r].logprob)));
+        if (!(std::isfinite(got[r].logprob) || got[r].logprob == want[r].logprob)) lp_err = INFINITY;
+      } else {
+        err_mis += !std::isnan(got[r].logprob);
+      }
+      bool top_ok = got[r].top_logprobs.size() == want[r].top_logprobs.size();
+      for (size_t j = 0; top_ok && j < want[r].top_logprobs.size(); ++j) {
+        const TokenLogprob &a = got[r].top_logprobs[j], &b = want[r].top_logprobs[j];
+        top_ok = a.token == b.token && (a.logprob == b.logprob || std::abs(double(a.logprob) - double(b.logprob)) <= 1e-5);
+      }
+      top_mis += !top_ok;
+    }
+  }
+  const std::string shape = fmt::format("rows={},V={},calls={},all_options+mask", R, V, calls);
+  EXPECT_TRUE(contract_exact("device_sampler_token_vs_cpu", shape, tok_mis));
+  EXPECT_TRUE(contract_exact("device_sampler_errors_vs_cpu", shape, err_mis));
+  EXPECT_TRUE(contract_exact("device_sampler_top_logprobs", shape, top_mis));
+  EXPECT_TRUE(contract("device_sampler_logprob_abs_err", shape, lp_err, 1e-5));
+  EXPECT_GT(errors, 0u);  // the NaN / +inf / bad-history rows were exercised
+  EXPECT_GT(rows_checked, errors);
+}
+
+/// Statistical test: N seeded requests sample the same row (one draw each, seeds base + i) through
+/// the DeviceSampler; every token's count must lie within 5 binomial standard deviations (+1) of N * p
+/// under sampling_distribution(), and tokens of probability 0 must never appear. Deterministic.
+void check_frequencies(const std::vector<float>& row, const SamplingParams& params, const std::vector<int32_t>& prompt,
+                       const std::vector<int32_t>& output, const std::vector<int32_t>& mask, int64_t N,
+                       int64_t rows_per_call, const std::string& name) {
+  const int64_t V = int64_t(row.size());
+  std::vector<float> masked = row;
+  mask_tokens(masked, mask);
+  const std::vector<double> dist = sampling_distribution(masked, prompt, output, params);
+  DeviceSampler ds(rows_per_call, V);
+  std::vector<int64_t> count(static_cast<size_t>(V), 0);
+  int64_t bad_tokens = 0;
+  std::vector<float> x;
+  DeviceBuffer<float> dx(size_t(rows_per_call * V));
+  for (int64_t n0 = 0; n0 < N; n0 += rows_per_call) {
+    const int64_t R = std::min(rows_per_call, N - n0);
+    x.clear();
+    for (int64_t i = 0; i < R; ++i) x.insert(x.end(), row.begin(), row.end());
+    dx.upload(x);
+    std::vector<Sampler> samplers;
+    samplers.reserve(size_t(R));
+    for (int64_t i = 0; i < R; ++i) {
+      SamplingParams p = params;
+      p.seed = int64_t(mix64(uint64_t(n0 + i) * 0x51ull + 99) >> 2);
+      samplers.emplace_back(p);
+    }
+    std::vector<RowSampling> rows;
+    for (const Sampler& s : samplers) rows.push_back({&s, prompt, output});
+    std::vector<SampleResult> out;
+    ds.sample(dx.data(), rows, mask, out, nullptr);
+    for (const SampleResult& o : out) {
+      if (!o.error.empty() || o.token < 0 || o.token >= V) {
+        ++bad_tokens;
+        continue;
+      }
+      ++count[size_t(o.token)];
+    }
+  }
+  int64_t outside = 0;
+  double max_z = 0;
+  for (int64_t v = 0; v < V; ++v) {
+    const double p = dist[size_t(v)], c = double(count[size_t(v)]), mean = double(N) * p;
+    if (p == 0.0) {
+      outside += count[size_t(v)] > 0;
+      continue;
+    }
+    const double sd = std::sqrt(double(N) * p * (1 - p));
+    const double dev = std::abs(c - mean);
+    max_z = std::max(max_z, sd > 0 ? dev / sd : (dev > 0 ? INFINITY : 0.0));
+    outside += dev > 5 * sd + 1;
+  }
+  const std::string shape = fmt::format("{},V={},N={},max_z={:.2f}", name, V, N, max_z);
+  EXPECT_TRUE(contract_exact("sample_frequencies_vs_distribution", shape, size_t(outside + bad_tokens)));
+}
+
+/// The toy distributions x options of the statistical test.
+void frequency_suite(int64_t N, bool include_large) {
+  struct Opt {
+    const char* name;
+    float t;
+    int32_t k;
+    float top_p, min_p, rep, freq, pres;
+    bool mask;
+  };
+  const Opt opts[] = {
+      {"temp1", 1.0f, 0, 1.0f, 0, 1, 0, 0, false},        {"temp0.6", 0.6f, 0, 1.0f, 0, 1, 0, 0, false},
+      {"temp1.7", 1.7f, 0, 1.0f, 0, 1, 0, 0, false},      {"top_k3", 1.0f, 3, 1.0f, 0, 1, 0, 0, false},
+      {"top_p0.8", 1.0f, 0, 0.8f, 0, 1, 0, 0, false},     {"min_p0.1", 1.0f, 0, 1.0f, 0.1f, 1, 0, 0, false},
+      {"rep1.5", 1.0f, 0, 1.0f, 0, 1.5f, 0, 0, false},    {"rep0.7", 1.0f, 0, 1.0f, 0, 0.7f, 0, 0, false},
+      {"freq0.6", 1.0f, 0, 1.0f, 0, 1, 0.6f, 0, false},   {"pres-0.8", 1.0f, 0, 1.0f, 0, 1, 0, -0.8f, false},
+      {"mask", 1.0f, 0, 1.0f, 0, 1, 0, 0, true},          {"greedy+pen", 0.0f, 0, 1.0f, 0, 1.2f, 0.5f, 0.5f, true},
+      {"all", 0.9f, 8, 0.9f, 0.05f, 1.2f, 0.3f, 0.4f, true}};
+  const int64_t Vs[] = {5, 12, 50};
+  uint64_t seed = 7700;
+  for (int64_t V : Vs) {
+    std::vector<float> row = randn(size_t(V), seed++, 1.2f);
+    for (float& v : row) v = std::round(v * 8.0f) / 8.0f;
+    const std::vector<int32_t> prompt = {0, 1, int32_t(V - 1), 2};
+    const std::vector<int32_t> output = {1, 1, 3 % int32_t(V), int32_t(V / 2)};
+    const std::vector<int32_t> mask = {int32_t(V / 2), 0};
+    for (const Opt& o : opts) {
+      SamplingParams p;
+      p.temperature = o.t, p.top_k = o.k, p.top_p = o.top_p, p.min_p = o.min_p;
+      p.repetition_penalty = o.rep, p.frequency_penalty = o.freq, p.presence_penalty = o.pres;
+      check_frequencies(row, p, prompt, output, o.mask ? mask : std::vector<int32_t>{}, N, std::min<int64_t>(N, 4096),
+                        o.name);
+    }
+  }
+  if (!include_large) return;
+  // The real vocabulary with a peaked head: ten tokens carry all but ~3e-4 of the mass (at T = 1), the
+  // tail is long and flat. (A heavier tail would make some tail token appear twice in 2048 draws by
+  // chance, beyond its per-token binomial bound.)
+  const int64_t V = 248320;
+  std::vector<float> row = randn(size_t(V), 7799, 1.0f);
+  for (float& v : row) v -= 14.0f;
+  for (int i = 0; i < 10; ++i) row[size_t(1000 + 20000 * i)] = 6.0f - 0.4f * float(i);
+  const std::vector<int32_t> prompt = {1000, 21000, 5}, output = {41000, 41000};
+  std::vector<int32_t> mask;
+  for (int64_t i = 0; i < 100; ++i) mask.push_back(int32_t(V - 1 - i));
+  mask.push_back(61000);
+  const Opt big[] = {{"big_temp1", 1.0f, 0, 1.0f, 0, 1, 0, 0, true},
+                     {"big_top_p0.9", 1.0f, 0, 0.9f, 0, 1, 0, 0, false},
+                     {"big_all", 0.8f, 6, 0.95f, 0.01f, 1.3f, 0.4f, 0.2f, true}};
+  for (const Opt& o : big) {
+    SamplingParams p;
+    p.temperature = o.t, p.top_k = o.k, p.top_p = o.top_p, p.min_p = o.min_p;
+    p.repetition_penalty = o.rep, p.frequency_penalty = o.freq, p.presence_penalty = o.pres;
+    check_frequencies(row, p, prompt, output, o.mask ? mask : std::vector<int32_t>{}, 2048, 256, o.name);
+  }
+}
+
 }  // namespace
+
+TEST(Sampling, MaskExact) {
+  MOEFOLD_REQUIRE_GPU();
+  check_mask(17, 248320, 17, 8000);
+  check_mask(65, 32000, 33, 8001);
+}
+
+TEST(Sampling, PenaltiesExact) {
+  MOEFOLD_REQUIRE_GPU();
+  check_penalties(64, 248320, 64, 8100);
+  check_penalties(65, 32000, 40, 8101);
+}
+
+TEST(Sampling, RawLogprobs) {
+  MOEFOLD_REQUIRE_GPU();
+  check_raw_logprobs(64, 248320, 8200);
+  check_raw_logprobs(24, 13, 8201);  // top_n clamps to the vocabulary; -inf entries listed last
+}
+
+TEST(Sampling, DeviceSamplerMatchesCpu) {
+  MOEFOLD_REQUIRE_GPU();
+  check_device_sampler(128, 32000, 4, 8300);
+  check_device_sampler(64, 248320, 3, 8301);
+}
+
+TEST(Sampling, DeviceSamplerFrequencies) {
+  MOEFOLD_REQUIRE_GPU();
+  frequency_suite(20000, true);
+}
+
+TEST(SamplingSmall, MasksPenaltiesLogprobs) {
+  MOEFOLD_REQUIRE_GPU();
+  check_mask(5, 3000, 3, 8400);
+  check_penalties(6, 2000, 4, 8401);
+  check_raw_logprobs(6, 3000, 8402);
+  check_device_sampler(9, 2000, 2, 8403);
+}
+
+// -0.0 and +0.0 are equal logits for the CPU sampler (a tie: lower id first). A top_k / top_p boundary
+// or a top_logprobs cut inside a run of signed zeros must keep the lowest ids, whatever the sign bits
+// (the selection key once ordered +0.0 above -0.0 and kept the wrong zeros).
+TEST(SamplingSmall, SignedZeroTies) {
+  MOEFOLD_REQUIRE_GPU();
+  const int64_t V = 64;
+  std::vector<float> row(static_cast<size_t>(V), -1.0f);
+  for (int i = 0; i < 10; ++i) row[size_t(i)] = 1.0f;
+  for (int i = 10; i < 40; ++i) row[size_t(i)] = i % 2 ? 0.0f : -0.0f;
+  SamplingParams k;
+  k.temperature = 1.0f;
+  k.top_k = 15;  // the 10 ones and zeros 10..14
+  check_frequencies(row, k, {}, {}, {}, 4096, 4096, "signed_zeros_top_k");
+  SamplingParams p;
+  p.temperature = 1.0f;
+  p.top_p = 0.8f;  // the ones carry ~0.41 of the mass, the zeros ~0.45: the boundary lies among the zeros
+  check_frequencies(row, p, {}, {}, {}, 4096, 4096, "signed_zeros_top_p");
+  // top_logprobs: 15 entries, the zeros by id.
+  auto dx = cuda::to_device(row);
+  auto dn = cuda::to_device(std::vector<int32_t>{15});
+  DeviceBuffer<double> dlse(1);
+  DeviceBuffer<int32_t> dids(cu::kMaxTopLogprobs);
+  DeviceBuffer<float> dlp(cu::kMaxTopLogprobs);
+  cu::raw_logprobs_rows(dx.data(), 1, V, 0, dn.data(), dlse.data(), dids.data(), dlp.data(), nullptr, nullptr);
+  MOEFOLD_CUDA_CHECK(cudaDeviceSynchronize());
+  const auto ids = dids.download();
+  const auto want = top_logprobs(row, 15);
+  size_t bad = 0;
+  for (size_t j = 0; j < want.size(); ++j) bad += ids[j] != want[j].token;
+  EXPECT_TRUE(contract_exact("top_logprobs_signed_zero_ties", "V=64,n=15", bad));
+}
+
+TEST(SamplingSmall, DeviceSamplerErrorsAndLimits) {
+  MOEFOLD_REQUIRE_GPU();
+  EXPECT_THROW(DeviceSampler(0, 10), Error);
+  DeviceSampler ds(2, 10);
+  auto dx = cuda::to_device(std::vector<float>(30, 0.5f));
+  std::vector<RowSampling> rows(3);
+  std::vector<SampleResult> out;
+  EXPECT_THROW(ds.sample(dx.data(), rows, {}, out, nullptr), Error);  // 3 rows > capacity 2
+  // Every id masked: nothing can be sampled (the CPU throws too).
+  SamplingParams g;
+  g.temperature = 0;
+  const Sampler s(g);
+  rows = {{&s, {}, {}}};
+  std::vector<int32_t> all;
+  for (int32_t i = 0; i < 10; ++i) all.push_back(i);
+  ds.sample(dx.data(), rows, all, out, nullptr);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].token, -1);
+  EXPECT_NE(out[0].error.find("-inf"), std::string::npos) << out[0].error;
+}
 
 TEST(Sampling, ArgmaxExact) {
   MOEFOLD_REQUIRE_GPU();
@@ -245,6 +708,39 @@ TEST(SamplingPerf, DISABLED_Timings) {
       cu::SampleRowParams sp{dtemp.data(), dtk.data(), dtp.data(), nullptr, du.data()};
       us = time_us([&] { cu::sample_rows(dx.data(), R, V, 0, sp, dt.data(), nullptr, nullptr, nullptr); });
       perf_line("sample", fmt::format("rows={},V={},{}", R, V, pp.name), us, "-");
+    }
+  }
+}
+
+// The whole DeviceSampler call (uploads, kernels, downloads, one synchronisation) per step size.
+// The logits are not restored between calls (masking and penalties are idempotent enough for timing).
+TEST(SamplingPerf, DISABLED_DeviceSampler) {
+  MOEFOLD_REQUIRE_GPU();
+  const int64_t V = 248320;
+  std::vector<int32_t> mask;
+  for (int64_t i = 0; i < 200; ++i) mask.push_back(int32_t(V - 1 - i));
+  const std::vector<int32_t> prompt = random_history(V, 1024, 1), output = random_history(V, 256, 2);
+  for (int64_t R : {1, 64, 256}) {
+    auto dx = cuda::to_device(make_logits(R, V, 9100));
+    DeviceSampler ds(R, V);
+    struct Case {
+      const char* name;
+      SamplingParams p;
+    };
+    SamplingParams greedy;
+    greedy.temperature = 0;
+    SamplingParams sampled;
+    sampled.temperature = 0.8f, sampled.top_k = 50, sampled.top_p = 0.95f, sampled.seed = 1;
+    SamplingParams full = sampled;
+    full.repetition_penalty = 1.1f, full.frequency_penalty = 0.2f, full.presence_penalty = 0.2f;
+    full.logprobs = true, full.top_logprobs = 5;
+    for (const Case& c : {Case{"greedy", greedy}, Case{"top_k=50,top_p=0.95", sampled},
+                          Case{"+penalties(1024+256),logprobs,top5", full}}) {
+      const Sampler s(c.p);
+      const std::vector<RowSampling> rows(size_t(R), RowSampling{&s, prompt, output});
+      std::vector<SampleResult> out;
+      const double us = time_us([&] { ds.sample(dx.data(), rows, mask, out, nullptr); });
+      perf_line("device_sampler", fmt::format("rows={},V={},{}", R, V, c.name), us, "-");
     }
   }
 }

@@ -1,17 +1,24 @@
 #include "models/cuda/cuda_executor.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
+#include <map>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/parallel.h"
+#include "core/profiler.h"
 #include "models/weight_loader.h"
 #include "ops/cpu/rope.h"
 #include "ops/cuda/attention.h"
 #include "ops/cuda/causal_conv1d.h"
 #include "ops/cuda/cuda_check.h"
+#include "ops/cuda/cuda_graph.h"
 #include "ops/cuda/device_buffer.h"
 #include "ops/cuda/dummy_fill.h"
 #include "ops/cuda/elementwise.h"
@@ -34,6 +41,18 @@ bool cuda_available() {
 namespace {
 
 const bf16* dev(const Param& p) { return static_cast<const bf16*>(p.device); }
+
+/// The host facts of one step that size its launches: grids, GEMM rows, the block-table stride, the
+/// lm_head rows. A CUDA graph is captured for one StepDims and replayed for every step mapped to it
+/// (the live rows and sequences are then read from device memory by every kernel).
+struct StepDims {
+  int64_t rows = 0;          ///< T: rows the launches cover (a graph's bucket)
+  int32_t seqs = 0;          ///< S: sequences the launches cover
+  bool decode = false;       ///< one row per sequence, each with cached context
+  int max_q_len = 0;         ///< most rows of one sequence
+  int32_t table_stride = 0;  ///< block-table entries per sequence
+  int64_t logits_rows = 0;   ///< rows of the first lm_head pass (0: none)
+};
 
 class CudaExecutor : public Executor {
  public:
@@ -67,9 +86,61 @@ class CudaExecutor : public Executor {
     }
   }
 
+  /// One device weight [sum of rows, in] made of `parts` stacked in order (all with the same `in` and
+  /// either all with or all without a bias: nullptr otherwise); the parts' own device copies are freed.
+  /// One GEMM then computes every projection of the same input.
+  const bf16* fuse_rows(std::initializer_list<const Linear*> parts, const bf16** bias) {
+    int64_t rows = 0;
+    const int64_t in = (*parts.begin())->in;
+    const bool biased = !(*parts.begin())->b.empty();
+    for (const Linear* l : parts)
+      if (l->in != in || l->b.empty() == biased || !l->w.device) return nullptr;
+    for (const Linear* l : parts) rows += l->out;
+    DeviceBuffer<bf16> fused(size_t(rows * in)), fused_b(biased ? size_t(rows) : 0);
+    int64_t r0 = 0;
+    for (const Linear* l : parts) {
+      MOEFOLD_CUDA_CHECK(cudaMemcpy(fused.data() + r0 * in, l->w.device, size_t(l->out * in) * sizeof(bf16),
+                                    cudaMemcpyDeviceToDevice));
+      if (biased)
+        MOEFOLD_CUDA_CHECK(cudaMemcpy(fused_b.data() + r0, l->b.device, size_t(l->out) * sizeof(bf16),
+                                      cudaMemcpyDeviceToDevice));
+      r0 += l->out;
+    }
+    for (const Linear* l : parts)
+      for (auto& buf : weights_store_)
+        if (buf.data() == l->w.device || (biased && buf.data() == l->b.device)) buf = DeviceBuffer<bf16>();
+    weights_store_.push_back(std::move(fused));
+    const bf16* w = weights_store_.back().data();
+    *bias = nullptr;
+    if (biased) {
+      weights_store_.push_back(std::move(fused_b));
+      *bias = weights_store_.back().data();
+    }
+    return w;
+  }
+
   void finish_load(ModelWeights w) {
     w_ = std::move(w);
     const ModelConfig& c = cfg_;
+    // Projections of one input as one GEMM: attention q|k|v, DeltaNet qkv|z|b|a.
+    fused_.resize(w_.layers.size());
+    for (size_t l = 0; l < w_.layers.size(); ++l) {
+      LayerWeights& L = w_.layers[l];
+      Fused& f = fused_[l];
+      if (c.layer_types[l] == LayerType::FullAttention) {
+        f.w = fuse_rows({&L.attn.q_proj, &L.attn.k_proj, &L.attn.v_proj}, &f.b);
+        f.rows = L.attn.q_proj.out + L.attn.k_proj.out + L.attn.v_proj.out;
+      } else {
+        const DeltaNetWeights& g = L.gdn;
+        f.w = fuse_rows({&g.in_proj_qkv, &g.in_proj_z, &g.in_proj_b, &g.in_proj_a}, &f.b);
+        f.rows = g.in_proj_qkv.out + g.in_proj_z.out + g.in_proj_b.out + g.in_proj_a.out;
+      }
+      if (!f.w) continue;
+      fused_cols_ = std::max(fused_cols_, f.rows);
+      for (Linear* part : {&L.attn.q_proj, &L.attn.k_proj, &L.attn.v_proj, &L.gdn.in_proj_qkv, &L.gdn.in_proj_z,
+                           &L.gdn.in_proj_b, &L.gdn.in_proj_a})
+        part->w.device = part->b.device = nullptr;  // freed: only the fused copy remains
+    }
     const int64_t cap = opt_.max_rows, H = c.hidden_size, S = opt_.num_slots;
     // fp32 copies of A_log and dt_bias for the DeltaNet kernels.
     for (auto& L : w_.layers)
@@ -103,18 +174,26 @@ class CudaExecutor : public Executor {
     h_ = act(H);
     x_ = act(H);
     y_ = act(H);
+    if (fused_cols_ > 0) proj_ = act(fused_cols_);
+    bool unfused_attn = false, unfused_gdn = false;
+    for (size_t l = 0; l < fused_.size(); ++l)
+      if (!fused_[l].w) (c.layer_types[l] == LayerType::FullAttention ? unfused_attn : unfused_gdn) = true;
     if (c.num_layers_of(LayerType::FullAttention)) {
-      qg_ = act(c.q_proj_rows());
-      k_ = act(c.num_kv_heads * c.head_dim);
-      v_ = act(c.num_kv_heads * c.head_dim);
+      if (unfused_attn) {
+        qg_ = act(c.q_proj_rows());
+        k_ = act(c.num_kv_heads * c.head_dim);
+        v_ = act(c.num_kv_heads * c.head_dim);
+      }
       o_ = act(c.num_heads * c.head_dim);
     }
     if (c.num_layers_of(LayerType::LinearAttention)) {
-      mixed_ = act(c.conv_dim());
+      if (unfused_gdn) {
+        mixed_ = act(c.conv_dim());
+        z_ = act(c.value_dim());
+        gb_ = act(c.linear_num_value_heads);
+        ga_ = act(c.linear_num_value_heads);
+      }
       conv_ = act(c.conv_dim());
-      z_ = act(c.value_dim());
-      gb_ = act(c.linear_num_value_heads);
-      ga_ = act(c.linear_num_value_heads);
       go_ = act(c.value_dim());
     }
     int64_t ffn = 0;
@@ -131,6 +210,7 @@ class CudaExecutor : public Executor {
       moe_ws_ = cuda::moe_workspace_bind(moe_ws_mem_.data(), bytes, moe_shape_);
     }
     hr_ = DeviceBuffer<bf16>(size_t(opt_.max_logits_rows) * size_t(H));
+    hr_.fill_bytes(0);  // the lm_head reads a graph bucket's padding rows too
     logits_ = DeviceBuffer<float>(size_t(opt_.max_logits_rows) * size_t(c.vocab_size));
     // KV cache and state pool: the state pool first, then the KV pages, sized from free memory when
     // num_blocks <= 0 (everything else is allocated by now).
@@ -163,6 +243,7 @@ class CudaExecutor : public Executor {
       decode_ws_ = DeviceBuffer<uint8_t>(std::max<size_t>(decode_ws_bytes_, 1));
     }
     kv_elems_ = int64_t(opt_.num_blocks) * opt_.block_size * c.num_kv_heads * c.head_dim;
+    pad_cu_.reserve(size_t(S) + 1);
     for (int64_t l = 0; l < c.num_layers; ++l) {
       if (c.layer_types[size_t(l)] == LayerType::FullAttention) {
         k_cache_.emplace_back(size_t(kv_elems_));
@@ -173,6 +254,48 @@ class CudaExecutor : public Executor {
       }
     }
     MOEFOLD_CUDA_CHECK(cudaDeviceSynchronize());
+    if (!opt_.enforce_eager) setup_graphs();
+  }
+
+  /// Decode-step CUDA graphs: buckets within the executor's limits and KV-length classes (block-table
+  /// strides for 4k, 32k and 256k tokens, capped by max_blocks_per_seq; a step with a longer context
+  /// runs eagerly). Every bucket of the shortest class is captured now; other classes when first used.
+  void setup_graphs() {
+    for (int32_t n : opt_.cuda_graph_sizes)
+      if (n >= 1 && n <= opt_.num_slots && n <= opt_.max_rows && n <= opt_.max_logits_rows) graph_buckets_.push_back(n);
+    std::sort(graph_buckets_.begin(), graph_buckets_.end());
+    graph_buckets_.erase(std::unique(graph_buckets_.begin(), graph_buckets_.end()), graph_buckets_.end());
+    const int32_t mb = opt_.max_blocks_per_seq, bs = opt_.block_size;
+    for (int64_t kv : {int64_t(4096), int64_t(32768), int64_t(262144)}) {
+      const int32_t stride = int32_t((kv + bs - 1) / bs);
+      if (stride < mb) table_strides_.push_back(stride);
+      else {
+        table_strides_.push_back(mb);
+        break;
+      }
+    }
+    if (graph_buckets_.empty()) return;
+    const auto t0 = std::chrono::steady_clock::now();
+    size_t free0 = 0, free1 = 0, total = 0;
+    MOEFOLD_CUDA_CHECK(cudaMemGetInfo(&free0, &total));
+    const bool log = opt_.log_graphs;
+    opt_.log_graphs = false;
+    size_t nodes = 0;
+    for (int32_t n : graph_buckets_) {
+      StepDims d;
+      d.rows = d.seqs = d.logits_rows = n;
+      d.decode = true;
+      d.max_q_len = 1;
+      d.table_stride = table_strides_.front();
+      nodes += capture(d).num_nodes();
+    }
+    opt_.log_graphs = log;
+    MOEFOLD_CUDA_CHECK(cudaMemGetInfo(&free1, &total));
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    if (log)
+      fmt::print(stderr, "moefold: captured {} decode CUDA graphs (batch sizes {}; {} nodes) in {:.0f} ms, {:.1f} MiB\n",
+                 graph_buckets_.size(), fmt::join(graph_buckets_, ","), nodes, ms,
+                 double(int64_t(free0) - int64_t(free1)) / 1048576.0);
   }
 
   const ModelConfig& config() const override { return cfg_; }
@@ -210,8 +333,26 @@ class CudaExecutor : public Executor {
   void gemm(const Linear& l, const bf16* x, bf16* y, int64_t T) {
     cuda::gemm_bf16(x, dev(l.w), l.b.empty() ? nullptr : dev(l.b), y, T, l.in, l.out, stream_);
   }
-  void attention(size_t l, const ForwardBatch& b, int64_t T, bool decode, int max_q_len);
-  void deltanet(size_t l, const ForwardBatch& b, int64_t T, bool decode);
+  /// Validates the step, uploads it (padded to `d`) and runs it, as a graph replay when one serves
+  /// it. Leaves the logits of the first min(R, max_logits_rows) rows in logits_; returns true when
+  /// that is all R of them.
+  bool run_step(const ForwardBatch& b);
+  /// The host facts of a step as eager execution runs it.
+  StepDims eager_dims(const ForwardBatch& b) const;
+  /// The graph that runs `b` (captured now if needed), with the dims it was captured for; nullptr
+  /// when the step runs eagerly.
+  cuda::CapturedGraph* graph_for(const ForwardBatch& b, StepDims& d);
+  /// Captures the graph of a decode step of dims `d` (warm-up run first, outside the capture).
+  cuda::CapturedGraph& capture(const StepDims& d);
+  /// Uploads the batch, padded to `d` (sequences beyond the batch have no rows and context -1).
+  void upload_batch(const ForwardBatch& b, const StepDims& d);
+  /// Every launch of a step with dims d: embedding, layers and (when d.logits_rows > 0) the first
+  /// lm_head pass. Pure device work over the uploaded batch: capturable in a CUDA graph.
+  void launch_step(const StepDims& d);
+  /// lm_head pass over logits rows [r0, r0 + n): logits_[0 .. n) (live count: counts_[3] when r0 == 0).
+  void launch_head(int64_t rows, int64_t r0, int64_t n, bool live_from_device);
+  void attention(size_t l, const StepDims& d);
+  void deltanet(size_t l, const StepDims& d);
   void ffn(size_t l, int64_t T, size_t moe_index);
 
   ModelConfig cfg_;
@@ -221,6 +362,16 @@ class CudaExecutor : public Executor {
   std::vector<DeviceBuffer<bf16>> weights_store_;
   std::vector<DeviceBuffer<float>> fp32_store_;
   std::vector<const float*> a_log_, dt_bias_;
+  /// Per layer: the fused input projection (attention q|k|v or DeltaNet qkv|z|b|a) [rows, H], or null
+  /// when the parts could not be fused (the layer then runs one GEMM per projection).
+  struct Fused {
+    const bf16* w = nullptr;
+    const bf16* b = nullptr;
+    int64_t rows = 0;
+  };
+  std::vector<Fused> fused_;
+  int64_t fused_cols_ = 0;
+  DeviceBuffer<bf16> proj_;  // [max_rows, fused_cols_]: the fused projections' output
   std::unique_ptr<cuda::RopeFreqs> freqs_;
   DeviceBuffer<int32_t> ids_, positions_, slot_mapping_, logits_rows_, cu_seqlens_, context_lens_, state_slots_,
       block_tables_, counts_;
@@ -235,35 +386,113 @@ class CudaExecutor : public Executor {
   std::vector<DeviceBuffer<float>> rec_state_;
   RoutingControl routing_;
   DeviceBuffer<int32_t> replay_ids_;  // [MoE layers, T, k] of the current step when replaying
+  // CUDA graphs of decode steps, by (bucket rows, block-table stride); padded host copies of the batch.
+  std::map<std::pair<int64_t, int32_t>, std::unique_ptr<cuda::CapturedGraph>> graphs_;
+  std::vector<int32_t> graph_buckets_;       // sorted, each <= the executor's limits
+  std::vector<int32_t> table_strides_;       // block-table strides of the KV-length classes, ascending
+  std::vector<int32_t> pad_cu_, pad_ctx_, pad_slots_, pad_tables_, pad_counts_;
 };
 
-void CudaExecutor::forward(const ForwardBatch& b, std::vector<float>& logits) {
+StepDims CudaExecutor::eager_dims(const ForwardBatch& b) const {
+  StepDims d;
+  d.rows = b.num_rows();
+  d.seqs = b.num_seqs();
+  d.decode = true;
+  for (int32_t s = 0; s < d.seqs; ++s) {
+    const int n = b.cu_seqlens[size_t(s + 1)] - b.cu_seqlens[size_t(s)];
+    d.max_q_len = std::max(d.max_q_len, n);
+    d.decode = d.decode && n == 1 && b.context_lens[size_t(s)] > 0;
+  }
+  d.table_stride = b.max_blocks_per_seq;
+  d.logits_rows = std::min<int64_t>(int64_t(b.logits_rows.size()), opt_.max_logits_rows);
+  return d;
+}
+
+cuda::CapturedGraph* CudaExecutor::graph_for(const ForwardBatch& b, StepDims& d) {
+  // Graphs serve decode steps whose logits fit one lm_head pass; profiling (per-launch events),
+  // routing capture (a copy to the host per layer) and replay (a per-step upload) run eagerly.
+  if (graph_buckets_.empty() || !d.decode || routing_.capture || routing_.replay || prof::timing_active())
+    return nullptr;
+  if (int64_t(b.logits_rows.size()) != d.rows) return nullptr;
+  const auto bucket = std::lower_bound(graph_buckets_.begin(), graph_buckets_.end(), int32_t(d.rows));
+  const auto stride = std::lower_bound(table_strides_.begin(), table_strides_.end(), b.max_blocks_per_seq);
+  if (bucket == graph_buckets_.end() || stride == table_strides_.end()) return nullptr;
+  StepDims g;
+  g.rows = *bucket;
+  g.seqs = *bucket;
+  g.decode = true;
+  g.max_q_len = 1;
+  g.table_stride = *stride;
+  g.logits_rows = *bucket;
+  auto it = graphs_.find({g.rows, g.table_stride});
+  cuda::CapturedGraph* graph = it != graphs_.end() ? it->second.get() : &capture(g);
+  d = g;
+  return graph;
+}
+
+cuda::CapturedGraph& CudaExecutor::capture(const StepDims& d) {
+  const auto t0 = std::chrono::steady_clock::now();
+  size_t free0 = 0, free1 = 0, total = 0;
+  MOEFOLD_CUDA_CHECK(cudaMemGetInfo(&free0, &total));
+  // An empty step of these dims: no live row or sequence, so the warm-up run (which creates the
+  // cuBLASLt plans and workspaces of these shapes outside the capture) computes nothing real.
+  ForwardBatch empty;
+  empty.max_blocks_per_seq = d.table_stride;
+  empty.cu_seqlens = {0};
+  upload_batch(empty, d);
+  launch_step(d);
+  MOEFOLD_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  auto graph = cuda::CapturedGraph::capture(stream_, [&] { launch_step(d); });
+  MOEFOLD_CUDA_CHECK(cudaMemGetInfo(&free1, &total));
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  if (opt_.log_graphs)
+    fmt::print(stderr, "moefold: captured decode graph rows={} kv_tokens={} ({} nodes) in {:.1f} ms, {:.1f} MiB\n",
+               d.rows, int64_t(d.table_stride) * opt_.block_size, graph->num_nodes(), ms,
+               double(int64_t(free0) - int64_t(free1)) / 1048576.0);
+  return *(graphs_[{d.rows, d.table_stride}] = std::move(graph));
+}
+
+void CudaExecutor::upload_batch(const ForwardBatch& b, const StepDims& d) {
+  const int32_t T = b.num_rows(), S = b.num_seqs();
+  auto up = [&](DeviceBuffer<int32_t>& dst, const std::vector<int32_t>& h) {
+    if (!h.empty()) dst.upload(h.data(), h.size(), 0, stream_, true);
+  };
+  up(ids_, b.token_ids);
+  up(positions_, b.positions);
+  up(state_slots_, b.state_slots);
+  up(logits_rows_, b.logits_rows);
+  if (d.seqs == S && d.table_stride == b.max_blocks_per_seq) {
+    up(cu_seqlens_, b.cu_seqlens);
+    up(context_lens_, b.context_lens);
+    up(block_tables_, b.block_tables);
+  } else {  // padded: sequences S .. d.seqs have no rows and context -1 (never touched)
+    pad_cu_.assign(size_t(d.seqs) + 1, T);
+    std::copy(b.cu_seqlens.begin(), b.cu_seqlens.end(), pad_cu_.begin());
+    pad_ctx_.assign(size_t(d.seqs), -1);
+    std::copy(b.context_lens.begin(), b.context_lens.end(), pad_ctx_.begin());
+    pad_tables_.assign(size_t(d.seqs) * size_t(d.table_stride), -1);
+    for (int32_t s = 0; s < S; ++s)
+      std::copy_n(b.block_table(s), b.max_blocks_per_seq, pad_tables_.begin() + size_t(s) * size_t(d.table_stride));
+    up(cu_seqlens_, pad_cu_);
+    up(context_lens_, pad_ctx_);
+    up(block_tables_, pad_tables_);
+  }
+  pad_counts_ = {T, S, 0, int32_t(b.logits_rows.size())};
+  up(counts_, pad_counts_);
+}
+
+bool CudaExecutor::run_step(const ForwardBatch& b) {
   const ModelConfig& c = cfg_;
-  const int64_t T = b.num_rows(), H = c.hidden_size, V = c.vocab_size;
+  const int64_t T = b.num_rows();
   const int32_t S = b.num_seqs();
   MOEFOLD_CHECK(T > 0 && T <= opt_.max_rows, "step has {} rows; this executor holds at most {}", T, opt_.max_rows);
   MOEFOLD_CHECK(S <= opt_.num_slots, "step has {} sequences; this executor holds at most {}", S, opt_.num_slots);
   MOEFOLD_CHECK(b.max_blocks_per_seq <= opt_.max_blocks_per_seq, "block table of {} pages exceeds the limit {}",
                 b.max_blocks_per_seq, opt_.max_blocks_per_seq);
-  int max_q_len = 0;
-  bool decode = true;
-  for (int32_t s = 0; s < S; ++s) {
-    const int n = b.cu_seqlens[size_t(s + 1)] - b.cu_seqlens[size_t(s)];
-    max_q_len = std::max(max_q_len, n);
-    decode = decode && n == 1 && b.context_lens[size_t(s)] > 0;
-  }
-  // Upload the batch (stream-ordered; the host vectors live until the synchronise below).
-  auto up = [&](DeviceBuffer<int32_t>& d, const std::vector<int32_t>& h) {
-    if (!h.empty()) d.upload(h.data(), h.size(), 0, stream_, true);
-  };
-  up(ids_, b.token_ids);
-  up(positions_, b.positions);
-  up(cu_seqlens_, b.cu_seqlens);
-  up(context_lens_, b.context_lens);
-  up(state_slots_, b.state_slots);
-  up(block_tables_, b.block_tables);
-  const std::vector<int32_t> counts = {int32_t(T), S, 0, int32_t(b.logits_rows.size())};
-  up(counts_, counts);
+  for (int32_t r : b.logits_rows) MOEFOLD_CHECK(r >= 0 && r < T, "logits row {} outside the step's {} rows", r, T);
+  StepDims d = eager_dims(b);
+  cuda::CapturedGraph* graph = graph_for(b, d);
+  upload_batch(b, d);
   // Checked on the host: the top-k kernel would keep an id outside [0, E) and moe_plan drop its pair
   // silently (ws.status is not read back).
   prepare_routing(routing_, c, T);
@@ -273,6 +502,14 @@ void CudaExecutor::forward(const ForwardBatch& b, std::vector<float>& logits) {
     if (replay_ids_.size() < r.size() * pairs) replay_ids_ = DeviceBuffer<int32_t>(r.size() * pairs);
     for (size_t i = 0; i < r.size(); ++i) replay_ids_.upload(r[i].data(), pairs, i * pairs, stream_, true);
   }
+  if (graph) graph->replay(stream_);
+  else launch_step(d);
+  return int64_t(b.logits_rows.size()) <= opt_.max_logits_rows;
+}
+
+void CudaExecutor::launch_step(const StepDims& d) {
+  const ModelConfig& c = cfg_;
+  const int64_t T = d.rows, H = c.hidden_size, V = c.vocab_size;
   size_t moe_index = 0;
   const int32_t* num_rows = counts_.data();
 
@@ -281,30 +518,46 @@ void CudaExecutor::forward(const ForwardBatch& b, std::vector<float>& logits) {
   const cpu::NormKind nk = c.norm_zero_centred ? cpu::NormKind::ZeroCentred : cpu::NormKind::Plain;
   const float eps = float(c.rms_norm_eps);
   if (c.num_layers_of(LayerType::FullAttention))
-    cuda::compute_slot_mapping(cu_seqlens_.data(), context_lens_.data(), block_tables_.data(), b.max_blocks_per_seq,
-                               opt_.block_size, S, max_q_len, slot_mapping_.data(), stream_);
+    cuda::compute_slot_mapping(cu_seqlens_.data(), context_lens_.data(), block_tables_.data(), d.table_stride,
+                               opt_.block_size, d.seqs, d.max_q_len, slot_mapping_.data(), stream_);
   for (size_t l = 0; l < w_.layers.size(); ++l) {
     const LayerWeights& L = w_.layers[l];
     // h = h + Mixer(RMSNorm_in(h))
     cuda::rms_norm(h_.data(), dev(L.input_norm), x_.data(), T, H, eps, nk, num_rows, stream_);
-    if (c.layer_types[l] == LayerType::FullAttention) attention(l, b, T, decode, max_q_len);
-    else deltanet(l, b, T, decode);
+    if (c.layer_types[l] == LayerType::FullAttention) attention(l, d);
+    else deltanet(l, d);
     // h = h + FFN(RMSNorm_post(h))
     cuda::add_rms_norm(h_.data(), y_.data(), dev(L.post_attention_norm), x_.data(), T, H, eps, nk, num_rows, stream_);
     ffn(l, T, moe_index);
     moe_index += c.layer_is_moe[l] ? 1 : 0;
   }
+  if (d.logits_rows > 0) launch_head(T, 0, d.logits_rows, true);
+}
 
-  // logits = lm_head(RMSNorm_final(h[logits_rows])), max_logits_rows rows per pass
-  const int64_t R = int64_t(b.logits_rows.size());
-  up(logits_rows_, b.logits_rows);
+// logits = lm_head(RMSNorm_final(h[logits_rows]))
+void CudaExecutor::launch_head(int64_t rows, int64_t r0, int64_t n, bool live_from_device) {
+  const ModelConfig& c = cfg_;
+  const int64_t H = c.hidden_size, V = c.vocab_size;
+  const cpu::NormKind nk = c.norm_zero_centred ? cpu::NormKind::ZeroCentred : cpu::NormKind::Plain;
+  const int32_t* live = live_from_device ? counts_.data() + 3 : nullptr;
+  cuda::embedding_gather(h_.data(), rows, H, logits_rows_.data() + r0, hr_.data(), n, live,
+                         counts_.data() + 2, stream_);
+  cuda::rms_norm(hr_.data(), dev(w_.final_norm), hr_.data(), n, H, float(c.rms_norm_eps), nk, live, stream_);
+  cuda::gemm_bf16_f32out(hr_.data(), dev(w_.lm_head_param()), nullptr, logits_.data(), n, H, V, stream_);
+}
+
+void CudaExecutor::forward(const ForwardBatch& b, std::vector<float>& logits) {
+  const int64_t V = cfg_.vocab_size, R = int64_t(b.logits_rows.size());
+  const bool one_pass = run_step(b);
   logits.resize(size_t(R * V));
-  for (int64_t r0 = 0; r0 < R; r0 += opt_.max_logits_rows) {
-    const int64_t n = std::min<int64_t>(opt_.max_logits_rows, R - r0);
-    cuda::embedding_gather(h_.data(), T, H, logits_rows_.data() + r0, hr_.data(), n, nullptr, counts_.data() + 2, stream_);
-    cuda::rms_norm(hr_.data(), dev(w_.final_norm), hr_.data(), n, H, eps, nk, nullptr, stream_);
-    cuda::gemm_bf16_f32out(hr_.data(), dev(w_.lm_head_param()), nullptr, logits_.data(), n, H, V, stream_);
-    logits_.download(logits.data() + r0 * V, size_t(n * V), 0, stream_, true);
+  if (one_pass) {
+    if (R > 0) logits_.download(logits.data(), size_t(R * V), 0, stream_, true);
+  } else {  // max_logits_rows rows per pass
+    for (int64_t r0 = 0; r0 < R; r0 += opt_.max_logits_rows) {
+      const int64_t n = std::min<int64_t>(opt_.max_logits_rows, R - r0);
+      if (r0 > 0) launch_head(b.num_rows(), r0, n, false);
+      logits_.download(logits.data() + r0 * V, size_t(n * V), 0, stream_, true);
+    }
   }
   int32_t oob = 0;
   counts_.download(&oob, 1, 2, stream_, true);
@@ -314,63 +567,93 @@ void CudaExecutor::forward(const ForwardBatch& b, std::vector<float>& logits) {
 
 // Gated softmax attention, as Model::attention: [q | gate] = q_proj(x); k, v; q/k RMSNorm per head;
 // RoPE; causal paged attention; o * sigmoid(gate) (fused); out = o_proj(o).
-void CudaExecutor::attention(size_t l, const ForwardBatch& b, int64_t T, bool decode, int max_q_len) {
+void CudaExecutor::attention(size_t l, const StepDims& d) {
   const AttentionWeights& a = w_.layers[l].attn;
   const ModelConfig& c = cfg_;
+  const int64_t T = d.rows;
   const int64_t Hq = c.num_heads, Hkv = c.num_kv_heads, D = c.head_dim;
   const int32_t* num_rows = counts_.data();
   const cpu::NormKind nk = c.norm_zero_centred ? cpu::NormKind::ZeroCentred : cpu::NormKind::Plain;
-  gemm(a.q_proj, x_.data(), qg_.data(), T);
-  gemm(a.k_proj, x_.data(), k_.data(), T);
-  gemm(a.v_proj, x_.data(), v_.data(), T);
   cuda::AttentionShape sh = attention_shape();
-  cuda::HeadRows q_rows{Hq, sh.q_token_stride, sh.q_head_stride}, k_rows{Hkv, 0, 0};
-  if (c.qk_norm) {
-    cuda::rms_norm(qg_.data(), dev(a.q_norm), qg_.data(), T, D, float(c.rms_norm_eps), nk, num_rows, stream_, q_rows);
-    cuda::rms_norm(k_.data(), dev(a.k_norm), k_.data(), T, D, float(c.rms_norm_eps), nk, num_rows, stream_, k_rows);
+  // [q (| gate) | k | v] per token: one fused GEMM into proj_, read in place with strides, or three.
+  bf16 *q = qg_.data(), *k = k_.data(), *v = v_.data();
+  int64_t kv_stride = 0;
+  const Fused& f = fused_[l];
+  if (f.w) {
+    const int64_t W = f.rows;
+    cuda::gemm_bf16(x_.data(), f.w, f.b, proj_.data(), T, c.hidden_size, W, stream_, false, 0, W);
+    q = proj_.data();
+    k = q + a.q_proj.out;
+    v = k + a.k_proj.out;
+    kv_stride = W;
+    sh.q_token_stride = W;
+    sh.q_head_stride = c.attn_output_gate ? 2 * D : D;
+    sh.gate_token_stride = sh.q_token_stride;
+    sh.gate_head_stride = sh.q_head_stride;
+  } else {
+    gemm(a.q_proj, x_.data(), qg_.data(), T);
+    gemm(a.k_proj, x_.data(), k_.data(), T);
+    gemm(a.v_proj, x_.data(), v_.data(), T);
   }
-  cuda::apply_rope(qg_.data(), q_rows, k_.data(), k_rows, positions_.data(), T, D, *freqs_, num_rows, stream_);
-  cuda::kv_cache_write(k_.data(), 0, v_.data(), 0, k_cache_[l].data(), v_cache_[l].data(), slot_mapping_.data(), T,
+  cuda::HeadRows q_rows{Hq, sh.q_token_stride, sh.q_head_stride}, k_rows{Hkv, kv_stride, kv_stride ? D : 0};
+  if (c.qk_norm) {
+    cuda::rms_norm(q, dev(a.q_norm), q, T, D, float(c.rms_norm_eps), nk, num_rows, stream_, q_rows);
+    cuda::rms_norm(k, dev(a.k_norm), k, T, D, float(c.rms_norm_eps), nk, num_rows, stream_, k_rows);
+  }
+  cuda::apply_rope(q, q_rows, k, k_rows, positions_.data(), T, D, *freqs_, num_rows, stream_);
+  cuda::kv_cache_write(k, kv_stride, v, kv_stride, k_cache_[l].data(), v_cache_[l].data(), slot_mapping_.data(), T,
                        Hkv * D, num_rows, stream_);
-  if (c.attn_output_gate) sh.gate = qg_.data() + D;
-  if (decode)
-    cuda::attention_decode(qg_.data(), k_cache_[l].data(), v_cache_[l].data(), block_tables_.data(),
-                           b.max_blocks_per_seq, context_lens_.data(), b.num_seqs(),
-                           int64_t(b.max_blocks_per_seq) * opt_.block_size, o_.data(), sh, decode_ws_.data(),
-                           decode_ws_bytes_, stream_);
+  if (c.attn_output_gate) sh.gate = q + D;
+  if (d.decode)
+    cuda::attention_decode(q, k_cache_[l].data(), v_cache_[l].data(), block_tables_.data(), d.table_stride,
+                           context_lens_.data(), d.seqs, int64_t(d.table_stride) * opt_.block_size, o_.data(), sh,
+                           decode_ws_.data(), decode_ws_bytes_, stream_);
   else
-    cuda::attention_prefill(qg_.data(), k_cache_[l].data(), v_cache_[l].data(), block_tables_.data(),
-                            b.max_blocks_per_seq, cu_seqlens_.data(), context_lens_.data(), b.num_seqs(), max_q_len,
-                            o_.data(), sh, stream_);
+    cuda::attention_prefill(q, k_cache_[l].data(), v_cache_[l].data(), block_tables_.data(), d.table_stride,
+                            cu_seqlens_.data(), context_lens_.data(), d.seqs, d.max_q_len, o_.data(), sh, stream_);
   gemm(a.o_proj, o_.data(), y_.data(), T);
 }
 
 // Gated DeltaNet, as Model::deltanet: conv1d_silu(in_proj_qkv(x)) with the carried conv state;
 // gating, q/k L2 norm and the delta rule (chunked for prefill, recurrent for decode) over the
 // sequence's state slot; GatedRMSNorm(o, z); out_proj.
-void CudaExecutor::deltanet(size_t l, const ForwardBatch& b, int64_t T, bool decode) {
+void CudaExecutor::deltanet(size_t l, const StepDims& d) {
   const DeltaNetWeights& g = w_.layers[l].gdn;
   const ModelConfig& c = cfg_;
+  const int64_t T = d.rows;
   const int64_t C = c.conv_dim(), K = c.linear_conv_kernel_dim, Hv = c.linear_num_value_heads, kd = c.key_dim();
   const int32_t* num_seqs = counts_.data() + 1;
-  gemm(g.in_proj_qkv, x_.data(), mixed_.data(), T);
-  gemm(g.in_proj_z, x_.data(), z_.data(), T);
-  gemm(g.in_proj_b, x_.data(), gb_.data(), T);
-  gemm(g.in_proj_a, x_.data(), ga_.data(), T);
-  if (decode)
-    cuda::causal_conv1d_silu_decode(mixed_.data(), dev(g.conv1d), state_slots_.data(), num_seqs, b.num_seqs(),
-                                    conv_state_[l].data(), conv_.data(), int(C), int(K), stream_);
+  // [qkv | z | b | a] per token: one fused GEMM into proj_, read in place with strides, or four.
+  const bf16 *mixed = mixed_.data(), *z = z_.data(), *gb = gb_.data(), *ga = ga_.data();
+  int64_t W = 0;
+  const Fused& f = fused_[l];
+  if (f.w) {
+    W = f.rows;
+    cuda::gemm_bf16(x_.data(), f.w, f.b, proj_.data(), T, c.hidden_size, W, stream_, false, 0, W);
+    mixed = proj_.data();
+    z = mixed + C;
+    gb = z + g.in_proj_z.out;
+    ga = gb + Hv;
+  } else {
+    gemm(g.in_proj_qkv, x_.data(), mixed_.data(), T);
+    gemm(g.in_proj_z, x_.data(), z_.data(), T);
+    gemm(g.in_proj_b, x_.data(), gb_.data(), T);
+    gemm(g.in_proj_a, x_.data(), ga_.data(), T);
+  }
+  if (d.decode)
+    cuda::causal_conv1d_silu_decode(mixed, dev(g.conv1d), state_slots_.data(), num_seqs, d.seqs,
+                                    conv_state_[l].data(), conv_.data(), int(C), int(K), stream_, W);
   else
-    cuda::causal_conv1d_silu_prefill(mixed_.data(), dev(g.conv1d), cu_seqlens_.data(), state_slots_.data(), num_seqs,
-                                     int(T), conv_state_[l].data(), conv_.data(), int(C), int(K), stream_);
-  cuda::GdnArgs args{conv_.data(), conv_.data() + kd, conv_.data() + 2 * kd, C, ga_.data(), gb_.data(), Hv,
+    cuda::causal_conv1d_silu_prefill(mixed, dev(g.conv1d), cu_seqlens_.data(), state_slots_.data(), num_seqs,
+                                     int(T), conv_state_[l].data(), conv_.data(), int(C), int(K), stream_, W);
+  cuda::GdnArgs args{conv_.data(), conv_.data() + kd, conv_.data() + 2 * kd, C, ga, gb, W ? W : Hv,
                      a_log_[l], dt_bias_[l], rec_state_[l].data(), state_slots_.data(), num_seqs, go_.data()};
   const cuda::GdnDims dims{int(c.linear_num_key_heads), int(Hv), int(c.linear_key_head_dim),
                            int(c.linear_value_head_dim)};
-  if (decode) cuda::gdn_recurrent_decode(args, b.num_seqs(), dims, stream_);
-  else cuda::gdn_chunked_prefill(args, cu_seqlens_.data(), b.num_seqs(), nullptr, nullptr, 0, dims, stream_);
-  cuda::gated_rms_norm(go_.data(), z_.data(), dev(g.norm), go_.data(), T, Hv, c.linear_value_head_dim,
-                       float(c.rms_norm_eps), counts_.data(), stream_);
+  if (d.decode) cuda::gdn_recurrent_decode(args, d.seqs, dims, stream_);
+  else cuda::gdn_chunked_prefill(args, cu_seqlens_.data(), d.seqs, nullptr, nullptr, 0, dims, stream_);
+  cuda::gated_rms_norm(go_.data(), z, dev(g.norm), go_.data(), T, Hv, c.linear_value_head_dim,
+                       float(c.rms_norm_eps), counts_.data(), stream_, W);
   gemm(g.out_proj, go_.data(), y_.data(), T);
 }
 

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "models/load_model.h"
 #include "runtime/executor.h"
@@ -21,6 +22,13 @@ struct CudaExecutorOptions {
   int32_t max_blocks_per_seq = 0;  ///< 0 = num_blocks
   int32_t max_logits_rows = 256;   ///< logits computed per lm_head pass (larger requests loop)
   bool dummy_on_device = true;     ///< --load-format dummy: generate large tensors on the GPU (same values)
+  /// Decode steps of up to these many sequences run as CUDA graphs captured at load (vLLM's
+  /// --cuda-graph-sizes); a step runs the smallest bucket that holds it, with its live rows and
+  /// sequences read from device memory. Sizes above num_slots, max_rows or max_logits_rows are dropped.
+  std::vector<int32_t> cuda_graph_sizes = default_cuda_graph_sizes();
+  bool enforce_eager = false;  ///< no CUDA graphs (vLLM's --enforce-eager)
+  bool log_graphs = false;     ///< print the graph captures (time, memory) to stderr
+  static std::vector<int32_t> default_cuda_graph_sizes() { return {1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256}; }
 };
 
 /// Loads the model in `dir` straight onto the GPU (each layer uploaded as bf16 as soon as it is read;

@@ -30,6 +30,23 @@ constexpr int kBN = 32;        // keys per tile (one per lane)
 constexpr int kMaxWarps = 8;   // rows per block <= 32
 constexpr float kLog2e = 1.4426950408889634f;
 
+// Decode splits: a sequence of kv_len keys is split into chunks of decode_split_len(kv_len) keys, a
+// function of that sequence's own length alone (never of the batch or of a host bound), so that its
+// output is bitwise the same whatever else the step holds: at most kMaxDecodeSplits chunks, each a
+// multiple of kDecodeSplitUnit keys. A sequence with a single chunk is written directly.
+constexpr int kDecodeSplitUnit = 128;
+constexpr int kMaxDecodeSplits = 64;
+constexpr int kDecodeSplit = -1;  // Args::split_size value selecting the per-sequence rule
+
+__host__ __device__ __forceinline__ int decode_split_len(int kv_len) {
+  const int units = (kv_len + kDecodeSplitUnit * kMaxDecodeSplits - 1) / (kDecodeSplitUnit * kMaxDecodeSplits);
+  return kDecodeSplitUnit * (units > 1 ? units : 1);
+}
+__host__ __device__ __forceinline__ int decode_num_splits(int kv_len) {
+  const int len = decode_split_len(kv_len);
+  return (kv_len + len - 1) / len;
+}
+
 struct Args {
   const bf16* q;
   int64_t q_ts, q_hs;
@@ -44,7 +61,7 @@ struct Args {
   bf16* out;  // dense [rows, Hq, D]
   float* part_o;
   float* part_ml;
-  int max_splits, split_size;  // split_size 0: no split, direct output
+  int max_splits, split_size;  // split_size 0: no split, direct output; kDecodeSplit: per sequence
   int Hq, Hkv, G, HB, TB, head_chunks, block_size, qtiles;
   float scale_log2;
 };
@@ -90,10 +107,14 @@ __global__ void __launch_bounds__(kMaxWarps * 32) attn_kernel(const Args a) {
   if (t0 >= n) return;
   const int kv_end = ctx + min(t0 + a.TB, n);
   int kv_lo = 0, kv_hi = kv_end;
-  if (a.split_size > 0) {
-    kv_lo = split * a.split_size;
-    if (kv_lo >= kv_end) return;
-    if (split < a.max_splits - 1) kv_hi = min(kv_lo + a.split_size, kv_end);
+  // A sequence longer than the host bound (more chunks than the grid has) still runs correctly: its
+  // last chunk takes the rest.
+  const int nsp = a.split_size == kDecodeSplit ? min(decode_num_splits(kv_end), a.max_splits) : 1;
+  if (split >= nsp) return;
+  if (nsp > 1) {
+    const int len = decode_split_len(kv_end);
+    kv_lo = split * len;
+    kv_hi = split == nsp - 1 ? kv_end : min(kv_lo + len, kv_end);
   }
 
   // This warp's rows: (token, q head) pairs; q rows staged in shared memory as scaled fp32.
@@ -197,7 +218,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32) attn_kernel(const Args a) {
   for (int r = 0; r < kR; ++r) {
     if (!valid[r]) continue;
     const int64_t grow = row0 + tok[r];
-    if (a.split_size == 0) {
+    if (nsp == 1) {
       const float inv = 1.0f / l[r];
       float ov[DPL];
 #pragma unroll
@@ -230,7 +251,8 @@ __global__ void combine_kernel(const Args a) {
   const int ctx = a.ctx_lens[s];
   if (ctx < 0 || t >= n) return;
   const int kv_end = ctx + t + 1;
-  const int nsp = min((kv_end + a.split_size - 1) / a.split_size, a.max_splits);
+  const int nsp = min(decode_num_splits(kv_end), a.max_splits);
+  if (nsp <= 1) return;  // written directly by attn_kernel
   const int64_t grow = row0 + t, base = (grow * a.Hq + h) * a.max_splits;
   float M = -INFINITY;
   for (int sp = 0; sp < nsp; ++sp) M = fmaxf(M, a.part_ml[2 * (base + sp)]);
@@ -300,11 +322,14 @@ prof::Work attention_work(const AttentionShape& sh, bool decode) {
 }
 
 /// Bytes of the split-KV partial results (fp32 o and (m, l) per split) of a decode step.
-double decode_partial_bytes(const AttentionShape& sh, int split_size, int max_splits) {
+double decode_partial_bytes(const AttentionShape& sh, int max_splits) {
   const prof::StepFacts* f = prof::step_facts();
-  if (!f || split_size <= 0) return 0;
+  if (!f || max_splits <= 1) return 0;
   double splits = 0;
-  for (int32_t ctx : f->context_lens) splits += std::min((ctx + 1 + split_size - 1) / split_size, max_splits);
+  for (int32_t ctx : f->context_lens) {
+    const int nsp = ctx >= 0 ? decode_num_splits(ctx + 1) : 0;
+    splits += nsp > 1 ? nsp : 0;
+  }
   return splits * sh.num_heads * (sh.head_dim + 2) * 4.0;
 }
 
@@ -346,40 +371,24 @@ Args make_args(const bf16* q, const bf16* k_cache, const bf16* v_cache, const in
   return a;
 }
 
-int num_sms() {
-  static int n = [] {
-    int dev = 0, v = 0;
-    MOEFOLD_CUDA_CHECK(cudaGetDevice(&dev));
-    MOEFOLD_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
-    return v;
-  }();
-  return n;
-}
-
 struct DecodePlan {
   int nwarps, head_chunks, split_size, max_splits;
 };
 
-DecodePlan plan_decode(int num_seqs, const AttentionShape& sh, int64_t max_kv_len) {
+DecodePlan plan_decode(const AttentionShape& sh, int64_t max_kv_len) {
   DecodePlan p{};
   const int G = sh.num_kv_heads > 0 ? sh.num_heads / sh.num_kv_heads : 1;
   p.nwarps = std::max(1, (std::min(G, kMaxWarps * kR) + kR - 1) / kR);
   const int HB = std::min(G, p.nwarps * kR);
   p.head_chunks = (G + HB - 1) / HB;
-  const int64_t base = int64_t(std::max(num_seqs, 1)) * std::max(sh.num_kv_heads, 1) * p.head_chunks;
-  // Enough splits for ~4 blocks per SM (several blocks of 1-2 warps fit per SM at once).
-  const int64_t want = std::max<int64_t>(1, (4 * int64_t(num_sms()) + base - 1) / base);
-  int64_t split = (std::max<int64_t>(max_kv_len, 1) + want - 1) / want;
-  split = std::max<int64_t>(128, (split + kBN - 1) / kBN * kBN);
-  const int64_t splits = (std::max<int64_t>(max_kv_len, 1) + split - 1) / split;
-  if (splits <= 1) {
-    p.split_size = 0;
-    p.max_splits = 1;
-  } else {
-    MOEFOLD_CHECK(split < (int64_t(1) << 30), "attention_decode: max_kv_len {} too large", max_kv_len);
-    p.split_size = int(split);
-    p.max_splits = int(splits);
-  }
+  MOEFOLD_CHECK(max_kv_len < (int64_t(1) << 30), "attention_decode: max_kv_len {} too large", max_kv_len);
+  // The grid covers the most chunks any sequence of up to max_kv_len keys can have (decode_num_splits
+  // is not monotonic in kv_len: it peaks at kMaxDecodeSplits from 64 * kDecodeSplitUnit keys on).
+  const int64_t kv = std::max<int64_t>(max_kv_len, 1);
+  p.max_splits = kv >= int64_t(kDecodeSplitUnit) * kMaxDecodeSplits
+                     ? kMaxDecodeSplits
+                     : int((kv + kDecodeSplitUnit - 1) / kDecodeSplitUnit);
+  p.split_size = kDecodeSplit;
   return p;
 }
 
@@ -671,8 +680,8 @@ void attention_prefill(const bf16* q, const bf16* k_cache, const bf16* v_cache, 
 }
 
 size_t attention_decode_workspace_bytes(int num_seqs, const AttentionShape& shape, int64_t max_kv_len) {
-  const DecodePlan p = plan_decode(num_seqs, shape, max_kv_len);
-  if (p.split_size == 0) return 0;
+  const DecodePlan p = plan_decode(shape, max_kv_len);
+  if (p.max_splits <= 1) return 0;
   return size_t(num_seqs) * size_t(shape.num_heads) * size_t(p.max_splits) * size_t(shape.head_dim + 2) *
          sizeof(float);
 }
@@ -682,7 +691,7 @@ void attention_decode(const bf16* q, const bf16* k_cache, const bf16* v_cache, c
                       bf16* out, const AttentionShape& shape, void* workspace, size_t workspace_bytes,
                       cudaStream_t stream) {
   MOEFOLD_CHECK(num_seqs >= 0 && num_seqs < 65536, "attention_decode: bad num_seqs {}", num_seqs);
-  const DecodePlan p = plan_decode(num_seqs, shape, max_kv_len);
+  const DecodePlan p = plan_decode(shape, max_kv_len);
   Args a = make_args(q, k_cache, v_cache, block_tables, max_blocks_per_seq, context_lens, out, shape, p.nwarps * kR);
   if (num_seqs == 0) return;
   MOEFOLD_CHECK(a.head_chunks == p.head_chunks, "attention_decode: inconsistent plan");
@@ -690,7 +699,7 @@ void attention_decode(const bf16* q, const bf16* k_cache, const bf16* v_cache, c
   a.qtiles = 1;
   a.split_size = p.split_size;
   a.max_splits = p.max_splits;
-  if (p.split_size > 0) {
+  if (p.max_splits > 1) {
     const size_t need = attention_decode_workspace_bytes(num_seqs, shape, max_kv_len);
     MOEFOLD_CHECK(workspace && workspace_bytes >= need && aligned16(workspace),
                   "attention_decode: needs a 16-byte aligned workspace of {} bytes, got {}", need, workspace_bytes);
@@ -703,16 +712,16 @@ void attention_decode(const bf16* q, const bf16* k_cache, const bf16* v_cache, c
     {
       LaunchScope launch(kAttnDecode, stream, [&] {
         prof::Work w = attention_work(shape, true);
-        w.bytes += decode_partial_bytes(shape, p.split_size, p.max_splits);
+        w.bytes += decode_partial_bytes(shape, p.max_splits);
         return w;
       });
       launch_attn<D>(a, grid, p.nwarps, stream);
     }
-    if (p.split_size > 0) {
+    if (p.max_splits > 1) {
       LaunchScope launch(kAttnDecodeCombine, stream, [&] {  // partials read, out written (and the gate read)
         const prof::StepFacts* f = prof::step_facts();
         const double out = f ? double(f->context_lens.size()) * shape.num_heads * shape.head_dim * 2 : 0.0;
-        return prof::Work{decode_partial_bytes(shape, p.split_size, p.max_splits) + out * (shape.gate ? 2 : 1), 0};
+        return prof::Work{decode_partial_bytes(shape, p.max_splits) + out * (shape.gate ? 2 : 1), 0};
       });
       combine_kernel<D><<<dim3(1, unsigned(a.Hq), unsigned(num_seqs)), D, 0, stream>>>(a);
       MOEFOLD_CUDA_CHECK_LAUNCH();

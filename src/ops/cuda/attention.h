@@ -92,9 +92,12 @@ size_t attention_decode_workspace_bytes(int num_seqs, const AttentionShape& shap
 /// Decode attention: one query row per sequence (row s of q and out belongs to sequence s), over
 /// kv_len = context_lens[s] + 1 cached keys (this step's K/V already written). The KV range is
 /// split into chunks processed by separate blocks (flash-decoding) and merged by a log-sum-exp
-/// combine kernel. max_kv_len: host bound on kv_len used to plan the split (a longer sequence is
-/// still computed correctly, its last chunk just does more work). workspace: device memory of at
-/// least attention_decode_workspace_bytes(num_seqs, shape, max_kv_len) bytes.
+/// combine kernel. The chunking of a sequence depends on its own kv_len alone (chunks of a multiple
+/// of 128 keys, at most 64 of them), so each sequence's output is bitwise the same whatever else the
+/// batch holds (batch invariance). max_kv_len: host bound on kv_len that sizes the grid and the
+/// workspace (a longer sequence is still computed correctly, its last chunk taking the rest, but is
+/// then no longer batch-invariant). workspace: device memory of at least
+/// attention_decode_workspace_bytes(num_seqs, shape, max_kv_len) bytes.
 void attention_decode(const bf16* q, const bf16* k_cache, const bf16* v_cache, const int32_t* block_tables,
                       int max_blocks_per_seq, const int32_t* context_lens, int num_seqs, int64_t max_kv_len,
                       bf16* out, const AttentionShape& shape, void* workspace, size_t workspace_bytes,

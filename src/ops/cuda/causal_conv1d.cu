@@ -46,7 +46,7 @@ __global__ void __launch_bounds__(kConvThreads)
     conv1d_prefill_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ w,
                           const int32_t* __restrict__ cu_seqlens, const int32_t* __restrict__ state_slots,
                           const int32_t* __restrict__ num_seqs_p, __nv_bfloat16* __restrict__ state_pool,
-                          __nv_bfloat16* __restrict__ y, int C, int K) {
+                          __nv_bfloat16* __restrict__ y, int C, int K, int64_t xs) {
   const int ns = *num_seqs_p;
   if (ns <= 0) return;
   const int r = blockIdx.x;
@@ -65,7 +65,7 @@ __global__ void __launch_bounds__(kConvThreads)
     float acc = 0.0f;
 #pragma unroll
     for (int j = 0; j < kMaxConvKernel; ++j)
-      if (j < K) acc += wc[j] * __bfloat162float(x[size_t(r - Km1 + j) * C + c]);
+      if (j < K) acc += wc[j] * __bfloat162float(x[size_t(r - Km1 + j) * xs + c]);
     y[size_t(r) * C + c] = __float2bfloat16(silu_f(acc));
     return;
   }
@@ -80,7 +80,7 @@ __global__ void __launch_bounds__(kConvThreads)
   for (int i = 0; i < 2 * kMaxConvKernel; ++i) {
     __nv_bfloat16 v = __float2bfloat16(0.0f);
     if (i < Km1) v = st[i];
-    else if (i < Km1 + len && i < 2 * Km1) v = x[size_t(bos + i - Km1) * C + c];
+    else if (i < Km1 + len && i < 2 * Km1) v = x[size_t(bos + i - Km1) * xs + c];
     raw[i] = v;
     buf[i] = __bfloat162float(v);
   }
@@ -99,14 +99,15 @@ __global__ void __launch_bounds__(kConvThreads)
   for (int j = 0; j < kMaxConvKernel; ++j) {
     if (j >= Km1) break;
     const int i = len + j;  // index into [state | x]
-    st[j] = i < 2 * Km1 ? raw[i] : x[size_t(bos + i - Km1) * C + c];
+    st[j] = i < 2 * Km1 ? raw[i] : x[size_t(bos + i - Km1) * xs + c];
   }
 }
 
 __global__ void __launch_bounds__(kConvThreads)
     conv1d_decode_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ w,
                          const int32_t* __restrict__ state_slots, const int32_t* __restrict__ num_seqs_p,
-                         __nv_bfloat16* __restrict__ state_pool, __nv_bfloat16* __restrict__ y, int C, int K) {
+                         __nv_bfloat16* __restrict__ state_pool, __nv_bfloat16* __restrict__ y, int C, int K,
+                         int64_t xs) {
   const int s = blockIdx.x;
   if (s >= *num_seqs_p) return;
   const int c = blockIdx.y * kConvThreads + threadIdx.x;
@@ -117,7 +118,7 @@ __global__ void __launch_bounds__(kConvThreads)
 #pragma unroll
   for (int j = 0; j < kMaxConvKernel; ++j) {
     if (j < Km1) win[j] = st[j];
-    else if (j == Km1) win[j] = x[size_t(s) * C + c];
+    else if (j == Km1) win[j] = x[size_t(s) * xs + c];
     else win[j] = __float2bfloat16(0.0f);
   }
   float acc = 0.0f;
@@ -144,8 +145,10 @@ void check_args(const void* x, const void* w, const void* slots, const void* num
 void causal_conv1d_silu_prefill(const __nv_bfloat16* x, const __nv_bfloat16* w, const int32_t* cu_seqlens,
                                 const int32_t* state_slots, const int32_t* num_seqs, int max_rows,
                                 __nv_bfloat16* conv_state_pool, __nv_bfloat16* y, int C, int K,
-                                cudaStream_t stream) {
+                                cudaStream_t stream, int64_t x_stride) {
   check_args(x, w, state_slots, num_seqs, conv_state_pool, y, C, K, "causal_conv1d_silu_prefill");
+  if (x_stride == 0) x_stride = C;
+  CONV_REQUIRE(x_stride >= C, "causal_conv1d_silu_prefill: x_stride {} < C = {}", x_stride, C);
   CONV_REQUIRE(cu_seqlens != nullptr, "{}: null cu_seqlens", "causal_conv1d_silu_prefill");
   CONV_REQUIRE(max_rows >= 0, "causal_conv1d_silu_prefill: max_rows = {} is negative", max_rows);
   if (max_rows == 0) return;
@@ -155,19 +158,22 @@ void causal_conv1d_silu_prefill(const __nv_bfloat16* x, const __nv_bfloat16* w, 
     return conv_work(f ? std::min<int64_t>(f->rows, max_rows) : max_rows, f ? int64_t(f->context_lens.size()) : 1, C, K);
   });
   conv1d_prefill_kernel<<<grid, kConvThreads, 0, stream>>>(x, w, cu_seqlens, state_slots, num_seqs,
-                                                           conv_state_pool, y, C, K);
+                                                           conv_state_pool, y, C, K, x_stride);
   MOEFOLD_CUDA_CHECK_LAUNCH();
 }
 
 void causal_conv1d_silu_decode(const __nv_bfloat16* x, const __nv_bfloat16* w, const int32_t* state_slots,
                                const int32_t* num_seqs, int max_seqs, __nv_bfloat16* conv_state_pool,
-                               __nv_bfloat16* y, int C, int K, cudaStream_t stream) {
+                               __nv_bfloat16* y, int C, int K, cudaStream_t stream, int64_t x_stride) {
   check_args(x, w, state_slots, num_seqs, conv_state_pool, y, C, K, "causal_conv1d_silu_decode");
+  if (x_stride == 0) x_stride = C;
+  CONV_REQUIRE(x_stride >= C, "causal_conv1d_silu_decode: x_stride {} < C = {}", x_stride, C);
   CONV_REQUIRE(max_seqs >= 0, "causal_conv1d_silu_decode: max_seqs = {} is negative", max_seqs);
   if (max_seqs == 0) return;
   const dim3 grid(unsigned(max_seqs), unsigned((C + kConvThreads - 1) / kConvThreads));
   LaunchScope launch(kConvDecode, stream, [&] { return conv_work(work_seqs(max_seqs), work_seqs(max_seqs), C, K); });
-  conv1d_decode_kernel<<<grid, kConvThreads, 0, stream>>>(x, w, state_slots, num_seqs, conv_state_pool, y, C, K);
+  conv1d_decode_kernel<<<grid, kConvThreads, 0, stream>>>(x, w, state_slots, num_seqs, conv_state_pool, y, C, K,
+                                                          x_stride);
   MOEFOLD_CUDA_CHECK_LAUNCH();
 }
 

@@ -13,7 +13,8 @@ namespace moefold::cuda {
 inline constexpr int kMaxConvKernel = 8;
 
 /// Varlen prefill: y = silu(causal depthwise conv(x)) for several sequences in one launch.
-/// x, y: bf16 [rows, C] row-major (row stride C); sequence s owns rows [cu_seqlens[s], cu_seqlens[s+1]).
+/// x, y: bf16 [rows, C] row-major (y dense; x_stride elements between rows of x, 0 = C, e.g. x read in
+/// place from a fused projection's output); sequence s owns rows [cu_seqlens[s], cu_seqlens[s+1]).
 /// w: bf16 [C, K] (w[c, K-1] multiplies the current token). conv_state_pool: bf16 [num_slots, C, K-1],
 /// per channel the previous K-1 inputs, oldest first (zeros for a new sequence: the caller zeroes a slot
 /// at allocation); sequence s reads its initial state from slot state_slots[s] and the slot is
@@ -27,15 +28,16 @@ inline constexpr int kMaxConvKernel = 8;
 void causal_conv1d_silu_prefill(const __nv_bfloat16* x, const __nv_bfloat16* w, const int32_t* cu_seqlens,
                                 const int32_t* state_slots, const int32_t* num_seqs, int max_rows,
                                 __nv_bfloat16* conv_state_pool, __nv_bfloat16* y, int C, int K,
-                                cudaStream_t stream);
+                                cudaStream_t stream, int64_t x_stride = 0);
 
-/// Decode: one new token per sequence. x, y: bf16 [max_seqs, C] (row s = sequence s); w, conv_state_pool
+/// Decode: one new token per sequence. x, y: bf16 [max_seqs, C] (row s = sequence s; x rows x_stride
+/// apart, 0 = C); w, conv_state_pool
 /// as in causal_conv1d_silu_prefill; the slot state_slots[s] is read and shifted in place (oldest value
 /// dropped, x[s] appended). Device pointers state_slots [max_seqs], num_seqs (one int32 <= max_seqs);
 /// rows and slots of sequences >= *num_seqs are untouched. Throws moefold::Error on bad arguments or a
 /// launch error. Asynchronous on `stream`.
 void causal_conv1d_silu_decode(const __nv_bfloat16* x, const __nv_bfloat16* w, const int32_t* state_slots,
                                const int32_t* num_seqs, int max_seqs, __nv_bfloat16* conv_state_pool,
-                               __nv_bfloat16* y, int C, int K, cudaStream_t stream);
+                               __nv_bfloat16* y, int C, int K, cudaStream_t stream, int64_t x_stride = 0);
 
 }  // namespace moefold::cuda

@@ -10,7 +10,7 @@ namespace {
 
 __global__ void gated_rms_norm_kernel(const __nv_bfloat16* x, const __nv_bfloat16* z, const __nv_bfloat16* w,
                                       __nv_bfloat16* y, int64_t max_tokens, int64_t heads, int dim, float eps,
-                                      const int32_t* live_tokens) {
+                                      const int32_t* live_tokens, int64_t z_stride) {
   const int64_t row = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   int64_t live = max_tokens;
@@ -20,7 +20,7 @@ __global__ void gated_rms_norm_kernel(const __nv_bfloat16* x, const __nv_bfloat1
   }
   if (row >= live * heads) return;
   const __nv_bfloat16* xr = x + row * dim;
-  const __nv_bfloat16* zr = z + row * dim;
+  const __nv_bfloat16* zr = z + (row / heads) * z_stride + (row % heads) * dim;
   float ss = 0;
   for (int i = lane; i < dim; i += 32) {
     const float v = __bfloat162float(xr[i]);
@@ -42,8 +42,10 @@ const prof::Kernel kGatedRmsNorm{"gated_rms_norm_kernel", prof::Category::NormRo
 
 void gated_rms_norm(const __nv_bfloat16* x, const __nv_bfloat16* z, const __nv_bfloat16* w, __nv_bfloat16* y,
                     int64_t max_tokens, int64_t heads, int64_t dim, float eps, const int32_t* live_tokens,
-                    cudaStream_t stream) {
+                    cudaStream_t stream, int64_t z_stride) {
   MOEFOLD_CHECK(dim > 0 && dim <= 1024 && heads > 0 && max_tokens >= 0, "gated_rms_norm: bad shape");
+  if (z_stride == 0) z_stride = heads * dim;
+  MOEFOLD_CHECK(z_stride >= heads * dim, "gated_rms_norm: z_stride {} < heads * dim", z_stride);
   if (max_tokens == 0) return;
   const int warps = 8;
   const int64_t rows = max_tokens * heads;
@@ -51,7 +53,7 @@ void gated_rms_norm(const __nv_bfloat16* x, const __nv_bfloat16* z, const __nv_b
     return prof::Work{double(work_rows(max_tokens, live_tokens)) * double(heads * dim) * 6 + double(dim) * 2, 0};
   });
   gated_rms_norm_kernel<<<unsigned((rows + warps - 1) / warps), warps * 32, 0, stream>>>(
-      x, z, w, y, max_tokens, heads, int(dim), eps, live_tokens);
+      x, z, w, y, max_tokens, heads, int(dim), eps, live_tokens, z_stride);
   MOEFOLD_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -18,6 +18,8 @@ namespace moefold::cuda {
 namespace {
 
 constexpr size_t kWorkspaceBytes = 32u << 20;  // cuBLASLt's recommendation for Hopper
+constexpr int64_t kDecodeRows = 256;  // GEMMs of up to this many rows share one algorithm per problem
+constexpr int kHeuristicResults = 16;
 
 // One registry entry per public function: whatever kernels cuBLASLt runs inside one call are one interval.
 const prof::Kernel kGemmBf16{"gemm_bf16", prof::Category::DenseGemm};
@@ -142,32 +144,69 @@ void run_gemm(const __nv_bfloat16* x, const __nv_bfloat16* w, const TOut* bias, 
       cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &uc, sizeof uc);
       cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &uc, sizeof uc);
 
+      // Decode-sized GEMMs (T <= kDecodeRows) all run one algorithm per problem, chosen once at
+      // T = kDecodeRows among those without split-K or a cross-CTA reduction: each output row is then
+      // computed by the same kernel with the same reduction order whatever T is, so a row's bits do
+      // not depend on the other rows of the step (batch invariance). Larger T picks per shape.
+      const bool decode_regime = T <= kDecodeRows;
+      if (decode_regime) {
+        const uint32_t none = CUBLASLT_REDUCTION_SCHEME_NONE;
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &none, sizeof none);
+      }
+      cublasLtMatrixLayout_t qb = p->b, qc = p->c;  // the layouts the heuristic is asked about
+      if (decode_regime) {
+        MOEFOLD_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&qb, CUDA_R_16BF, uint64_t(in), uint64_t(kDecodeRows), x_stride));
+        MOEFOLD_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&qc, kOutType, uint64_t(out), uint64_t(kDecodeRows), y_stride));
+      }
+      // The first result usable for this T (decode regime: without split-K).
+      auto pick = [&](cublasLtMatmulHeuristicResult_t& res) -> bool {
+        cublasLtMatmulHeuristicResult_t found[kHeuristicResults];
+        int nres = 0;
+        if (cublasLtMatmulAlgoGetHeuristic(ctx.handle, p->op, p->a, qb, qc, qc, pref, kHeuristicResults, found,
+                                           &nres) != CUBLAS_STATUS_SUCCESS)
+          return false;
+        for (int i = 0; i < nres; ++i) {
+          if (decode_regime) {
+            int32_t splitk = 1;
+            size_t written = 0;
+            cublasLtMatmulAlgoConfigGetAttribute(&found[i].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk,
+                                                 sizeof splitk, &written);
+            if (splitk > 1) continue;
+            cublasLtMatmulHeuristicResult_t check{};
+            if (cublasLtMatmulAlgoCheck(ctx.handle, p->op, p->a, p->b, p->c, p->c, &found[i].algo, &check) !=
+                CUBLAS_STATUS_SUCCESS)
+              continue;
+          }
+          res = found[i];
+          return true;
+        }
+        return false;
+      };
       cublasLtMatmulHeuristicResult_t res{};
-      int nres = 0;
+      bool found = false;
       if (want_bias) {  // try the fused bias epilogue first; fall back to a separate bias kernel
         const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
         MOEFOLD_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
         const void* dummy = bias;
         MOEFOLD_CUBLAS_CHECK(
             cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &dummy, sizeof dummy));
-        if (cublasLtMatmulAlgoGetHeuristic(ctx.handle, p->op, p->a, p->b, p->c, p->c, pref, 1, &res, &nres) !=
-                CUBLAS_STATUS_SUCCESS ||
-            nres == 0) {
-          nres = 0;
+        found = pick(res);
+        if (found) {
+          p->bias_in_epilogue = true;
+        } else {
           const cublasLtEpilogue_t none = CUBLASLT_EPILOGUE_DEFAULT;
           MOEFOLD_CUBLAS_CHECK(
               cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &none, sizeof none));
-        } else {
-          p->bias_in_epilogue = true;
         }
       }
-      if (nres == 0) {
-        cublasStatus_t st =
-            cublasLtMatmulAlgoGetHeuristic(ctx.handle, p->op, p->a, p->b, p->c, p->c, pref, 1, &res, &nres);
-        if (st != CUBLAS_STATUS_SUCCESS || nres == 0) {
-          cublasLtMatmulPreferenceDestroy(pref);
-          fail("gemm: cuBLASLt found no algorithm for T={} in={} out={} (status {})", T, in, out, int(st));
-        }
+      if (!found) found = pick(res);
+      if (decode_regime) {
+        cublasLtMatrixLayoutDestroy(qb);
+        cublasLtMatrixLayoutDestroy(qc);
+      }
+      if (!found) {
+        cublasLtMatmulPreferenceDestroy(pref);
+        fail("gemm: cuBLASLt found no algorithm for T={} in={} out={}", T, in, out);
       }
       cublasLtMatmulPreferenceDestroy(pref);
       p->algo = res.algo;

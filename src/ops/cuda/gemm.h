@@ -15,6 +15,10 @@
 // inputs must be finite, which holds when activation buffers are zero-filled once at allocation:
 // every other kernel of this backend leaves padding rows untouched (they read the live count on the
 // device), so padding rows only ever hold GEMM outputs of finite inputs (0 . W = 0, plus bias).
+// Batch invariance: every GEMM of up to 256 rows runs the algorithm cuBLASLt's heuristic picks for 256
+// rows among those without split-K or a cross-CTA reduction, one per problem (in, out, strides, types),
+// so a row's result is bitwise the same whatever the number of rows: a decode step's tokens do not
+// depend on the rest of the batch or on the bucket. Above 256 rows the heuristic chooses per shape.
 // Chosen over a custom device-counted GEMM because cuBLASLt is the fastest dense GEMM on Hopper and
 // its cost for a bucket of T rows versus T_live rows is weight-read bound (identical) at decode sizes.
 #pragma once

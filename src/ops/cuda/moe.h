@@ -10,6 +10,22 @@
 //
 // Row-major everywhere; bf16 = __nv_bfloat16. Shapes: T = capacity (rows the buffers hold), E experts,
 // k = top-k, H hidden size, I expert intermediate size, P = T * k (router pairs).
+//
+// Expert kernels by step capacity (moe_expert_config): capacity <= kMoeSmallBatchMaxRows (16) runs the
+// small-batch split GEMV (moe_gemv.cu: CUDA-core fp32 dot products over the plan's tiles of <= 8 pairs
+// of one expert, streaming each touched expert's weights once over all SMs); larger capacities run the
+// tensor-core tiles (16 / 64 / 128 rows, moe_gemm.cuh). Both compute the same function with fp32
+// accumulation, silu(g) * u from the fp32 gate and up sums rounded once to bf16 (act), and y rounded
+// once to bf16; the combine is the same kernel.
+//
+// Batch invariance (bitwise): the router logits (K split by H only), top-k and combine are per row and
+// independent of the capacity. The expert results of a pair depend only on its row's input, its
+// expert's weights and the shape (E, k, H, I), never on the other rows, their count or the capacity,
+// WITHIN one expert path: (a) all capacities 1..16 (GEMV: one warp per output element, each lane sums
+// its fixed 8-element chunks in K order, then a fixed xor-butterfly over the 32 lanes; no atomics, no
+// split depending on the rows), (b) all capacities above 16 (tiles: every tile size gives the same bits,
+// the mma order per element being fixed). Between (a) and (b) results differ in the last bits (a
+// different summation order): a row run at capacity 16 and at capacity 17 may differ by bf16 rounding.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -19,17 +35,29 @@
 
 namespace moefold::cuda {
 
+/// Step capacities up to this many rows run the small-batch GEMV expert kernels (see above).
+constexpr int kMoeSmallBatchMaxRows = 16;
+/// MoeShape::expert_tiles / moe_expert_config value of the small-batch GEMV expert kernels.
+constexpr int kMoeExpertGemv = 3;
+
 /// Static sizes of one MoE layer at one bucket capacity. Preconditions (checked, moefold::Error):
-/// 1 <= k <= E <= 1024, E % 2 == 0, H % 128 == 0, I % 64 == 0, capacity >= 1.
+/// 1 <= k <= E <= 1024, E % 2 == 0, H % 128 == 0, I % 64 == 0, capacity >= 1, -1 <= expert_tiles <= 3.
 struct MoeShape {
   int capacity = 0;  // T: rows the activation buffers hold (live rows are read from the device)
   int E = 0;         // routed experts
   int k = 0;         // experts per token
   int H = 0;         // hidden size
   int I = 0;         // expert intermediate size
-  int expert_tiles = -1;  // -1: expert-GEMM tiles chosen by capacity; 0/1/2 force the decode (16-row),
-                          // medium (64) or prefill (128) tiles (benchmarks; results are bit-identical)
+  int expert_tiles = -1;  // -1: expert kernels chosen by capacity (moe_expert_config); 0/1/2 force the
+                          // decode (16-row), medium (64) or prefill (128) tiles (bit-identical among
+                          // themselves); 3 (kMoeExpertGemv) forces the small-batch GEMV at any capacity
+                          // (tests, benchmarks; its bits differ from the tiles')
 };
+
+/// The expert kernels a step of `shape` runs: shape.expert_tiles when >= 0, else kMoeExpertGemv for
+/// capacity <= kMoeSmallBatchMaxRows, else 0/1/2 (tiles of 16/64/128 rows by capacity * k / E). Two
+/// steps give a row the same bits iff they run the same kind: GEMV (3) or tiles (0, 1, 2).
+int moe_expert_config(const MoeShape& shape);
 
 /// Device scratch of the chain, carved from one allocation by moe_workspace_bind. Everything is sized by
 /// P = capacity * k (never by capacity * E). Counters the tests read: offsets[E] (= live pairs, exactly
@@ -42,8 +70,9 @@ struct MoeWorkspace {
   int32_t* offsets = nullptr;   // [E + 1] exclusive scan of counts; offsets[E] = live pairs
   int32_t* pairs = nullptr;     // [P] pair ids (row * k + slot) grouped by expert, ascending within one;
                                 // only [0, offsets[E]) is meaningful
-  int2* tiles = nullptr;        // [max_tiles] {expert, first row within the expert} of each row tile
-  int32_t* num_tiles = nullptr; // [1] row tiles the expert GEMMs run (sum over experts of ceil(n_e / BM))
+  int2* tiles = nullptr;        // [max_tiles] {expert, first row within the expert} of each row tile,
+                                // ascending expert (GEMV: 8-row tiles)
+  int32_t* num_tiles = nullptr; // [1] row tiles the expert kernels run (sum over experts of ceil(n_e / BM))
   int32_t* status = nullptr;    // [1] number of live ids outside [0, E) seen by the plan (0 = OK)
   __nv_bfloat16* act = nullptr; // [P, I] silu(gate) * up per pair, at its position in `pairs`
   __nv_bfloat16* y = nullptr;   // [P, H] expert output per pair, at row pair id
@@ -67,8 +96,9 @@ size_t moe_workspace_bytes(const MoeShape& shape);
 /// Step shapes: every step function below accepts a shape whose capacity is SMALLER than the one the
 /// workspace was bound for (same E, k, H, I), e.g. the step's row count: its grids and the expert-GEMM
 /// tiles are then chosen for that capacity (a decode step in a workspace bound for prefill runs the
-/// 16-row decode tiles). Results are bit-identical whichever tiles run. A capacity above the bound one
-/// throws moefold::Error.
+/// 16-row decode tiles; one of <= 16 rows the GEMV). Results are bit-identical whichever tiles run, and
+/// among capacities <= 16 (see the header's batch invariance). A capacity above the bound one throws
+/// moefold::Error.
 MoeWorkspace moe_workspace_bind(void* base, size_t bytes, const MoeShape& shape);
 
 /// Router logits: logits[t, e] = sum_h x[t, h] * w_router[e, h], bf16 inputs, fp32 accumulate and fp32
@@ -97,10 +127,19 @@ void moe_router_topk(const float* logits, const int32_t* num_rows, const MoeShap
 void moe_plan(const int32_t* ids, const int32_t* num_rows, const MoeShape& shape, const MoeWorkspace& ws,
               cudaStream_t stream);
 
+/// moe_router_topk then moe_plan (ids, weights and the plan in ws, the same bits), in ONE launch when
+/// moe_route_fused(shape) (capacity <= 16, capacity * k <= 512, E <= 512: the decode steps), else the
+/// two calls. Asynchronous; throws moefold::Error on a launch error.
+void moe_route(const float* logits, const int32_t* num_rows, const MoeShape& shape, bool renormalize,
+               const MoeWorkspace& ws, cudaStream_t stream, const int32_t* replay = nullptr);
+/// Whether moe_route runs as one fused kernel for `shape`.
+bool moe_route_fused(const MoeShape& shape);
+
 /// First grouped expert GEMM with fused SwiGLU: for each planned pair at position j of ws.pairs (row t,
 /// expert e): ws.act[j, :] = silu(g) * u with [g | u] = x[t, :] . gate_up[e]^T (fp32 accumulate, rounded
 /// to bf16). x: [T, H]; gate_up: [E, 2I, H] (rows 0..I-1 gate, I..2I-1 up). Experts with no rows cost
-/// nothing. Needs moe_plan on the same workspace first. Asynchronous.
+/// nothing. Needs moe_plan with the same step shape on the same workspace first (the plan's tiles
+/// follow moe_expert_config(shape)). x, gate_up, down 16-byte aligned. Asynchronous.
 void moe_expert_gate_up(const __nv_bfloat16* x, const __nv_bfloat16* gate_up, const MoeShape& shape,
                         const MoeWorkspace& ws, cudaStream_t stream);
 
@@ -118,8 +157,9 @@ void moe_combine(const float* weights, const MoeWorkspace& ws, const __nv_bfloat
                  const __nv_bfloat16* shared_gate_w, const __nv_bfloat16* x, const __nv_bfloat16* residual,
                  const int32_t* num_rows, const MoeShape& shape, __nv_bfloat16* out, cudaStream_t stream);
 
-/// The whole routed chain: router logits -> top-k -> plan -> gate_up -> down -> combine, results in
-/// ws (logits, ids, weights, plan) and out. Same arguments and preconditions as the steps above;
+/// The whole routed chain: router logits -> top-k -> plan (moe_route: fused at decode sizes) -> gate_up
+/// -> down -> combine, results in ws (logits, ids, weights, plan) and out: 5 launches at capacity <= 16
+/// (6 above). Same arguments and preconditions as the steps above;
 /// `replay` as in moe_router_topk.
 void moe_forward(const __nv_bfloat16* x, const __nv_bfloat16* w_router, const __nv_bfloat16* gate_up,
                  const __nv_bfloat16* down, const __nv_bfloat16* shared_out, const __nv_bfloat16* shared_gate_w,

@@ -1,6 +1,7 @@
 // MoE experts on the GPU: the workspace, the two grouped expert GEMMs (moe_gemm.cuh: gate_up with the
-// SwiGLU epilogue writing act per planned pair, down writing y per pair id), the combine (k slots in
-// order, fp32, plus the sigmoid-gated shared expert) and the whole chain moe_forward.
+// SwiGLU epilogue writing act per planned pair, down writing y per pair id; at step capacities <= 16 the
+// split GEMVs of moe_gemv.cu instead), the combine (k slots in order, fp32, plus the sigmoid-gated shared
+// expert) and the whole chain moe_forward.
 // Grids are sized for the capacity's worst case (max row tiles); CTAs past the planned tile count, i.e.
 // past the live rows, return at once, so experts with no rows and padding rows cost nothing.
 #include <algorithm>
@@ -32,15 +33,18 @@ using CfgPrefill = GemmCfg<128, 128, 2, 4, 3, 2>;  // 256 threads, 96 KB, 2 CTAs
 static_assert(CfgDecodeGateUp::kBM == 16 && CfgDecodeDown::kBM == 16 && CfgMedium::kBM == 64 &&
               CfgPrefill::kBM == 128);
 
-// Registry entries: one per GEMM and tile configuration (moe_detail::expert_config 0/1/2 = BM 16/64/128),
-// so the table proves which tiles ran.
-const prof::Kernel kExpertGemm[2][3] = {
+// Registry entries: one per GEMM and configuration (moe_detail::expert_config 0/1/2 = BM 16/64/128,
+// 3 = the small-batch GEMV), so the table proves which kernels ran.
+const prof::Kernel kExpertGemm[2][4] = {
     {{"moe_gemm_kernel:gate_up:bm16", prof::Category::RoutedExpertGemm},
      {"moe_gemm_kernel:gate_up:bm64", prof::Category::RoutedExpertGemm},
-     {"moe_gemm_kernel:gate_up:bm128", prof::Category::RoutedExpertGemm}},
+     {"moe_gemm_kernel:gate_up:bm128", prof::Category::RoutedExpertGemm},
+     {"moe_gemv_gate_up_kernel", prof::Category::RoutedExpertGemm}},
     {{"moe_gemm_kernel:down:bm16", prof::Category::RoutedExpertGemm},
      {"moe_gemm_kernel:down:bm64", prof::Category::RoutedExpertGemm},
-     {"moe_gemm_kernel:down:bm128", prof::Category::RoutedExpertGemm}}};
+     {"moe_gemm_kernel:down:bm128", prof::Category::RoutedExpertGemm},
+     {"moe_gemv_down_kernel", prof::Category::RoutedExpertGemm}}};
+static_assert(kMoeExpertGemv == 3, "kExpertGemm's last column is the GEMV");
 const prof::Kernel kCombine{"moe_combine_kernel", prof::Category::MoeRouting};
 
 /// Work of one expert GEMM from the plan's per-expert counts (pairs = their sum, touched experts = the
@@ -111,7 +115,7 @@ void dispatch_expert_gemm(const GemmParams& p, const MoeShape& s, const MoeWorks
 void check_shape(const MoeShape& s) {
   MOEFOLD_CHECK(s.capacity >= 1 && s.E >= 2 && s.E <= 1024 && s.E % 2 == 0 && s.k >= 1 && s.k <= s.E &&
                     s.H >= 128 && s.H % 128 == 0 && s.I >= 64 && s.I % 64 == 0 && s.expert_tiles >= -1 &&
-                    s.expert_tiles <= 2,
+                    s.expert_tiles <= kMoeExpertGemv,
                 fmt::runtime("MoE: unsupported shape capacity={} E={} k={} H={} I={} (see MoeShape)"),
                 s.capacity, s.E, s.k, s.H, s.I);
   MOEFOLD_CHECK(int64_t(s.capacity) * s.k < (int64_t(1) << 30), fmt::runtime("MoE: capacity * k = {} too large"),
@@ -124,8 +128,9 @@ size_t align256(size_t n) { return (n + 255) & ~size_t(255); }
 size_t layout(const MoeShape& s, char* base, MoeWorkspace* ws) {
   const size_t T = size_t(s.capacity), E = size_t(s.E), k = size_t(s.k), P = T * k;
   const int bm = moe_detail::expert_tile_rows(moe_detail::expert_config(s));
-  // Room for the smallest tiles (the most of them): step shapes of any capacity up to this one fit.
-  const int max_tiles = std::max(moe_detail::max_row_tiles(s, bm), moe_detail::max_row_tiles(s, 16));
+  // Room for the smallest tiles (the most of them): step shapes of any capacity up to this one and any
+  // expert configuration fit.
+  const int max_tiles = std::max(moe_detail::max_row_tiles(s, bm), moe_detail::max_row_tiles(s, moe_detail::kMinTileRows));
   const size_t cub_bytes = moefold::cuda::moe_plan_cub_temp_bytes(s.capacity, s.k, s.E);
   size_t off = 0;
   auto take = [&](size_t bytes) -> char* {
@@ -269,7 +274,24 @@ GemmParams plan_params(const MoeWorkspace& ws) {
   p.offsets = ws.offsets;
   return p;
 }
+moe_detail::PlanView plan_view(const MoeWorkspace& ws) {
+  moe_detail::PlanView v;
+  v.pairs = ws.pairs;
+  v.tiles = ws.tiles;
+  v.num_tiles = ws.num_tiles;
+  v.offsets = ws.offsets;
+  return v;
+}
+// Worst-case plan tiles of the GEMV path at this step's capacity (8 pairs a tile).
+int gemv_max_tiles(const MoeShape& s, const MoeWorkspace& ws) {
+  return std::min(ws.max_tiles, moe_detail::max_row_tiles(s, moe_detail::expert_tile_rows(kMoeExpertGemv)));
+}
 }  // namespace
+
+int moe_expert_config(const MoeShape& shape) {
+  check_shape(shape);
+  return moe_detail::expert_config(shape);
+}
 
 void moe_expert_gate_up(const __nv_bfloat16* x, const __nv_bfloat16* gate_up, const MoeShape& s,
                         const MoeWorkspace& ws, cudaStream_t stream) {
@@ -284,9 +306,13 @@ void moe_expert_gate_up(const __nv_bfloat16* x, const __nv_bfloat16* gate_up, co
   p.topk = s.k;
   p.b_expert_stride = int64_t(2) * s.I * s.H;
   p.b_up_offset = s.I;
-  LaunchScope launch(kExpertGemm[0][moe_detail::expert_config(s)], stream, [&] { return expert_work_bound(true, s); });
+  const int cfg = moe_detail::expert_config(s);
+  LaunchScope launch(kExpertGemm[0][cfg], stream, [&] { return expert_work_bound(true, s); });
   set_expert_work(launch, true, s, ws);
-  dispatch_expert_gemm<GemmMode::kExpertGateUp>(p, s, ws, s.I, stream);
+  if (cfg == kMoeExpertGemv)
+    moe_detail::launch_gemv_gate_up(x, gate_up, plan_view(ws), s.k, s.H, s.I, gemv_max_tiles(s, ws), ws.act, stream);
+  else
+    dispatch_expert_gemm<GemmMode::kExpertGateUp>(p, s, ws, s.I, stream);
 }
 
 void moe_expert_down(const __nv_bfloat16* down, const MoeShape& s, const MoeWorkspace& ws, cudaStream_t stream) {
@@ -300,9 +326,13 @@ void moe_expert_down(const __nv_bfloat16* down, const MoeShape& s, const MoeWork
   p.ldc = s.H;
   p.topk = s.k;
   p.b_expert_stride = int64_t(s.H) * s.I;
-  LaunchScope launch(kExpertGemm[1][moe_detail::expert_config(s)], stream, [&] { return expert_work_bound(false, s); });
+  const int cfg = moe_detail::expert_config(s);
+  LaunchScope launch(kExpertGemm[1][cfg], stream, [&] { return expert_work_bound(false, s); });
   set_expert_work(launch, false, s, ws);
-  dispatch_expert_gemm<GemmMode::kExpertDown>(p, s, ws, s.H, stream);
+  if (cfg == kMoeExpertGemv)
+    moe_detail::launch_gemv_down(ws.act, down, plan_view(ws), s.H, s.I, gemv_max_tiles(s, ws), ws.y, stream);
+  else
+    dispatch_expert_gemm<GemmMode::kExpertDown>(p, s, ws, s.H, stream);
 }
 
 void moe_combine(const float* weights, const MoeWorkspace& ws, const __nv_bfloat16* shared_out,
@@ -328,8 +358,7 @@ void moe_forward(const __nv_bfloat16* x, const __nv_bfloat16* w_router, const __
   MOEFOLD_CHECK(shape.capacity <= ws.capacity, fmt::runtime("moe_forward: step capacity {} exceeds the workspace's {}"),
                 shape.capacity, ws.capacity);
   moe_router_logits(x, w_router, num_rows, shape, ws.logits, stream);
-  moe_router_topk(ws.logits, num_rows, shape, renormalize, ws.ids, ws.weights, stream, replay);
-  moe_plan(ws.ids, num_rows, shape, ws, stream);
+  moe_route(ws.logits, num_rows, shape, renormalize, ws, stream, replay);
   moe_expert_gate_up(x, gate_up, shape, ws, stream);
   moe_expert_down(down, shape, ws, stream);
   moe_combine(ws.weights, ws, shared_out, shared_gate_w, x, residual, num_rows, shape, out, stream);

@@ -1,20 +1,32 @@
-// Internal to the MoE chain's .cu files: the expert-GEMM tile configuration chosen for a capacity (the
-// plan's row tiles must use the same BM as the GEMMs) and the CUB scratch size of the plan.
+// Internal to the MoE chain's .cu files: the expert-kernel configuration chosen for a capacity (the
+// plan's row tiles must use the same BM as the kernels), the CUB scratch size of the plan, and the
+// launchers of the small-batch (decode) split-GEMV expert kernels of moe_gemv.cu.
 #pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
 #include <cstddef>
+#include <cstdint>
 
 #include "ops/cuda/moe.h"
 
 namespace moefold::cuda::moe_detail {
 
-/// Expert-GEMM configuration by the average rows per expert at full capacity (capacity * k / E):
-/// 0 = decode (BM 16: weight streaming), 1 = medium (BM 64), 2 = prefill (BM 128).
+/// Expert-kernel configuration: the small-batch GEMV (kMoeExpertGemv) for capacities up to
+/// kMoeSmallBatchMaxRows; above, by the average rows per expert at full capacity (capacity * k / E):
+/// 0 = decode tiles (BM 16: weight streaming), 1 = medium (BM 64), 2 = prefill (BM 128).
 inline int expert_config(const MoeShape& s) {
   if (s.expert_tiles >= 0) return s.expert_tiles;
+  if (s.capacity <= kMoeSmallBatchMaxRows) return kMoeExpertGemv;
   const double avg = double(s.capacity) * s.k / s.E;
   return avg < 24.0 ? 0 : (avg < 96.0 ? 1 : 2);
 }
-inline int expert_tile_rows(int config) { return config == 0 ? 16 : (config == 1 ? 64 : 128); }
+/// Rows of one plan tile: the GEMV takes up to 8 pairs of one expert per tile (a tile per touched
+/// expert unless more than 8 of the step's rows chose it).
+constexpr int expert_tile_rows(int config) {
+  return config == kMoeExpertGemv ? 8 : (config == 0 ? 16 : (config == 1 ? 64 : 128));
+}
+constexpr int kMinTileRows = 8;  // the smallest of expert_tile_rows: the most tiles a capacity can need
 
 /// Upper bound of sum over experts of ceil(n_e / bm) with sum n_e <= P and at most min(E, P) experts.
 inline int max_row_tiles(const MoeShape& s, int bm) {
@@ -22,6 +34,25 @@ inline int max_row_tiles(const MoeShape& s, int bm) {
   const long long nonempty = P < s.E ? P : s.E;
   return int((P + nonempty * (bm - 1)) / bm);
 }
+
+/// The plan as the expert kernels read it (all device pointers, written by moe_plan).
+struct PlanView {
+  const int32_t* pairs = nullptr;
+  const int2* tiles = nullptr;
+  const int32_t* num_tiles = nullptr;
+  const int32_t* offsets = nullptr;
+};
+
+/// Small-batch gate_up + SwiGLU (moe_gemv.cu): act[j, c] = bf16(silu(g) * u) for every planned pair j,
+/// [g | u] the fp32 dot products of x[pairs[j] / k] with gate row c and up row I + c of its expert.
+/// max_tiles: the grid's worst case of plan tiles (16 rows each). Asynchronous.
+void launch_gemv_gate_up(const __nv_bfloat16* x, const __nv_bfloat16* gate_up, const PlanView& plan, int k, int H,
+                         int I, int max_tiles, __nv_bfloat16* act, cudaStream_t stream);
+
+/// Small-batch down (moe_gemv.cu): y[pairs[j], h] = bf16(act[j, :] . down[e][h, :]) for every planned
+/// pair j of expert e. Asynchronous.
+void launch_gemv_down(const __nv_bfloat16* act, const __nv_bfloat16* down, const PlanView& plan, int H, int I,
+                      int max_tiles, __nv_bfloat16* y, cudaStream_t stream);
 
 }  // namespace moefold::cuda::moe_detail
 

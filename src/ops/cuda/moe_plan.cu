@@ -7,6 +7,11 @@
 // Two paths, chosen by the capacity (host-known): P = capacity * k <= kBlockItems runs as one CTA
 // (cub::BlockRadixSort + cub::BlockScan: one launch, the decode case); larger P runs
 // keys/histogram -> cub::DeviceRadixSort::SortPairs -> one finalize CTA (cub::BlockScan).
+//
+// moe_route fuses the router's top-k with the plan for small steps (capacity <= 16, P <= 512): one CTA,
+// a warp per live row runs moe_detail::topk_row (the top-k kernel's own code), then each thread places
+// one pair: its position is its expert's offset plus the number of earlier pairs of that expert, the
+// order the stable sort gives. One launch instead of two, same bits in ids, weights and the plan.
 #include <cub/block/block_radix_sort.cuh>
 #include <cub/block/block_scan.cuh>
 #include <cub/device/device_radix_sort.cuh>
@@ -16,6 +21,7 @@
 #include "ops/cuda/launch_scope.h"
 #include "ops/cuda/moe.h"
 #include "ops/cuda/moe_internal.h"
+#include "ops/cuda/moe_topk.cuh"
 
 namespace moefold::cuda {
 namespace {
@@ -30,6 +36,7 @@ const prof::Kernel kPlanMemset{"cudaMemsetAsync:moe_plan", prof::Category::MoeRo
 const prof::Kernel kPlanKeys{"plan_keys_kernel", prof::Category::MoeRouting};
 const prof::Kernel kPlanSort{"cub::DeviceRadixSort::SortPairs", prof::Category::MoeRouting};
 const prof::Kernel kPlanFinalize{"plan_finalize_kernel", prof::Category::MoeRouting};
+const prof::Kernel kTopkPlan{"router_topk_plan_kernel", prof::Category::MoeRouting};
 // The profiler's own copy of the per-expert counts (read by the expert GEMMs' work at flush): shown so
 // that its cost is not hidden in the idle time.
 const prof::Kernel kCountsSnapshot{"profiler:moe_counts_snapshot", prof::Category::Other};
@@ -154,6 +161,46 @@ __global__ void __launch_bounds__(kPlanThreads) plan_finalize_kernel(int E, int 
   finalize_plan<Scan>(s_counts, scan_tmp, E, bm, counts, offsets, tiles, num_tiles);
 }
 
+// Fused top-k + plan of a small step (moe_route): P = capacity * k <= kPlanThreads, one pair a thread.
+template <int VPT>
+__global__ void __launch_bounds__(kPlanThreads)
+    router_topk_plan_kernel(const float* __restrict__ logits, const int32_t* __restrict__ num_rows, int capacity,
+                            int E, int k, bool renormalize, const int32_t* __restrict__ replay, int bm, int32_t* ids,
+                            float* weights, int32_t* counts, int32_t* offsets, int32_t* pairs, int2* tiles,
+                            int32_t* num_tiles, int32_t* status) {
+  using Scan = cub::BlockScan<int, kPlanThreads>;
+  __shared__ typename Scan::TempStorage scan_tmp;
+  __shared__ int s_counts[kPlanThreads * kExpertsPerThread];
+  __shared__ int s_ids[kPlanThreads];
+  __shared__ int s_bad;
+  int live = *num_rows;
+  live = live < 0 ? 0 : (live > capacity ? capacity : live);
+  const int L = live * k;
+  for (int e = threadIdx.x; e < E; e += kPlanThreads) s_counts[e] = 0;
+  if (threadIdx.x == 0) s_bad = 0;
+  for (int t = threadIdx.x >> 5; t < live; t += kPlanThreads / 32)
+    moe_detail::topk_row<VPT>(logits + int64_t(t) * E, E, k, renormalize, replay ? replay + int64_t(t) * k : nullptr,
+                              ids + int64_t(t) * k, weights + int64_t(t) * k);
+  __syncthreads();  // ids of every live row written (global, visible to the block); counts zeroed
+  const int idx = threadIdx.x;
+  int id = -1;
+  if (idx < L) {
+    id = ids[idx];
+    if (id >= 0 && id < E) atomicAdd(&s_counts[id], 1);  // integer counts: order-free
+    else atomicAdd(&s_bad, 1);
+  }
+  s_ids[idx] = id;
+  __syncthreads();
+  finalize_plan<Scan>(s_counts, scan_tmp, E, bm, counts, offsets, tiles, num_tiles);
+  __syncthreads();  // offsets written
+  if (idx < L && id >= 0 && id < E) {
+    int rank = 0;
+    for (int j = 0; j < idx; ++j) rank += s_ids[j] == id;
+    pairs[offsets[id] + rank] = idx;
+  }
+  if (threadIdx.x == 0) *status = s_bad;
+}
+
 int sort_end_bit(int E) {
   int b = 0;
   while ((1 << b) <= E) ++b;  // keys are in [0, E]
@@ -225,6 +272,48 @@ void moe_plan(const int32_t* ids, const int32_t* num_rows, const MoeShape& s, co
     MOEFOLD_CUDA_CHECK_LAUNCH();
   }
   snapshot_device_ints(kCountsSnapshot, ws.counts, s.E, stream);
+}
+
+namespace {
+template <int VPT>
+void launch_topk_plan(const float* logits, const int32_t* num_rows, const MoeShape& s, bool renormalize,
+                      const int32_t* replay, int tile_rows, const MoeWorkspace& ws, cudaStream_t stream) {
+  router_topk_plan_kernel<VPT><<<1, kPlanThreads, 0, stream>>>(logits, num_rows, s.capacity, s.E, s.k, renormalize,
+                                                              replay, tile_rows, ws.ids, ws.weights, ws.counts,
+                                                              ws.offsets, ws.pairs, ws.tiles, ws.num_tiles, ws.status);
+  MOEFOLD_CUDA_CHECK_LAUNCH();
+}
+}  // namespace
+
+void moe_route(const float* logits, const int32_t* num_rows, const MoeShape& s, bool renormalize,
+               const MoeWorkspace& ws, cudaStream_t stream, const int32_t* replay) {
+  if (!moe_route_fused(s)) {
+    moe_router_topk(logits, num_rows, s, renormalize, ws.ids, ws.weights, stream, replay);
+    moe_plan(ws.ids, num_rows, s, ws, stream);
+    return;
+  }
+  MOEFOLD_CHECK(ws.tile_rows > 0 && ws.pairs != nullptr, fmt::runtime("moe_route: workspace not bound"));
+  MOEFOLD_CHECK(s.capacity <= ws.capacity, fmt::runtime("moe_route: step capacity {} exceeds the workspace's {}"),
+                s.capacity, ws.capacity);
+  const int tile_rows = moe_detail::expert_tile_rows(moe_detail::expert_config(s));
+  {
+    LaunchScope launch(kTopkPlan, stream, [&] {  // logits read; ids, weights, plan written
+      const double T = double(work_rows(s.capacity, num_rows));
+      return prof::Work{T * s.E * 4 + T * s.k * 16 + double(s.E) * 16, 0};
+    });
+    const int vpt = (s.E + 31) / 32;
+    if (vpt <= 1) launch_topk_plan<1>(logits, num_rows, s, renormalize, replay, tile_rows, ws, stream);
+    else if (vpt <= 2) launch_topk_plan<2>(logits, num_rows, s, renormalize, replay, tile_rows, ws, stream);
+    else if (vpt <= 4) launch_topk_plan<4>(logits, num_rows, s, renormalize, replay, tile_rows, ws, stream);
+    else if (vpt <= 8) launch_topk_plan<8>(logits, num_rows, s, renormalize, replay, tile_rows, ws, stream);
+    else launch_topk_plan<16>(logits, num_rows, s, renormalize, replay, tile_rows, ws, stream);
+  }
+  snapshot_device_ints(kCountsSnapshot, ws.counts, s.E, stream);
+}
+
+bool moe_route_fused(const MoeShape& s) {
+  return s.capacity <= kMoeSmallBatchMaxRows && int64_t(s.capacity) * s.k <= kPlanThreads && s.E <= 512 &&
+         s.k >= 1 && s.k <= s.E;
 }
 
 }  // namespace moefold::cuda

@@ -12,6 +12,7 @@
 #include "ops/cuda/moe.h"
 #include "ops/cuda/moe_gemm.cuh"
 #include "ops/cuda/moe_internal.h"
+#include "ops/cuda/moe_topk.cuh"
 
 namespace moefold::cuda {
 namespace {
@@ -122,87 +123,13 @@ __global__ void __launch_bounds__(kTopkWarps * 32)
     router_topk_kernel(const float* __restrict__ logits, const int32_t* __restrict__ num_rows, int capacity,
                        int E, int k, bool renormalize, const int32_t* __restrict__ replay,
                        int32_t* __restrict__ ids, float* __restrict__ weights) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
   const int t = blockIdx.x * kTopkWarps + warp;
   int live = *num_rows;
   live = live < 0 ? 0 : (live > capacity ? capacity : live);
   if (t >= live) return;
-  const float* l = logits + int64_t(t) * E;
-
-  float v[VPT];
-  float m = -INFINITY;
-#pragma unroll
-  for (int i = 0; i < VPT; ++i) {
-    const int e = i * 32 + lane;
-    v[i] = e < E ? l[e] : NAN;
-    if (e < E && !isnan(v[i])) m = fmaxf(m, v[i]);
-  }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-
-  // e = exp(l - m) in fp32 (0 for NaN logits, all 0 when the max is infinite), sum in fp64.
-  double part = 0.0;
-#pragma unroll
-  for (int i = 0; i < VPT; ++i) {
-    const int e = i * 32 + lane;
-    float p = 0.0f;
-    if (e < E && !isnan(v[i]) && !isinf(m)) p = float(exp(double(v[i] - m)));
-    if (e < E) part += double(p);
-    v[i] = p;  // reuse: now the unnormalised probability
-  }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) part += __shfl_xor_sync(0xffffffffu, part, o);
-  const double denom = part;
-
-  // Ranking keys: bit 63 = logit is a number, bits 62..32 = p (non-negative fp32 bits order like values),
-  // bits 31..0 = ~expert (lower index wins ties). 0 = absent or already taken.
-  uint64_t key[VPT];
-#pragma unroll
-  for (int i = 0; i < VPT; ++i) {
-    const int e = i * 32 + lane;
-    if (e < E) {
-      const bool is_num = !isnan(l[e]);
-      const float p = denom > 0.0 ? float(double(v[i]) / denom) : 0.0f;
-      key[i] = (uint64_t(is_num) << 63) | (uint64_t(__float_as_uint(p)) << 32) | uint64_t(~uint32_t(e));
-    } else {
-      key[i] = 0;
-    }
-  }
-
-  double sum = 0.0;
-  int32_t* out_ids = ids + int64_t(t) * k;
-  float* out_w = weights + int64_t(t) * k;
-  for (int s = 0; s < k; ++s) {
-    uint64_t best = 0;
-    int e_replay = -1;
-    if (replay) {  // the replayed expert's key (0 when the id is outside [0, E))
-      e_replay = replay[int64_t(t) * k + s];
-#pragma unroll
-      for (int i = 0; i < VPT; ++i)
-        if (i * 32 + lane == e_replay) best = key[i];
-    } else {
-#pragma unroll
-      for (int i = 0; i < VPT; ++i) best = key[i] > best ? key[i] : best;
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const uint64_t other = __shfl_xor_sync(0xffffffffu, best, o);
-      best = other > best ? other : best;
-    }
-    const int e = replay ? e_replay : int(~uint32_t(best & 0xffffffffu));
-    const float p = __uint_as_float(uint32_t(best >> 32) & 0x7fffffffu);
-#pragma unroll
-    for (int i = 0; i < VPT; ++i)
-      if (key[i] == best && !replay) key[i] = 0;
-    sum += double(p);
-    if (lane == 0) {
-      out_ids[s] = e;
-      out_w[s] = p;
-    }
-  }
-  if (renormalize && lane == 0 && sum > 0.0) {
-    for (int s = 0; s < k; ++s) out_w[s] = float(double(out_w[s]) / sum);
-  }
+  moe_detail::topk_row<VPT>(logits + int64_t(t) * E, E, k, renormalize, replay ? replay + int64_t(t) * k : nullptr,
+                            ids + int64_t(t) * k, weights + int64_t(t) * k);
 }
 
 template <int VPT>

@@ -3,7 +3,9 @@
 // top_k by an 8-bit radix select over the 64-bit key (ordered logit bits << 32 | ~id), whose
 // descending order is exactly the CPU's "better" order (larger logit, then lower id); top_p by a
 // radix select on the same key guided by bucket masses; then the inverse-CDF draw in ascending id
-// order via a block scan of per-thread contiguous chunks.
+// order via a block scan of per-thread contiguous chunks. Around them: the logit mask, the raw
+// log-softmax with top_logprobs (a count-mode radix select on the same key), the penalties on the
+// distinct history tokens, and the sampled token's raw logprob.
 #include "ops/cuda/cuda_check.h"
 // (cuda_check.h first: see its note on fmt under nvcc)
 #include <cfloat>
@@ -105,8 +107,9 @@ __global__ void argmax_kernel(const float* logits, int64_t max_rows, int64_t voc
 
 /// Order-preserving map of a float to uint32 (larger float -> larger key), and the 64-bit
 /// selection key: descending key order = larger logit first, lower id first among equal logits.
+/// -0.0 is keyed as +0.0: the CPU compares values, for which they are equal (a tie, lower id first).
 __device__ __forceinline__ uint64_t sel_key(float v, int64_t i) {
-  uint32_t u = __float_as_uint(v);
+  uint32_t u = __float_as_uint(v == 0.0f ? 0.0f : v);
   u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
   return (uint64_t(u) << 32) | uint64_t(0xFFFFFFFFu - uint32_t(i));
 }
@@ -122,11 +125,19 @@ struct RowCtx {
   __device__ double weight(float v) const { return exp((double(v) - xm) / t); }
 };
 
-/// Radix select over keys of the entries with alive(v) && key >= lo. Mode count: returns the
+/// Every non-NaN entry (-inf included) of a row: the candidates of top_logprobs (CPU top_n).
+struct AnyCtx {
+  const float* x;
+  int64_t vocab;
+  __device__ bool alive(float v) const { return !isnan(v); }
+  __device__ double weight(float) const { return 0.0; }
+};
+
+/// Radix select over keys of the entries with c.alive(v) && key >= lo (Ctx: RowCtx or AnyCtx). Mode count: returns the
 /// k-th largest key (k >= 1) as a threshold (keep key >= result). Mode mass: returns the boundary
 /// of the shortest prefix (descending key) whose weight reaches `target`.
-template <bool kMass>
-__device__ uint64_t radix_select(const RowCtx& c, uint64_t lo, int64_t k, double target, unsigned* hc, double* hm,
+template <bool kMass, class Ctx>
+__device__ uint64_t radix_select(const Ctx& c, uint64_t lo, int64_t k, double target, unsigned* hc, double* hm,
                                  uint64_t* s_prefix, int* s_done, double* s_acc, int64_t* s_krem) {
   uint64_t prefix = 0;
   if (threadIdx.x == 0) {
@@ -330,6 +341,133 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(const float* logits, i
   }
 }
 
+// ---- logit masks, penalties and raw logprobs (run around the selection kernels) --------------------
+
+__global__ void mask_logits_kernel(float* logits, int64_t max_rows, int64_t vocab, int64_t ld, const int32_t* ids,
+                            const int32_t* num_ids, const int32_t* live) {
+  const int64_t row = blockIdx.x;
+  if (row >= live_count(live, max_rows)) return;
+  const int32_t n = *num_ids;
+  float* x = logits + row * ld;
+  for (int32_t j = threadIdx.x; j < n; j += blockDim.x) {
+    const int32_t id = ids[j];
+    if (id >= 0 && id < vocab) x[id] = -INFINITY;  // duplicates write the same value
+  }
+}
+
+/// Raw log-softmax of a row (CPU: log_sum_exp and top_n): lse in double, then, for n > 0, the n best
+/// (logit desc, id asc) entries by a count-mode radix select for the n-th key and one collection pass.
+__global__ void __launch_bounds__(kThreads) raw_logprobs_kernel(const float* logits, int64_t max_rows, int64_t vocab,
+                                                                int64_t ld, const int32_t* top_n, double* lse,
+                                                                int32_t* top_ids, float* top_lp, const int32_t* live) {
+  __shared__ Best sb[kWarps];
+  __shared__ int si[kWarps];
+  __shared__ double sd[kWarps];
+  __shared__ unsigned hc[256];
+  __shared__ double hm[256];
+  __shared__ uint64_t s_prefix;
+  __shared__ int s_done, s_count;
+  __shared__ double s_acc;
+  __shared__ int64_t s_krem;
+  __shared__ uint64_t s_keys[kMaxTopLogprobs];
+
+  const int64_t row = blockIdx.x;
+  if (row >= live_count(live, max_rows)) return;
+  const int32_t want = top_n[row];
+  if (want < 0) return;
+  const float* x = logits + row * ld;
+  int f;
+  const Best b = scan_row(x, vocab, f, sb, si);
+  const double m = b.i == INT_MAX ? -INFINITY : double(b.v);
+  double sum = 0.0;
+  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
+    const float v = x[i];
+    if (!isnan(v)) sum += exp(double(v) - m);  // exp(-inf) = 0
+  }
+  sum = block_sum<double>(sum, sd);
+  const double l = m + log(sum);
+  if (threadIdx.x == 0) lse[row] = l;
+  // top_logprobs: skipped for a row with NaN (the sampler reports that row as failed).
+  const int64_t n = min(int64_t(min(want, kMaxTopLogprobs)), vocab);
+  if (n == 0 || (f & kSampleNaN)) return;
+  const AnyCtx c{x, vocab};
+  const uint64_t thr = n < vocab ? radix_select<false>(c, 0, n, 0.0, hc, hm, &s_prefix, &s_done, &s_acc, &s_krem) : 0;
+  if (threadIdx.x == 0) s_count = 0;
+  __syncthreads();
+  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
+    const uint64_t key = sel_key(x[i], i);
+    if (key >= thr) {  // exactly n keys (keys are distinct)
+      const int slot = atomicAdd(&s_count, 1);
+      if (slot < kMaxTopLogprobs) s_keys[slot] = key;
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const int cnt = min(s_count, int(n));
+    for (int a = 1; a < cnt; ++a)  // insertion sort, largest key (best) first
+      for (int j = a; j > 0 && s_keys[j] > s_keys[j - 1]; --j) {
+        const uint64_t t = s_keys[j];
+        s_keys[j] = s_keys[j - 1];
+        s_keys[j - 1] = t;
+      }
+    for (int j = 0; j < int(n); ++j) {
+      const int32_t id = j < cnt ? int32_t(0xFFFFFFFFu - uint32_t(s_keys[j] & 0xFFFFFFFFu)) : -1;
+      top_ids[row * kMaxTopLogprobs + j] = id;
+      top_lp[row * kMaxTopLogprobs + j] = id >= 0 ? float(double(x[id]) - l) : NAN;
+    }
+  }
+}
+
+/// Repetition, frequency and presence penalties on each row's distinct history tokens (CPU:
+/// apply_penalties; the same fp32 operations, unfused, in the same order). Saves every raw value.
+__global__ void penalties_kernel(float* logits, int64_t max_rows, int64_t vocab, int64_t ld, PenaltyRows p,
+                                 const int32_t* live) {
+  const int64_t row = blockIdx.x;
+  if (row >= live_count(live, max_rows)) return;
+  const int32_t b0 = p.offsets[row], b1 = p.offsets[row + 1];
+  if (b0 >= b1) return;
+  const float rep = p.repetition[row], fr = p.frequency[row], pr = p.presence[row];
+  float* x = logits + row * ld;
+  for (int32_t j = b0 + int32_t(threadIdx.x); j < b1; j += int32_t(blockDim.x)) {
+    const int32_t t = p.tokens[j];
+    if (t < 0 || t >= vocab) continue;
+    float v = x[t];
+    p.saved[j] = v;
+    if (rep != 1.0f) v = v > 0.0f ? __fdiv_rn(v, rep) : __fmul_rn(v, rep);
+    const int32_t cnt = p.counts[j];
+    if (cnt > 0) {
+      if (fr != 0.0f) v = __fsub_rn(v, __fmul_rn(fr, float(cnt)));
+      if (pr != 0.0f) v = __fsub_rn(v, pr);
+    }
+    x[t] = v;
+  }
+}
+
+/// logprob[row] = raw logit of the sampled token - lse (the raw value from the penalty kernel's saved
+/// copy when the token was penalized).
+__global__ void token_logprob_kernel(const float* logits, int64_t max_rows, int64_t vocab, int64_t ld,
+                                     const int32_t* tokens, const int32_t* top_n, const double* lse, PenaltyRows p,
+                                     float* logprob, const int32_t* live) {
+  __shared__ float s_raw;
+  const int64_t row = blockIdx.x;
+  if (row >= live_count(live, max_rows)) return;
+  if (top_n[row] < 0) return;
+  const int32_t t = tokens[row];
+  if (t < 0 || t >= vocab) {
+    if (threadIdx.x == 0) logprob[row] = NAN;
+    return;
+  }
+  if (threadIdx.x == 0) s_raw = logits[row * ld + t];
+  __syncthreads();
+  if (p.offsets) {
+    const int32_t b0 = p.offsets[row], b1 = p.offsets[row + 1];
+    for (int32_t j = b0 + int32_t(threadIdx.x); j < b1; j += int32_t(blockDim.x))
+      if (p.tokens[j] == t) s_raw = p.saved[j];  // history tokens of a row are distinct: one writer
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) logprob[row] = float(double(s_raw) - lse[row]);
+}
+
 void check_args(int64_t max_rows, int64_t vocab, int64_t& ld, const char* what) {
   if (ld == 0) ld = vocab;
   MOEFOLD_CHECK(max_rows >= 0 && max_rows < (int64_t(1) << 31) && vocab > 0 && vocab < (int64_t(1) << 31) - 1 &&
@@ -340,6 +478,10 @@ void check_args(int64_t max_rows, int64_t vocab, int64_t& ld, const char* what) 
 // Work: every logit of the rows read once (bytes counted for all max_rows: the live count is on the device).
 const prof::Kernel kArgmax{"argmax_kernel", prof::Category::Sampling};
 const prof::Kernel kSample{"sample_kernel", prof::Category::Sampling};
+const prof::Kernel kMask{"mask_logits_kernel", prof::Category::Sampling};
+const prof::Kernel kRawLogprobs{"raw_logprobs_kernel", prof::Category::Sampling};
+const prof::Kernel kPenalties{"penalties_kernel", prof::Category::Sampling};
+const prof::Kernel kTokenLogprob{"token_logprob_kernel", prof::Category::Sampling};
 
 }  // namespace
 
@@ -361,6 +503,52 @@ void sample_rows(const float* logits, int64_t max_rows, int64_t vocab, int64_t l
   LaunchScope launch(kSample, stream, prof::Work{double(max_rows) * double(vocab) * 4, 0});
   sample_kernel<<<unsigned(max_rows), kThreads, 0, stream>>>(logits, max_rows, vocab, ld, params, tokens, flags,
                                                              live_rows);
+  MOEFOLD_CUDA_CHECK_LAUNCH();
+}
+
+void mask_logits_rows(float* logits, int64_t max_rows, int64_t vocab, int64_t ld, const int32_t* ids,
+                      const int32_t* num_ids, int64_t max_ids, const int32_t* live_rows, cudaStream_t stream) {
+  check_args(max_rows, vocab, ld, "mask_logits_rows");
+  MOEFOLD_CHECK(ids && num_ids, "mask_logits_rows: ids and num_ids are required");
+  if (max_rows == 0 || max_ids == 0) return;
+  LaunchScope launch(kMask, stream, prof::Work{double(max_rows) * double(max_ids) * 8, 0});
+  mask_logits_kernel<<<unsigned(max_rows), 256, 0, stream>>>(logits, max_rows, vocab, ld, ids, num_ids, live_rows);
+  MOEFOLD_CUDA_CHECK_LAUNCH();
+}
+
+void raw_logprobs_rows(const float* logits, int64_t max_rows, int64_t vocab, int64_t ld, const int32_t* top_n,
+                       double* lse, int32_t* top_ids, float* top_logprobs, const int32_t* live_rows,
+                       cudaStream_t stream) {
+  check_args(max_rows, vocab, ld, "raw_logprobs_rows");
+  MOEFOLD_CHECK(top_n && lse && top_ids && top_logprobs, "raw_logprobs_rows: every array is required");
+  if (max_rows == 0) return;
+  LaunchScope launch(kRawLogprobs, stream, prof::Work{double(max_rows) * double(vocab) * 4, 0});
+  raw_logprobs_kernel<<<unsigned(max_rows), kThreads, 0, stream>>>(logits, max_rows, vocab, ld, top_n, lse, top_ids,
+                                                                   top_logprobs, live_rows);
+  MOEFOLD_CUDA_CHECK_LAUNCH();
+}
+
+void apply_penalties_rows(float* logits, int64_t max_rows, int64_t vocab, int64_t ld, const PenaltyRows& p,
+                          const int32_t* live_rows, cudaStream_t stream) {
+  check_args(max_rows, vocab, ld, "apply_penalties_rows");
+  MOEFOLD_CHECK(p.repetition && p.frequency && p.presence && p.offsets && p.tokens && p.counts && p.saved,
+                "apply_penalties_rows: every array is required");
+  if (max_rows == 0) return;
+  LaunchScope launch(kPenalties, stream, prof::Work{double(max_rows) * 64, 0});
+  penalties_kernel<<<unsigned(max_rows), 256, 0, stream>>>(logits, max_rows, vocab, ld, p, live_rows);
+  MOEFOLD_CUDA_CHECK_LAUNCH();
+}
+
+void token_logprobs_rows(const float* logits, int64_t max_rows, int64_t vocab, int64_t ld, const int32_t* tokens,
+                         const int32_t* top_n, const double* lse, const PenaltyRows* penalties, float* logprob,
+                         const int32_t* live_rows, cudaStream_t stream) {
+  check_args(max_rows, vocab, ld, "token_logprobs_rows");
+  MOEFOLD_CHECK(tokens && top_n && lse && logprob, "token_logprobs_rows: tokens, top_n, lse and logprob are required");
+  if (max_rows == 0) return;
+  const PenaltyRows p = penalties ? *penalties : PenaltyRows{};
+  LaunchScope launch(kTokenLogprob, stream, prof::Work{double(max_rows) * 16, 0});
+  token_logprob_kernel<<<unsigned(max_rows), 128, 0, stream>>>(logits, max_rows, vocab, ld, tokens, top_n, lse, p,
+                                                               logprob, live_rows);
   MOEFOLD_CUDA_CHECK_LAUNCH();
 }
 

@@ -6,8 +6,15 @@
 //             (logit desc, id asc) order whose mass reaches top_p * Z; then inverse-CDF in ascending
 //             id order with the host-supplied uniform u in [0, 1) (sampling_uniform(seed, step)),
 //             returning the first token whose running weight exceeds u * Z.
-// Penalties (repetition / frequency / presence) are not applied here: apply them to the logits
-// first. Logprobs are not computed here.
+// Around the selection, in the CPU sampler's order (the caller, models/cuda/device_sampler, launches):
+//   mask_logits_rows    : the never-sampled ids -> -inf (mask_tokens);
+//   raw_logprobs_rows   : log-sum-exp of the raw (masked, unpenalized) row in double, and its
+//                         top_logprobs (<= kMaxTopLogprobs, logit desc, id asc) (sampler step 1);
+//   apply_penalties_rows: repetition / frequency / presence on each row's distinct history tokens,
+//                         bit-exact fp32 like apply_penalties (step 2), saving the raw values;
+//   then argmax_rows or sample_rows on the penalized rows (steps 3-8), then
+//   token_logprobs_rows : the sampled token's raw logprob (from the saved raw value if penalized).
+// Every kernel runs one block per row and reads the live row count from device memory.
 //
 // Exactness. Greedy is exact. For sampling, every comparison the CPU makes is made in the same
 // precision; only the order of double additions differs (tree and shared-memory atomic sums instead
@@ -28,6 +35,9 @@ namespace moefold::cuda {
 
 enum SampleFlag : int32_t { kSampleNaN = 1, kSamplePosInf = 2, kSampleEmpty = 4 };
 
+/// Most top_logprobs entries per row (SamplingParams::kMaxTopLogprobs).
+constexpr int32_t kMaxTopLogprobs = 20;
+
 /// tokens[r] = argmax over logits[r * ld + (0 .. vocab)] for rows r < live (device count or nullptr
 /// = all max_rows). ld = 0 means vocab. flags may be nullptr.
 void argmax_rows(const float* logits, int64_t max_rows, int64_t vocab, int64_t ld, int32_t* tokens, int32_t* flags,
@@ -47,5 +57,49 @@ struct SampleRowParams {
 /// One token per row as described above (one 1024-thread block per row).
 void sample_rows(const float* logits, int64_t max_rows, int64_t vocab, int64_t ld, const SampleRowParams& params,
                  int32_t* tokens, int32_t* flags, const int32_t* live_rows, cudaStream_t stream);
+
+/// logits[r * ld + ids[j]] = -inf for rows r < live and j < *num_ids (device count, at most max_ids,
+/// which only sizes the profiler's work); ids outside [0, vocab) are ignored (CPU mask_tokens).
+void mask_logits_rows(float* logits, int64_t max_rows, int64_t vocab, int64_t ld, const int32_t* ids,
+                      const int32_t* num_ids, int64_t max_ids, const int32_t* live_rows, cudaStream_t stream);
+
+/// Raw log-probabilities (sampler step 1) of rows r < live with top_n[r] >= 0 (device int32 per row;
+/// -1 = logprobs off for the row, nothing written): lse[r] = log(sum_i exp(x_i)) in double over the
+/// non-NaN entries (max-shifted, as the CPU's log_sum_exp); for n = min(top_n[r], kMaxTopLogprobs,
+/// vocab) > 0, top_ids[r * kMaxTopLogprobs + j] / top_logprobs[...] (j < n) are the n best entries in
+/// (logit desc, id asc) order and float(x - lse), as the CPU's top_logprobs(). A row with NaN gets
+/// lse only (its sampling fails anyway). Run it before the penalties modify the rows.
+void raw_logprobs_rows(const float* logits, int64_t max_rows, int64_t vocab, int64_t ld, const int32_t* top_n,
+                       double* lse, int32_t* top_ids, float* top_logprobs, const int32_t* live_rows,
+                       cudaStream_t stream);
+
+/// Per-row penalty inputs (device arrays). Row r owns history entries [offsets[r], offsets[r + 1])
+/// (offsets has max_rows + 1 entries; an empty range = no penalty): tokens[j] a DISTINCT token id of
+/// the row (every prompt or output id when the repetition penalty is on, else the output ids),
+/// counts[j] its number of occurrences in the output. saved[j] receives the raw logit (for the
+/// sampled token's logprob). repetition / frequency / presence: the row's SamplingParams values.
+struct PenaltyRows {
+  const float* repetition = nullptr;
+  const float* frequency = nullptr;
+  const float* presence = nullptr;
+  const int32_t* offsets = nullptr;
+  const int32_t* tokens = nullptr;
+  const int32_t* counts = nullptr;
+  float* saved = nullptr;
+};
+
+/// Applies the penalties in place for rows r < live, exactly as apply_penalties() in fp32:
+/// x = x > 0 ? x / r : x * r (r != 1), then, if counts > 0, x -= frequency * count (frequency != 0)
+/// and x -= presence (presence != 0); the operations are rounded one by one (no FMA). Ids outside
+/// [0, vocab) are skipped (the host rejects them first).
+void apply_penalties_rows(float* logits, int64_t max_rows, int64_t vocab, int64_t ld, const PenaltyRows& penalties,
+                          const int32_t* live_rows, cudaStream_t stream);
+
+/// logprob[r] = float(raw x[tokens[r]] - lse[r]) for rows r < live with top_n[r] >= 0 (NaN when the
+/// token is -1); the raw value is penalties->saved[j] when the token is in the row's history, else the
+/// row itself. penalties may be nullptr (no row was penalized).
+void token_logprobs_rows(const float* logits, int64_t max_rows, int64_t vocab, int64_t ld, const int32_t* tokens,
+                         const int32_t* top_n, const double* lse, const PenaltyRows* penalties, float* logprob,
+                         const int32_t* live_rows, cudaStream_t stream);
 
 }  // namespace moefold::cuda

@@ -1,0 +1,403 @@
+// Decode-range dense GEMM (decode_gemm.h): y[r, n] = x[r, :] . w[n, :] (+ bias[n]) for M = 1..256 live
+// rows, bf16 operands, fp32 accumulation on mma.sync m16n8k16, with a reduction order fixed by (N, K).
+//
+// Grid: (column tiles of BN weight rows) x (S K-splits). A block owns BN columns and ALL live rows
+// (M-tiles of 16 rows, spread over the warps; M-tiles past the live count are skipped), and streams
+// its K-split through a STAGES-deep cp.async pipeline of 64-wide K chunks (16-byte copies, chunks
+// swizzled by (row & 7) so ldmatrix reads are bank-conflict free). Every output element is one
+// accumulation chain of mma steps over its split in ascending k; k >= K and weight rows >= N are
+// zero-filled by the copies, the same way for every M.
+//
+// Split combine (S > 1): each block stores its fp32 partial tile to the workspace in its register
+// fragment order (coalesced float4 per lane), fences, and bumps the column tile's integer counter;
+// the block that brings the counter to S reads the S partials (its own from registers) and adds
+// them in split order 0..S-1, adds the bias, rounds and stores, then resets the counter to zero.
+// The order of the adds is independent of which block finishes last.
+//
+// Tile configurations (chosen from max_rows; none changes a value's chain, the test proves it):
+//   max_rows <= 16 : 1 M-tile,  4 warps x (16 rows x 16 cols), BN = 64,  6 stages, 3 blocks/SM
+//   max_rows <= 64 : 4 M-tiles, 4 warps as 2 (M) x 2 (N), each 2 M-tiles x 32 cols, BN = 64, 5 stages
+//   max_rows <= 256: 16 M-tiles, 8 warps as 4 (M) x 2 (N), each 4 M-tiles x 64 cols, BN = 128, 4 stages
+// A warp's M-tiles are interleaved (tile i*WARPS_M + wm), so a partly live bucket keeps warps busy.
+#include <algorithm>
+#include <string>
+
+#include "core/error.h"
+#include "ops/cuda/cuda_check.h"
+#include "ops/cuda/decode_gemm.h"
+#include "ops/cuda/kernel_util.cuh"
+#include "ops/cuda/ptx.cuh"
+
+namespace moefold::cuda {
+namespace {
+
+using namespace ptx;
+
+constexpr int kBK = 64;          // K chunk per pipeline stage (fixed: split boundaries are chunk boundaries)
+constexpr int kRefBN = 64;       // column-tile width S(N, K) is reckoned with (independent of the config)
+constexpr int kTargetBlocks = 256;  // ~2 waves of 132 SMs
+constexpr int kMaxSplits = 32;
+constexpr int kMinChunksPerSplit = 2;
+
+template <int MT_, int WARPS_M_, int WARPS_N_, int NF_, int STAGES_, int MIN_BLOCKS_>
+struct Cfg {
+  static constexpr int MT = MT_;            // M-tiles of 16 rows the block can hold
+  static constexpr int WARPS_M = WARPS_M_;  // warps sharing the M-tiles (interleaved)
+  static constexpr int WARPS_N = WARPS_N_;  // warps sharing the columns
+  static constexpr int NF = NF_;            // n8 fragments per warp
+  static constexpr int STAGES = STAGES_;
+  static constexpr int MIN_BLOCKS = MIN_BLOCKS_;
+  static constexpr int MTW = MT / WARPS_M;  // M-tiles per warp
+  static constexpr int BM = MT * 16;
+  static constexpr int BN = WARPS_N * NF * 8;
+  static constexpr int THREADS = WARPS_M * WARPS_N * 32;
+  static constexpr size_t SMEM = size_t(STAGES) * (BM + BN) * kBK * sizeof(__nv_bfloat16);
+  // fp32 partial of one (column tile, split): every warp's MTW x NF fragments of 32 lanes x 4 floats.
+  static constexpr size_t PARTIAL_FLOATS = size_t(BM) * BN;
+  static_assert(MT % WARPS_M == 0 && NF % 2 == 0, "tile shape");
+};
+
+using CfgS = Cfg<1, 1, 4, 2, 6, 3>;    // max_rows <= 16
+using CfgM = Cfg<4, 2, 2, 4, 5, 2>;    // max_rows <= 64
+using CfgL = Cfg<16, 4, 2, 8, 4, 1>;   // max_rows <= 256
+
+struct Params {
+  const __nv_bfloat16* x;
+  const __nv_bfloat16* w;
+  const void* bias;  // bf16 (bf16 out) or fp32 (fp32 out), may be null
+  void* y;
+  unsigned* counters;  // [column tiles] (S > 1)
+  float* partials;     // [column tiles][S][PARTIAL_FLOATS] (S > 1)
+  const int32_t* live_rows;
+  int64_t x_stride, y_stride;
+  int max_rows, K, N, S, KC;  // KC = ceil(K / 64) chunks
+};
+
+/// Offset (elements) of 16-byte chunk `ch` of row `r` in a [rows, 64] bf16 tile, swizzled.
+__device__ __forceinline__ int swz(int r, int ch) { return r * kBK + ((ch ^ (r & 7)) << 3); }
+
+template <class OutT>
+__device__ __forceinline__ float bias_at(const void* b, int n) {
+  if constexpr (sizeof(OutT) == 4) return static_cast<const float*>(b)[n];
+  else return __bfloat162float(static_cast<const __nv_bfloat16*>(b)[n]);
+}
+
+/// Stores the two adjacent outputs (row, col), (row, col + 1) with the bias; col + 1 may be >= N.
+template <class OutT>
+__device__ __forceinline__ void store_pair(const Params& p, int row, int col, float v0, float v1) {
+  if (col >= p.N) return;
+  const bool two = col + 1 < p.N;
+  if (p.bias) {
+    v0 += bias_at<OutT>(p.bias, col);
+    if (two) v1 += bias_at<OutT>(p.bias, col + 1);
+  }
+  OutT* out = static_cast<OutT*>(p.y) + int64_t(row) * p.y_stride + col;
+  if constexpr (sizeof(OutT) == 4) {
+    if (two) *reinterpret_cast<float2*>(out) = make_float2(v0, v1);  // col even, y_stride % 4 == 0
+    else out[0] = v0;
+  } else {
+    if (two) *reinterpret_cast<__nv_bfloat162*>(out) = __floats2bfloat162_rn(v0, v1);
+    else out[0] = __float2bfloat16_rn(v0);
+  }
+}
+
+template <class C, class OutT>
+__global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) decode_gemm_kernel(const Params p) {
+  constexpr int BM = C::BM, BN = C::BN, STAGES = C::STAGES, THREADS = C::THREADS;
+  constexpr int MTW = C::MTW, NF = C::NF, WARPS_M = C::WARPS_M;
+
+  const int live = int(detail::live_count(p.live_rows, p.max_rows));
+  if (live <= 0) return;  // every block returns: counters untouched
+  const int mt_live = (live + 15) >> 4;
+  const int rows_alloc = mt_live * 16;  // x tile rows filled (rows >= live zero-filled, never read)
+
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  __nv_bfloat16* sX = reinterpret_cast<__nv_bfloat16*>(smem_raw);
+  __nv_bfloat16* sW = sX + STAGES * BM * kBK;
+  __shared__ int s_last;
+
+  const int tile = blockIdx.x, split = blockIdx.y;
+  const int n0 = tile * BN;
+  const int c_begin = int((int64_t(split) * p.KC) / p.S);
+  const int c_end = int((int64_t(split + 1) * p.KC) / p.S);
+  const int nchunks = c_end - c_begin;
+  const int tid = threadIdx.x;
+
+  auto load_stage = [&](int stage, int chunk) {
+    __nv_bfloat16* xd = sX + stage * BM * kBK;
+    __nv_bfloat16* wd = sW + stage * BN * kBK;
+    const int k0 = chunk * kBK;
+    for (int c = tid; c < BN * 8; c += THREADS) {
+      const int r = c >> 3, ch = c & 7;
+      const int n = n0 + r, k = k0 + ch * 8;
+      const bool ok = n < p.N && k < p.K;
+      const __nv_bfloat16* src = ok ? p.w + int64_t(n) * p.K + k : p.w;
+      cp_async16(wd + swz(r, ch), src, ok);
+    }
+    for (int c = tid; c < rows_alloc * 8; c += THREADS) {
+      const int r = c >> 3, ch = c & 7;
+      const int k = k0 + ch * 8;
+      const bool ok = r < live && k < p.K;
+      const __nv_bfloat16* src = ok ? p.x + int64_t(r) * p.x_stride + k : p.x;
+      cp_async16(xd + swz(r, ch), src, ok);
+    }
+  };
+
+  const int warp = tid >> 5, lane = tid & 31;
+  const int wm = warp % WARPS_M, wn = warp / WARPS_M;
+
+  float acc[MTW][NF][4];
+#pragma unroll
+  for (int i = 0; i < MTW; ++i)
+#pragma unroll
+    for (int j = 0; j < NF; ++j)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) acc[i][j][q] = 0.0f;
+
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < nchunks) load_stage(s, c_begin + s);
+    cp_async_commit();
+  }
+
+  for (int it = 0; it < nchunks; ++it) {
+    cp_async_wait<STAGES - 2>();  // chunk `it` has landed (this thread's copies) ...
+    __syncthreads();              // ... everyone's, and stage (it - 1) % STAGES is free again
+    {
+      const int nk = it + STAGES - 1;
+      if (nk < nchunks) load_stage(nk % STAGES, c_begin + nk);
+      cp_async_commit();
+    }
+    const __nv_bfloat16* xs = sX + (it % STAGES) * BM * kBK;
+    const __nv_bfloat16* ws = sW + (it % STAGES) * BN * kBK;
+#pragma unroll
+    for (int ks = 0; ks < kBK / 16; ++ks) {
+      uint32_t bfr[NF][2];
+#pragma unroll
+      for (int j = 0; j < NF; j += 2) {
+        const int f = (lane >> 4) ? j + 1 : j;
+        const int r = (wn * NF + f) * 8 + (lane & 7);
+        uint32_t t[4];
+        ldmatrix_x4(t, ws + swz(r, ks * 2 + ((lane >> 3) & 1)));
+        bfr[j][0] = t[0];
+        bfr[j][1] = t[1];
+        bfr[j + 1][0] = t[2];
+        bfr[j + 1][1] = t[3];
+      }
+#pragma unroll
+      for (int i = 0; i < MTW; ++i) {
+        const int mt = i * WARPS_M + wm;
+        if (mt < mt_live) {  // warp-uniform
+          uint32_t af[4];
+          ldmatrix_x4(af, xs + swz(mt * 16 + (lane & 15), ks * 2 + (lane >> 4)));
+#pragma unroll
+          for (int j = 0; j < NF; ++j) mma_bf16_16816(acc[i][j], af, bfr[j][0], bfr[j][1]);
+        }
+      }
+    }
+  }
+  cp_async_wait_all();
+
+  const int g = lane >> 2, lc = (lane & 3) * 2;
+  auto col_of = [&](int j) { return n0 + (wn * NF + j) * 8 + lc; };
+
+  if (p.S == 1) {
+#pragma unroll
+    for (int i = 0; i < MTW; ++i) {
+      const int mt = i * WARPS_M + wm;
+      if (mt >= mt_live) continue;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = mt * 16 + g + h * 8;
+        if (row >= live) continue;
+#pragma unroll
+        for (int j = 0; j < NF; ++j) store_pair<OutT>(p, row, col_of(j), acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+      }
+    }
+    return;
+  }
+
+  // ---- split combine ------------------------------------------------------------------------------
+  // Partial layout of one (tile, split): float4 index ((warp * MTW + i) * NF + j) * 32 + lane.
+  auto slot = [&](int s) {
+    return reinterpret_cast<float4*>(p.partials + (int64_t(tile) * p.S + s) * int64_t(C::PARTIAL_FLOATS));
+  };
+  {
+    float4* dst = slot(split);
+#pragma unroll
+    for (int i = 0; i < MTW; ++i) {
+      if (i * WARPS_M + wm >= mt_live) continue;
+#pragma unroll
+      for (int j = 0; j < NF; ++j)
+        __stcg(dst + ((warp * MTW + i) * NF + j) * 32 + lane,
+               make_float4(acc[i][j][0], acc[i][j][1], acc[i][j][2], acc[i][j][3]));
+    }
+  }
+  __threadfence();  // this thread's partial is visible device-wide before the counter moves
+  __syncthreads();
+  if (tid == 0) s_last = atomicAdd(p.counters + tile, 1u) == unsigned(p.S - 1);
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();  // acquire: the other splits' partials (fenced before their increments) are visible
+
+#pragma unroll
+  for (int i = 0; i < MTW; ++i) {
+    const int mt = i * WARPS_M + wm;
+    if (mt >= mt_live) continue;
+    float sum[NF][4];
+    for (int s = 0; s < p.S; ++s) {
+      const float4* src = slot(s);
+#pragma unroll
+      for (int j = 0; j < NF; ++j) {
+        float v[4];
+        if (s == split) {
+#pragma unroll
+          for (int q = 0; q < 4; ++q) v[q] = acc[i][j][q];
+        } else {
+          const float4 t = __ldcg(src + ((warp * MTW + i) * NF + j) * 32 + lane);
+          v[0] = t.x;
+          v[1] = t.y;
+          v[2] = t.z;
+          v[3] = t.w;
+        }
+#pragma unroll
+        for (int q = 0; q < 4; ++q) sum[j][q] = s == 0 ? v[q] : sum[j][q] + v[q];
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = mt * 16 + g + h * 8;
+      if (row >= live) continue;
+#pragma unroll
+      for (int j = 0; j < NF; ++j) store_pair<OutT>(p, row, col_of(j), sum[j][2 * h], sum[j][2 * h + 1]);
+    }
+  }
+  if (tid == 0) p.counters[tile] = 0u;  // no other block of this launch touches it any more
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+int splits_for(int64_t N, int64_t K) {
+  const int64_t tiles = ceil_div(N, kRefBN), kc = ceil_div(K, kBK);
+  const int64_t max_s = std::max<int64_t>(1, std::min<int64_t>(kMaxSplits, kc / kMinChunksPerSplit));
+  int64_t s = 1;
+  while (tiles * s < kTargetBlocks && s * 2 <= max_s) s *= 2;
+  return int(s);
+}
+
+enum class Which { S, M, L };
+Which which_cfg(int64_t max_rows) { return max_rows <= 16 ? Which::S : max_rows <= 64 ? Which::M : Which::L; }
+
+size_t counter_bytes(int64_t N) { return size_t(ceil_div(ceil_div(N, kRefBN) * 4, 256) * 256); }
+
+template <class C>
+size_t partial_bytes(int64_t N, int S) {
+  return size_t(ceil_div(N, C::BN)) * size_t(S) * C::PARTIAL_FLOATS * sizeof(float);
+}
+
+size_t workspace_bytes_impl(int64_t max_rows, int64_t N, int64_t K) {
+  const int S = splits_for(N, K);
+  if (S == 1 || max_rows <= 0) return 0;
+  switch (which_cfg(max_rows)) {
+    case Which::S: return counter_bytes(N) + partial_bytes<CfgS>(N, S);
+    case Which::M: return counter_bytes(N) + partial_bytes<CfgM>(N, S);
+    default: return counter_bytes(N) + partial_bytes<CfgL>(N, S);
+  }
+}
+
+template <class C, class OutT>
+void launch(const Params& p, cudaStream_t stream) {
+  auto* kern = decode_gemm_kernel<C, OutT>;
+  // Set once per instantiation (a host-side attribute: safe during graph capture).
+  static const bool attr_set = [&] {
+    MOEFOLD_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(C::SMEM)));
+    // All of L1 as shared memory, so MIN_BLOCKS blocks fit per SM (the copies bypass L1 anyway).
+    MOEFOLD_CUDA_CHECK(
+        cudaFuncSetAttribute(kern, cudaFuncAttributePreferredSharedMemoryCarveout, int(cudaSharedmemCarveoutMaxShared)));
+    return true;
+  }();
+  (void)attr_set;
+  const dim3 grid(unsigned(ceil_div(p.N, C::BN)), unsigned(p.S));
+  kern<<<grid, C::THREADS, C::SMEM, stream>>>(p);
+  MOEFOLD_CUDA_CHECK_LAUNCH();
+}
+
+bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
+
+template <class OutT>
+void run(const char* name, const __nv_bfloat16* x, const __nv_bfloat16* w, const void* bias, OutT* y,
+         int64_t max_rows, int64_t K, int64_t N, const int32_t* live_rows, void* workspace, cudaStream_t stream,
+         int64_t x_stride, int64_t y_stride) {
+  const int64_t xs = x_stride ? x_stride : K, ys = y_stride ? y_stride : N;
+  const std::string shape = std::string(name) + "(max_rows=" + std::to_string(max_rows) + ", K=" +
+                            std::to_string(K) + ", N=" + std::to_string(N) + ", x_stride=" + std::to_string(xs) +
+                            ", y_stride=" + std::to_string(ys) + ")";
+  constexpr int64_t y_vec = 16 / int64_t(sizeof(OutT));
+  if (max_rows < 0 || max_rows > kDecodeGemmMaxRows)
+    throw Error(shape + ": max_rows must be in [0, " + std::to_string(kDecodeGemmMaxRows) + "]");
+  if (N < 1 || N > (int64_t(1) << 30)) throw Error(shape + ": N must be in [1, 2^30]");
+  if (K < 8 || K % 8 != 0 || K > (int64_t(1) << 30)) throw Error(shape + ": K must be a positive multiple of 8");
+  if (xs < K || ys < N) throw Error(shape + ": row strides must be >= the row lengths");
+  if (xs % 8 != 0 || ys % y_vec != 0)
+    throw Error(shape + ": row strides must keep rows 16-byte aligned (x_stride % 8, y_stride % " +
+                std::to_string(y_vec) + ")");
+  if (max_rows == 0) return;
+  if (!x || !w || !y) throw Error(shape + ": null x, w or y");
+  if (!aligned16(x) || !aligned16(w) || !aligned16(y)) throw Error(shape + ": x, w and y must be 16-byte aligned");
+  Params p{};
+  p.x = x;
+  p.w = w;
+  p.bias = bias;
+  p.y = y;
+  p.live_rows = live_rows;
+  p.x_stride = xs;
+  p.y_stride = ys;
+  p.max_rows = int(max_rows);
+  p.K = int(K);
+  p.N = int(N);
+  p.S = splits_for(N, K);
+  p.KC = int(ceil_div(K, kBK));
+  if (p.S > 1) {
+    if (!workspace || !aligned16(workspace))
+      throw Error(shape + ": needs a 16-byte aligned workspace of decode_gemm_workspace_bytes() = " +
+                  std::to_string(workspace_bytes_impl(max_rows, N, K)) + " bytes");
+    p.counters = static_cast<unsigned*>(workspace);
+    p.partials = reinterpret_cast<float*>(static_cast<unsigned char*>(workspace) + counter_bytes(N));
+  }
+  switch (which_cfg(max_rows)) {
+    case Which::S: launch<CfgS, OutT>(p, stream); break;
+    case Which::M: launch<CfgM, OutT>(p, stream); break;
+    default: launch<CfgL, OutT>(p, stream); break;
+  }
+}
+
+}  // namespace
+
+int decode_gemm_splits(int64_t N, int64_t K) {
+  if (N < 1 || K < 1) throw Error("decode_gemm_splits: N and K must be positive (N=" + std::to_string(N) +
+                                  ", K=" + std::to_string(K) + ")");
+  return splits_for(N, K);
+}
+
+size_t decode_gemm_workspace_bytes(int64_t max_rows, int64_t N, int64_t K) {
+  if (max_rows < 0 || max_rows > kDecodeGemmMaxRows || N < 1 || K < 1)
+    throw Error("decode_gemm_workspace_bytes: bad sizes (max_rows=" + std::to_string(max_rows) +
+                ", N=" + std::to_string(N) + ", K=" + std::to_string(K) + ")");
+  return workspace_bytes_impl(max_rows, N, K);
+}
+
+void decode_gemm_bf16(const __nv_bfloat16* x, const __nv_bfloat16* w, const __nv_bfloat16* bias, __nv_bfloat16* y,
+                      int64_t max_rows, int64_t K, int64_t N, const int32_t* live_rows, void* workspace,
+                      cudaStream_t stream, int64_t x_stride, int64_t y_stride) {
+  run<__nv_bfloat16>("decode_gemm_bf16", x, w, bias, y, max_rows, K, N, live_rows, workspace, stream, x_stride,
+                     y_stride);
+}
+
+void decode_gemm_bf16_f32out(const __nv_bfloat16* x, const __nv_bfloat16* w, const float* bias, float* y,
+                             int64_t max_rows, int64_t K, int64_t N, const int32_t* live_rows, void* workspace,
+                             cudaStream_t stream, int64_t x_stride, int64_t y_stride) {
+  run<float>("decode_gemm_bf16_f32out", x, w, bias, y, max_rows, K, N, live_rows, workspace, stream, x_stride,
+             y_stride);
+}
+
+}  // namespace moefold::cuda

@@ -1,0 +1,92 @@
+// Internal to the MoE chain (moe_router.cu, moe_plan.cu): the softmax + top-k of one row, done by one
+// warp, as moe_router_topk documents it (src/ops/cuda/moe.h) and cpu::router_topk computes it. Shared by
+// the top-k kernel and the fused small-batch top-k + plan kernel, so that both give the same bits.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+namespace moefold::cuda::moe_detail {
+
+/// Top-k of the fp32 logits l[0, E) of one row (VPT = ceil(E / 32) values a lane), by all 32 lanes of a
+/// warp: lane 0 writes out_ids[0, k) and out_w[0, k). replay: the row's k replayed experts, or null.
+template <int VPT>
+__device__ __forceinline__ void topk_row(const float* __restrict__ l, int E, int k, bool renormalize,
+                                         const int32_t* __restrict__ replay, int32_t* out_ids, float* out_w) {
+  const int lane = threadIdx.x & 31;
+  float v[VPT];
+  float m = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    const int e = i * 32 + lane;
+    v[i] = e < E ? l[e] : NAN;
+    if (e < E && !isnan(v[i])) m = fmaxf(m, v[i]);
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+
+  // e = exp(l - m) in fp32 (0 for NaN logits, all 0 when the max is infinite), sum in fp64.
+  double part = 0.0;
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    const int e = i * 32 + lane;
+    float p = 0.0f;
+    if (e < E && !isnan(v[i]) && !isinf(m)) p = float(exp(double(v[i] - m)));
+    if (e < E) part += double(p);
+    v[i] = p;  // reuse: now the unnormalised probability
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) part += __shfl_xor_sync(0xffffffffu, part, o);
+  const double denom = part;
+
+  // Ranking keys: bit 63 = logit is a number, bits 62..32 = p (non-negative fp32 bits order like values),
+  // bits 31..0 = ~expert (lower index wins ties). 0 = absent or already taken.
+  uint64_t key[VPT];
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    const int e = i * 32 + lane;
+    if (e < E) {
+      const bool is_num = !isnan(l[e]);
+      const float p = denom > 0.0 ? float(double(v[i]) / denom) : 0.0f;
+      key[i] = (uint64_t(is_num) << 63) | (uint64_t(__float_as_uint(p)) << 32) | uint64_t(~uint32_t(e));
+    } else {
+      key[i] = 0;
+    }
+  }
+
+  double sum = 0.0;
+  for (int s = 0; s < k; ++s) {
+    uint64_t best = 0;
+    int e_replay = -1;
+    if (replay) {  // the replayed expert's key (0 when the id is outside [0, E))
+      e_replay = replay[s];
+#pragma unroll
+      for (int i = 0; i < VPT; ++i)
+        if (i * 32 + lane == e_replay) best = key[i];
+    } else {
+#pragma unroll
+      for (int i = 0; i < VPT; ++i) best = key[i] > best ? key[i] : best;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const uint64_t other = __shfl_xor_sync(0xffffffffu, best, o);
+      best = other > best ? other : best;
+    }
+    const int e = replay ? e_replay : int(~uint32_t(best & 0xffffffffu));
+    const float p = __uint_as_float(uint32_t(best >> 32) & 0x7fffffffu);
+#pragma unroll
+    for (int i = 0; i < VPT; ++i)
+      if (key[i] == best && !replay) key[i] = 0;
+    sum += double(p);
+    if (lane == 0) {
+      out_ids[s] = e;
+      out_w[s] = p;
+    }
+  }
+  if (renormalize && lane == 0 && sum > 0.0) {
+    for (int s = 0; s < k; ++s) out_w[s] = float(double(out_w[s]) / sum);
+  }
+}
+
+}  // namespace moefold::cuda::moe_detail
