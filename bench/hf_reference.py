@@ -3,7 +3,7 @@
 Builds the text model of a Qwen3.5/3.6-MoE config.json with random bf16 weights directly on the GPU
 (transformers' own initialisation; no checkpoint, nothing downloaded) and times prefill of one
 sequence and greedy decode steps at several batch sizes with a KV/state cache, printing one table.
-Usage: python3 bench/hf_reference.py --model ../shared/models/qwen3.6-35b-a3b --prefill 4096 --decode-batch 1,8
+Usage: python3 bench/hf_reference.py --model configs/qwen3.6-35b-a3b --prefill 4096 --decode-batch 1,8
 """
 import argparse
 import json

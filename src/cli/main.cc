@@ -1,6 +1,7 @@
 // moefold command line: inspect | logits | generate | chat | serve | bench (offline, serve) | profile.
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <cstdio>
 #include <iostream>
@@ -19,8 +20,11 @@
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
 #include "cli/bench_command.h"
+#include "cli/device_option.h"
+#include "cli/generation_stats.h"
 #include "cli/profile_command.h"
 #include "cli/serve_command.h"
+#include "cli/version.h"
 #ifdef MOEFOLD_HAVE_CUDA
 #include "models/cuda/cuda_executor.h"
 #endif
@@ -121,8 +125,8 @@ struct SamplingOpts {
     c->add_option("--top-k", top_k, "top-k sampling (0 = off)");
     c->add_option("--min-p", min_p, "min-p sampling (0 = off)");
     c->add_option("--repetition-penalty", repetition_penalty, "1 = off");
-    c->add_option("--sampling-seed", seed, "seed for sampling (default: random)");
-    c->add_option("--stop", stop, "stop string (repeatable)");
+    c->add_option("--sampling-seed", seed, "seed for sampling (-1: random)");
+    c->add_option("--stop", stop, "stop string (repeatable)")->default_str("");  // no "=[]" in --help
     c->add_flag("--ignore-eos", ignore_eos, "keep generating past end-of-sequence tokens");
   }
   SamplingParams params() const {
@@ -148,7 +152,20 @@ TextGenerationResult stream_generation(ModelRunner& runner, const Tokenizer& tok
     std::fflush(stdout);
   });
   std::printf("\n");
+  std::fflush(stdout);
   return r;
+}
+
+/// --stats of one text generation from a prompt of `prompt_tokens` tokens.
+GenerationStats stats_of(const TextGenerationResult& r, size_t prompt_tokens) {
+  return {int64_t(prompt_tokens), int64_t(r.output_ids.size()), r.prefill_seconds, r.decode_seconds};
+}
+
+/// "moefold 0.1.0 (git 1a2b3c4)": the project version and the checkout it was configured from.
+std::string version_string() {
+  std::string v = std::string("moefold ") + MOEFOLD_VERSION;
+  if (*MOEFOLD_GIT_DESCRIBE) v += std::string(" (git ") + MOEFOLD_GIT_DESCRIBE + ")";
+  return v;
 }
 
 namespace {
@@ -158,15 +175,19 @@ std::vector<std::string> g_required_kernels;
 
 void add_require_kernel(CLI::App* c) {
   c->add_option("--require-kernel", g_required_kernels,
-                "fail unless this kernel ran (a registry name, e.g. attn_tc_kernel; repeatable)");
+                "fail unless this kernel ran (a registry name, e.g. attn_tc_kernel; repeatable)")
+      ->default_str("");  // no "=[]" in --help
 }
 
 int run_command(int argc, char** argv) {
   CLI::App app{"moefold: an inference engine for sparse mixture-of-experts LLMs"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", version_string(), "print the version and exit");
+  // --help shows every option's default (subcommands copy these defaults when they are added).
+  app.option_defaults()->always_capture_default();
   std::string model_dir, load_format = "auto", device = "cpu", prompt_ids, prompt_text, out_path, output = "text";
   std::string message, system_prompt;
-  bool as_json = false, enable_thinking = false;
+  bool as_json = false, enable_thinking = false, stats = false;
   int max_model_len = 4096;
   uint64_t seed = 0;
   SamplingOpts sopts;
@@ -174,7 +195,7 @@ int run_command(int argc, char** argv) {
   auto add_model_opts = [&](CLI::App* c) {
     c->add_option("--model", model_dir, "model directory (config.json + safetensors)")->required();
     c->add_option("--load-format", load_format, "auto | safetensors | dummy (seeded random weights)");
-    c->add_option("--device", device, "cpu | cuda");
+    device_choices(c->add_option("--device", device));
     c->add_option("--seed", seed, "seed for dummy weights");
   };
   auto* inspect = app.add_subcommand("inspect", "model facts from config.json, without loading weights");
@@ -192,19 +213,24 @@ int run_command(int argc, char** argv) {
   generate->add_option("--output", output, "text | json (json: {\"tokens\": [...]} for --prompt-ids)")
       ->check(CLI::IsMember({"text", "json"}));
   sopts.add(generate);
+  generate->add_flag("--stats", stats, "print prompt and output tokens, prefill time and decode tokens/s to stderr");
   auto* chat = app.add_subcommand("chat", "chat through the model's chat template (interactive without --message)");
   add_model_opts(chat);
   chat->add_option("--message", message, "one user message: answer it and exit");
   chat->add_option("--system", system_prompt, "system message");
   chat->add_flag("--enable-thinking", enable_thinking, "template kwarg enable_thinking (Qwen3.5/3.6)");
-  chat->add_option("--max-model-len", max_model_len, "context length (prompt + output tokens)")
-      ->check(CLI::Range(2, 1 << 24))
-      ->capture_default_str();
+  auto* max_len_opt = chat->add_option("--max-model-len", max_model_len,
+                                       "context length (prompt + output tokens; without it: at most the model's)");
+  max_len_opt->check(CLI::Range(2, 1 << 24))->capture_default_str();
   sopts.add(chat);
+  chat->add_flag("--stats", stats, "print prompt and output tokens, prefill time and decode tokens/s to stderr (each turn)");
 
   auto serve = add_serve_command(app);
   auto bench = add_bench_command(app);
   auto profile = add_profile_command(app);
+  // serve declares --device in serve_command.cc; the choices are set here so every model command
+  // lists and checks the same devices.
+  device_choices(serve->app->get_option("--device"));
   for (CLI::App* c : {logits, generate, chat, serve->app, bench->offline->app, profile->app}) add_require_kernel(c);
 
   CLI11_PARSE(app, argc, argv);
@@ -225,6 +251,8 @@ int run_command(int argc, char** argv) {
       Tokenizer tok = Tokenizer::from_file(model_dir);
       ChatTemplate tmpl = ChatTemplate::from_model_dir(model_dir);
       const ModelConfig chat_cfg = ModelConfig::from_dir(model_dir);
+      if (max_len_opt->count() == 0 && chat_cfg.max_position_embeddings > 0)  // the default fits every model
+        max_model_len = int(std::min<int64_t>(max_model_len, chat_cfg.max_position_embeddings));
       MOEFOLD_CHECK(chat_cfg.max_position_embeddings <= 0 || max_model_len <= chat_cfg.max_position_embeddings,
                     "--max-model-len {} exceeds the model's max_position_embeddings {}", max_model_len,
                     chat_cfg.max_position_embeddings);
@@ -236,6 +264,7 @@ int run_command(int argc, char** argv) {
         messages.push_back({{"role", "user"}, {"content", user}});
         auto ids = tok.encode(tmpl.render(messages, nullptr, true, kwargs), false);
         auto r = stream_generation(*runner, tok, ids, sopts.params(), max_model_len);
+        if (stats) print_stats(stats_of(r, ids.size()));
         messages.push_back({{"role", "assistant"}, {"content", r.text}});
       };
       if (!message.empty()) {
@@ -262,10 +291,12 @@ int run_command(int argc, char** argv) {
       auto runner = make_runner(model_dir, format, seed, device, total, cpu_model);
       if (output == "json") {  // one JSON object on stdout, nothing streamed before it
         auto r = generate_text(*runner, tok, ids, sopts.params(), total);
-        std::cout << json{{"tokens", r.output_ids}, {"text", r.text}}.dump() << "\n";
+        std::cout << json{{"tokens", r.output_ids}, {"text", r.text}}.dump() << std::endl;
+        if (stats) print_stats(stats_of(r, ids.size()));
         return 0;
       }
-      stream_generation(*runner, tok, ids, sopts.params(), total);
+      auto r = stream_generation(*runner, tok, ids, sopts.params(), total);
+      if (stats) print_stats(stats_of(r, ids.size()));
       return 0;
     }
     MOEFOLD_CHECK(!prompt_ids.empty(), "give --prompt-ids or --prompt");
@@ -287,6 +318,9 @@ int run_command(int argc, char** argv) {
     Sampler sampler(params);
     std::vector<int32_t> gen;
     std::vector<SampleResult> sampled;
+    using clock = std::chrono::steady_clock;
+    const auto t0 = clock::now();
+    auto first_token = t0;
     int32_t seq = runner.add_sequence(ids);
     auto step = [&](int32_t n) {
       const RowSampling row{&sampler, ids, gen};
@@ -298,16 +332,23 @@ int run_command(int argc, char** argv) {
     const auto& eos = cfg.eos_token_ids;
     for (int i = 0; i < sopts.max_tokens; ++i) {
       gen.push_back(tok);
+      if (i == 0) first_token = clock::now();
       const bool is_eos = !params.ignore_eos && std::find(eos.begin(), eos.end(), tok) != eos.end();
       if (is_eos || i + 1 == sopts.max_tokens) break;
       runner.append_token(seq, tok);
       tok = step(1);
     }
+    const auto done = clock::now();
     if (output == "json") {
       std::cout << json{{"tokens", gen}}.dump() << "\n";
     } else {
       for (size_t i = 0; i < gen.size(); ++i) std::cout << (i ? "," : "") << gen[i];
       std::cout << "\n";
+    }
+    std::cout.flush();
+    if (stats) {
+      auto secs = [](clock::duration d) { return std::chrono::duration<double>(d).count(); };
+      print_stats({int64_t(ids.size()), int64_t(gen.size()), secs(first_token - t0), secs(done - first_token)});
     }
     return 0;
   } catch (const Error& e) {

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "cli/device_option.h"
 #include "core/error.h"
 #include "core/kernel_registry.h"
 #include "models/load_model.h"
@@ -27,7 +28,7 @@ std::unique_ptr<ProfileCommand> add_profile_command(CLI::App& app) {
   p->app = c;
   c->add_option("--model", p->model_dir, "model directory (config.json; weights unless dummy)")->required();
   c->add_option("--load-format", p->load_format, "auto | safetensors | dummy (seeded random weights)");
-  c->add_option("--device", p->device, "cpu | cuda");
+  device_choices(c->add_option("--device", p->device));
   c->add_option("--seed", p->seed, "seed for dummy weights");
   c->add_option("--workload", p->workloads,
                 "prefill:N | decode:BxC | mixed:BxPxD (repeatable; run in order on one model load)")

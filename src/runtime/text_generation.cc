@@ -1,5 +1,7 @@
 #include "runtime/text_generation.h"
 
+#include <chrono>
+
 #include "core/error.h"
 #include "runtime/sampler.h"
 #include "text/detokenizer.h"
@@ -25,6 +27,10 @@ TextGenerationResult generate_text(ModelRunner& runner, const Tokenizer& tokeniz
   };
   // Ids the tokenizer cannot decode (vocabulary padding) are never sampled.
   const std::vector<int32_t> unknown = tokenizer.unknown_ids(runner.config().vocab_size);
+  using clock = std::chrono::steady_clock;
+  const auto t0 = clock::now();
+  auto first_token = t0;
+  auto seconds = [](clock::duration d) { return std::chrono::duration<double>(d).count(); };
   const int32_t seq = runner.add_sequence(prompt_ids);
   try {
     // Sampled inside the executor (on the GPU with --device cuda): only the token comes back.
@@ -38,6 +44,7 @@ TextGenerationResult generate_text(ModelRunner& runner, const Tokenizer& tokeniz
     int32_t token = step(int32_t(prompt_ids.size()));
     while (true) {
       r.output_ids.push_back(token);
+      if (r.output_ids.size() == 1) first_token = clock::now();
       std::string delta = detok.feed(token);
       StopUpdate u = stop.on_token(token, delta);
       if (!u.finished() && int64_t(prompt_ids.size() + r.output_ids.size()) >= max_total_tokens)
@@ -59,6 +66,8 @@ TextGenerationResult generate_text(ModelRunner& runner, const Tokenizer& tokeniz
     throw;
   }
   runner.release(seq);
+  r.prefill_seconds = seconds(first_token - t0);
+  r.decode_seconds = seconds(clock::now() - first_token);
   return r;
 }
 

@@ -19,6 +19,8 @@ struct TextGenerationResult {
   std::vector<int32_t> output_ids;
   std::string text;  ///< exactly the concatenation of the streamed pieces
   FinishReason finish = FinishReason::kNone;
+  double prefill_seconds = 0;  ///< wall time of the prompt's step and the first sample
+  double decode_seconds = 0;   ///< wall time of every later step and sample (output_ids.size() - 1 tokens)
 };
 
 /// Generates from `prompt_ids` until EOS (config eos ids), a stop string or token, params.max_tokens,

@@ -16,12 +16,13 @@
 #include "bench/openai_client.h"
 #include "core/error.h"
 #include "text/tokenizer.h"
+#include "fixture_util.h"
 
 namespace moefold::bench {
 namespace {
 
 Tokenizer fixture_tokenizer(const std::string& name) {
-  return Tokenizer::from_file(std::string(MOEFOLD_SOURCE_DIR) + "/tests/fixtures/tokenizer/" + name + "/tokenizer.json");
+  return Tokenizer::from_file(moefold::test::kFixtures / "tokenizer" / name / "tokenizer.json");
 }
 
 TEST(LengthRange, FloorCeilAndAtLeastOne) {

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "fixture_util.h"
 
 namespace moefold {
 namespace {
@@ -20,7 +21,7 @@ namespace {
 using Json = ChatTemplate::Json;
 
 std::string fixture_dir(const std::string& name) {
-  return std::string(MOEFOLD_SOURCE_DIR) + "/tests/fixtures/chat_templates/" + name;
+  return (moefold::test::kFixtures / "chat_templates" / name).string();
 }
 
 Json load_json(const std::string& path) {

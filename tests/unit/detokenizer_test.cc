@@ -12,13 +12,14 @@
 
 #include "core/error.h"
 #include "text/unicode.h"
+#include "fixture_util.h"
 
 namespace moefold {
 namespace {
 
 using json = nlohmann::json;
 const std::filesystem::path kFixtures =
-    std::filesystem::path(MOEFOLD_SOURCE_DIR) / "tests/fixtures/tokenizer";
+    moefold::test::kFixtures / "tokenizer";
 
 std::vector<std::vector<int32_t>> expected_ids(const std::string& name) {
   std::ifstream in(kFixtures / name / "expected.jsonl", std::ios::binary);

@@ -12,6 +12,7 @@
 #include "text/jinja_lexer.h"
 #include "text/jinja_template.h"
 #include "text/jinja_value.h"
+#include "fixture_util.h"
 
 namespace moefold::jinja {
 namespace {
@@ -140,7 +141,7 @@ TEST(JinjaLexer, TracksLinesAndStrings) {
 // ---- differential cases rendered by transformers' Jinja environment ---------------------------
 
 Json load_cases() {
-  std::ifstream in(std::string(MOEFOLD_SOURCE_DIR) + "/tests/fixtures/chat_templates/jinja_cases.json");
+  std::ifstream in(moefold::test::kFixtures / "chat_templates" / "jinja_cases.json");
   std::stringstream ss;
   ss << in.rdbuf();
   return Json::parse(ss.str());

@@ -13,6 +13,7 @@
 #include "io/safetensors.h"
 #include "models/load_model.h"
 #include "models/weight_loader.h"
+#include "fixture_util.h"
 
 using namespace moefold;
 using json = nlohmann::json;
@@ -158,7 +159,7 @@ TEST(Loader, ConfigErrors) {
 }
 
 TEST(Loader, Qwen36ShapeFacts) {
-  auto cfg = ModelConfig::from_dir(std::string(MOEFOLD_SOURCE_DIR) + "/../shared/models/qwen3.6-35b-a3b");
+  auto cfg = ModelConfig::from_dir((moefold::test::kSourceDir / "configs" / "qwen3.6-35b-a3b").string());
   EXPECT_EQ(cfg.family, Family::Qwen3_5Moe);
   EXPECT_EQ(cfg.tensor_prefix, "model.language_model.");
   EXPECT_EQ(cfg.num_layers_of(LayerType::FullAttention), 10);

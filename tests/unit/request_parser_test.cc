@@ -10,6 +10,7 @@
 #include "server/api_error.h"
 #include "server/generation_config.h"
 #include "server/json_depth.h"
+#include "fixture_util.h"
 
 namespace moefold::server {
 namespace {
@@ -18,7 +19,7 @@ using Json = nlohmann::ordered_json;
 
 const Tokenizer& tokenizer() {
   static const Tokenizer t =
-      Tokenizer::from_file(std::string(MOEFOLD_SOURCE_DIR) + "/tests/fixtures/tokenizer/qwen35_mini/tokenizer.json");
+      Tokenizer::from_file(moefold::test::kFixtures / "tokenizer" / "qwen35_mini" / "tokenizer.json");
   return t;
 }
 

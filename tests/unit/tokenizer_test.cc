@@ -13,13 +13,14 @@
 
 #include "core/error.h"
 #include "text/unicode.h"
+#include "fixture_util.h"
 
 namespace moefold {
 namespace {
 
 using json = nlohmann::json;
 const std::filesystem::path kFixtures =
-    std::filesystem::path(MOEFOLD_SOURCE_DIR) / "tests/fixtures/tokenizer";
+    moefold::test::kFixtures / "tokenizer";
 
 std::vector<json> read_jsonl(const std::filesystem::path& p) {
   std::ifstream in(p, std::ios::binary);
