@@ -44,7 +44,8 @@ std::unique_ptr<BenchOfflineCommand> add_bench_offline_command(CLI::App& bench) 
   b->app->add_flag("--batch-invariant,!--no-batch-invariant", b->batch_invariant,
                    "kernels whose per-row results do not depend on the batch (off: the fastest per step size)");
   b->app->add_option("--cuda-graph-sizes", b->cuda_graph_sizes, "decode batch sizes captured as CUDA graphs")
-      ->delimiter(',');
+      ->delimiter(',')
+      ->default_str("");
   return b;
 }
 

@@ -56,6 +56,13 @@ std::vector<int32_t> parse_ids(const std::string& s) {
   return ids;
 }
 
+/// --device cuda execution options of the model commands (vLLM's names).
+struct GpuOpts {
+  bool enforce_eager = false;
+  bool batch_invariant = true;
+};
+GpuOpts g_gpu;
+
 /// A runner for one sequence of up to `tokens` tokens on `device` ("cpu" or "cuda").
 std::unique_ptr<ModelRunner> make_runner(const std::string& dir, LoadFormat format, uint64_t seed,
                                          const std::string& device, int32_t tokens,
@@ -73,6 +80,9 @@ std::unique_ptr<ModelRunner> make_runner(const std::string& dir, LoadFormat form
     co.block_size = bs;
     co.num_slots = 1;
     co.max_rows = std::max(tokens, 1);
+    co.max_blocks_per_seq = opt.num_blocks;
+    co.enforce_eager = g_gpu.enforce_eager;
+    co.batch_invariant = g_gpu.batch_invariant;
     return std::make_unique<ModelRunner>(make_cuda_executor(dir, format, seed, co), opt);
 #else
     fail("--device cuda: this binary was built without the CUDA backend");
@@ -197,6 +207,9 @@ int run_command(int argc, char** argv) {
     c->add_option("--load-format", load_format, "auto | safetensors | dummy (seeded random weights)");
     device_choices(c->add_option("--device", device));
     c->add_option("--seed", seed, "seed for dummy weights");
+    c->add_flag("--enforce-eager", g_gpu.enforce_eager, "--device cuda: run decode steps eagerly (no CUDA graphs)");
+    c->add_flag("--batch-invariant,!--no-batch-invariant", g_gpu.batch_invariant,
+                "--device cuda: kernels whose per-row results do not depend on the rest of the batch");
   };
   auto* inspect = app.add_subcommand("inspect", "model facts from config.json, without loading weights");
   inspect->add_option("--model", model_dir, "model directory")->required();

@@ -56,7 +56,8 @@ std::unique_ptr<ServeCommand> add_serve_command(CLI::App& app) {
   c->add_option("--cuda-graph-sizes", o.cuda_graph_sizes,
                 "--device cuda: decode batch sizes captured as CUDA graphs (default 1,2,4,8,16,24,32,48,64,96,"
                 "128,192,256, capped by --max-num-seqs)")
-      ->delimiter(',');
+      ->delimiter(',')
+      ->default_str("");
   c->add_flag("--batch-invariant,!--no-batch-invariant", o.batch_invariant,
               "--device cuda: kernels whose per-row results do not depend on the rest of the batch");
   return cmd;
