@@ -7,7 +7,9 @@
 
 #include "core/error.h"
 #include "io/model_config.h"
+#include "models/load_model.h"
 #include "models/memory_check.h"
+#include "runtime/executor.h"
 
 using namespace moefold;
 using json = nlohmann::json;
@@ -51,6 +53,19 @@ TEST(MemoryCheck, CacheBytesFollowTheConfig) {
   ModelConfig c = ModelConfig::from_json(json::parse(f));
   EXPECT_EQ(cpu_cache_bytes(c, 10, 16, 3), 10 * 16 * c.kv_bytes_per_token(4) + 3 * c.deltanet_state_bytes_per_seq(4));
   EXPECT_THROW(check_memory_fits(cpu_cache_bytes(c, 1 << 20, 1 << 10, 1), int64_t(1) << 30, "kv"), Error);
+}
+
+TEST(MemoryCheck, TheCpuExecutorRefusesAKvCacheBiggerThanMemory) {
+  auto model = load_model(std::string(MOEFOLD_SOURCE_DIR) + "/tests/fixtures/qwen3_5_moe_text", LoadFormat::Dummy);
+  try {
+    make_cpu_executor(*model, 1 << 30, 1 << 10, 1);  // 2^40 token slots: far beyond any machine
+    FAIL() << "a 2^40-token KV cache was accepted";
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    EXPECT_NE(msg.find("the CPU KV cache (1073741824 blocks of 1024 tokens)"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("of memory is available"), std::string::npos) << msg;
+  }
+  EXPECT_NO_THROW(make_cpu_executor(*model, 4, 16, 1));
 }
 
 }  // namespace
