@@ -22,3 +22,4 @@ fi
 if compgen -G "tests/e2e/test_*.py" >/dev/null; then
   MOEFOLD_BINARY="$root/$build/moefold" .venv/bin/python -m pytest -q tests/e2e
 fi
+bash scripts/fuzz.sh --ci  # libFuzzer targets of the untrusted-input parsers, a few seconds each (docs/fuzzing.md)

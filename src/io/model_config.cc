@@ -1,6 +1,8 @@
 #include "io/model_config.h"
 
 #include <algorithm>
+#include <cmath>
+#include <optional>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -40,40 +42,84 @@ int64_t ModelConfig::deltanet_state_bytes_per_seq(int64_t conv_elem_bytes) const
 
 namespace {
 
-template <class T>
-T req(const json& j, const char* key) {
-  if (!j.contains(key) || j[key].is_null()) fail("config.json: required field '{}' is missing", key);
-  try {
-    return j[key].get<T>();
-  } catch (const json::exception&) {
-    fail("config.json: field '{}' has the wrong type ({})", key, j[key].dump());
+// Upper bounds of the sizes config.json may give: far above every released model, and small enough
+// that every product the engine forms (parameter counts, tensor bytes, KV and state bytes) fits in
+// int64 (worst case: experts x moe_intermediate x hidden x 3 x layers < 2^60).
+constexpr int64_t kMaxVocab = int64_t(1) << 24, kMaxHidden = int64_t(1) << 16, kMaxLayers = 1024;
+constexpr int64_t kMaxHeads = 1024, kMaxHeadDim = 4096, kMaxIntermediate = int64_t(1) << 20;
+constexpr int64_t kMaxExperts = int64_t(1) << 14, kMaxMoeIntermediate = int64_t(1) << 18, kMaxConvKernel = 64;
+constexpr int64_t kMaxPositions = INT32_MAX;
+
+bool present(const json& j, const char* key) { return j.contains(key) && !j[key].is_null(); }
+
+/// An integer field in [lo, hi]; `def` when absent (nullopt: required). Floats such as 128.5 or 128.0,
+/// strings, booleans and integers outside int64 are errors naming the field.
+int64_t int_field(const json& j, const char* key, std::optional<int64_t> def, int64_t lo, int64_t hi) {
+  if (!present(j, key)) {
+    if (!def) fail("config.json: required field '{}' is missing", key);
+    return *def;
   }
+  const json& v = j[key];
+  if (!v.is_number_integer()) fail("config.json: field '{}' must be an integer, not {}", key, v.dump());
+  if (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX))
+    fail("config.json: field '{}' = {} is out of range [{}, {}]", key, v.dump(), lo, hi);
+  int64_t x = v.get<int64_t>();
+  if (x < lo || x > hi) fail("config.json: field '{}' = {} is out of range [{}, {}]", key, x, lo, hi);
+  return x;
 }
-template <class T>
-T opt(const json& j, const char* key, T def) {
-  if (!j.contains(key) || j[key].is_null()) return def;
-  try {
-    return j[key].get<T>();
-  } catch (const json::exception&) {
-    fail("config.json: field '{}' has the wrong type ({})", key, j[key].dump());
+int64_t req_int(const json& j, const char* key, int64_t lo, int64_t hi) { return int_field(j, key, std::nullopt, lo, hi); }
+int64_t opt_int(const json& j, const char* key, int64_t def, int64_t lo, int64_t hi) { return int_field(j, key, def, lo, hi); }
+
+/// A finite number field in [lo, hi] (integers accepted), or `def` when absent (nullopt: required).
+double num_field(const json& j, const char* key, std::optional<double> def, double lo, double hi) {
+  if (!present(j, key)) {
+    if (!def) fail("config.json: required field '{}' is missing", key);
+    return *def;
   }
+  const json& v = j[key];
+  if (!v.is_number()) fail("config.json: field '{}' must be a number, not {}", key, v.dump());
+  double x = v.get<double>();
+  if (!std::isfinite(x) || x < lo || x > hi) fail("config.json: field '{}' = {} is out of range [{}, {}]", key, x, lo, hi);
+  return x;
 }
 
-std::vector<int32_t> ids_of(const json& v) {
+bool bool_field(const json& j, const char* key, bool def) {
+  if (!present(j, key)) return def;
+  if (!j[key].is_boolean()) fail("config.json: field '{}' must be true or false, not {}", key, j[key].dump());
+  return j[key].get<bool>();
+}
+
+std::string str_field(const json& j, const char* key, const std::string& def) {
+  if (!present(j, key)) return def;
+  if (!j[key].is_string()) fail("config.json: field '{}' must be a string, not {}", key, j[key].dump());
+  return j[key].get<std::string>();
+}
+
+/// eos_token_id: one token id or a list of them (each in [0, INT32_MAX]); anything else names `where`.
+std::vector<int32_t> ids_of(const json& v, const char* where) {
   std::vector<int32_t> out;
-  if (v.is_number_integer()) out.push_back(v.get<int32_t>());
+  if (v.is_null()) return out;
+  auto one = [&](const json& x) {
+    if (!x.is_number_integer() || (!x.is_number_unsigned() && x.get<int64_t>() < 0) ||
+        (x.is_number_unsigned() && x.get<uint64_t>() > uint64_t(INT32_MAX)))
+      fail("{}: field 'eos_token_id' must hold token ids (integers in [0, {}]), not {}", where, INT32_MAX, x.dump());
+    out.push_back(x.get<int32_t>());
+  };
   if (v.is_array())
-    for (auto& x : v) out.push_back(x.get<int32_t>());
+    for (auto& x : v) one(x);
+  else
+    one(v);
   return out;
 }
 
 }  // namespace
 
 ModelConfig ModelConfig::from_json(const json& root) {
+  if (!root.is_object()) fail("config.json: expected a JSON object, not {}", root.type_name());
   ModelConfig c;
-  std::string top_type = opt<std::string>(root, "model_type", "");
+  std::string top_type = str_field(root, "model_type", "");
   const json& j = root.contains("text_config") && root["text_config"].is_object() ? root["text_config"] : root;
-  c.model_type = opt<std::string>(j, "model_type", top_type);
+  c.model_type = str_field(j, "model_type", top_type);
   const bool nested = &j != &root;
 
   if (c.model_type == "qwen3_5_moe" || c.model_type == "qwen3_5_moe_text") c.family = Family::Qwen3_5Moe;
@@ -86,36 +132,42 @@ ModelConfig ModelConfig::from_json(const json& root) {
          c.model_type.empty() ? top_type : c.model_type);
   c.tensor_prefix = nested || top_type == "qwen3_5_moe" ? "model.language_model." : "model.";
 
-  c.vocab_size = req<int64_t>(j, "vocab_size");
-  c.hidden_size = req<int64_t>(j, "hidden_size");
-  c.num_layers = req<int64_t>(j, "num_hidden_layers");
-  c.rms_norm_eps = opt<double>(j, "rms_norm_eps", 1e-6);
-  c.max_position_embeddings = opt<int64_t>(j, "max_position_embeddings", 4096);
-  c.tie_word_embeddings = opt<bool>(j, "tie_word_embeddings", opt<bool>(root, "tie_word_embeddings", false));
-  c.num_heads = req<int64_t>(j, "num_attention_heads");
-  c.num_kv_heads = opt<int64_t>(j, "num_key_value_heads", c.num_heads);
-  c.head_dim = opt<int64_t>(j, "head_dim", c.hidden_size / c.num_heads);
-  c.attention_bias = opt<bool>(j, "attention_bias", false);
-  c.intermediate_size = opt<int64_t>(j, "intermediate_size", 0);
-  c.mlp_bias = opt<bool>(j, "mlp_bias", false);
+  c.vocab_size = req_int(j, "vocab_size", 1, kMaxVocab);
+  c.hidden_size = req_int(j, "hidden_size", 1, kMaxHidden);
+  c.num_layers = req_int(j, "num_hidden_layers", 1, kMaxLayers);
+  c.rms_norm_eps = num_field(j, "rms_norm_eps", 1e-6, 0.0, 1.0);
+  c.max_position_embeddings = opt_int(j, "max_position_embeddings", 4096, 1, kMaxPositions);
+  c.tie_word_embeddings = bool_field(j, "tie_word_embeddings", bool_field(root, "tie_word_embeddings", false));
+  c.num_heads = req_int(j, "num_attention_heads", 1, kMaxHeads);
+  c.num_kv_heads = opt_int(j, "num_key_value_heads", c.num_heads, 1, c.num_heads);
+  if (c.num_heads % c.num_kv_heads)
+    fail("config.json: num_attention_heads {} is not a multiple of num_key_value_heads {}", c.num_heads, c.num_kv_heads);
+  if (!present(j, "head_dim") && c.hidden_size / c.num_heads < 1)
+    fail("config.json: head_dim is missing and hidden_size {} / num_attention_heads {} is 0", c.hidden_size, c.num_heads);
+  c.head_dim = opt_int(j, "head_dim", c.hidden_size / c.num_heads, 1, kMaxHeadDim);
+  c.attention_bias = bool_field(j, "attention_bias", false);
+  c.intermediate_size = opt_int(j, "intermediate_size", 0, 0, kMaxIntermediate);
+  c.mlp_bias = bool_field(j, "mlp_bias", false);
 
   const bool hybrid = c.family == Family::Qwen3_5Moe || c.family == Family::Qwen3Next;
   c.norm_zero_centred = hybrid;
-  c.attn_output_gate = hybrid ? opt<bool>(j, "attn_output_gate", true) : false;
+  c.attn_output_gate = hybrid ? bool_field(j, "attn_output_gate", true) : false;
   c.qk_norm = c.family != Family::Llama;
 
   // RoPE: transformers v5 keeps theta and partial factor in rope_parameters; older files at top level.
   json rp = j.contains("rope_parameters") && j["rope_parameters"].is_object() ? j["rope_parameters"]
             : j.contains("rope_scaling") && j["rope_scaling"].is_object()   ? j["rope_scaling"]
                                                                              : json::object();
-  c.rope_theta = opt<double>(rp, "rope_theta", opt<double>(j, "rope_theta", 10000.0));
-  c.partial_rotary_factor = opt<double>(rp, "partial_rotary_factor", opt<double>(j, "partial_rotary_factor", 1.0));
-  std::string rope_type = opt<std::string>(rp, "rope_type", opt<std::string>(rp, "type", "default"));
+  constexpr double kHuge = 1e300;
+  c.rope_theta = num_field(rp, "rope_theta", num_field(j, "rope_theta", 10000.0, 1e-300, kHuge), 1e-300, kHuge);
+  c.partial_rotary_factor =
+      num_field(rp, "partial_rotary_factor", num_field(j, "partial_rotary_factor", 1.0, 1e-300, 1.0), 1e-300, 1.0);
+  std::string rope_type = str_field(rp, "rope_type", str_field(rp, "type", "default"));
   if (rope_type == "llama3") {
-    c.rope_llama3_factor = req<double>(rp, "factor");
-    c.rope_llama3_low_freq = opt<double>(rp, "low_freq_factor", 1.0);
-    c.rope_llama3_high_freq = opt<double>(rp, "high_freq_factor", 4.0);
-    c.rope_llama3_original_max = opt<int64_t>(rp, "original_max_position_embeddings", 8192);
+    c.rope_llama3_factor = num_field(rp, "factor", std::nullopt, 1e-300, kHuge);
+    c.rope_llama3_low_freq = num_field(rp, "low_freq_factor", 1.0, 1e-300, kHuge);
+    c.rope_llama3_high_freq = num_field(rp, "high_freq_factor", 4.0, 1e-300, kHuge);
+    c.rope_llama3_original_max = opt_int(rp, "original_max_position_embeddings", 8192, 1, kMaxPositions);
   } else if (rope_type != "default") {
     fail("config.json: rope_type '{}' is not supported (supported: default, llama3)", rope_type);
   }
@@ -127,24 +179,25 @@ ModelConfig ModelConfig::from_json(const json& root) {
   // Layer types.
   c.layer_types.assign(size_t(c.num_layers), LayerType::FullAttention);
   if (hybrid) {
-    if (j.contains("layer_types") && j["layer_types"].is_array()) {
-      auto lt = j["layer_types"].get<std::vector<std::string>>();
+    if (present(j, "layer_types")) {
+      const json& lt = j["layer_types"];
+      if (!lt.is_array()) fail("config.json: field 'layer_types' must be a list of strings, not {}", lt.dump());
       if (int64_t(lt.size()) != c.num_layers)
         fail("config.json: layer_types has {} entries but num_hidden_layers is {}", lt.size(), c.num_layers);
       for (size_t i = 0; i < lt.size(); ++i) {
         if (lt[i] == "linear_attention") c.layer_types[i] = LayerType::LinearAttention;
-        else if (lt[i] != "full_attention") fail("config.json: unknown layer type '{}' at layer {}", lt[i], i);
+        else if (lt[i] != "full_attention") fail("config.json: unknown layer type {} at layer {}", lt[i].dump(), i);
       }
     } else {
-      int64_t interval = opt<int64_t>(j, "full_attention_interval", 4);
+      int64_t interval = opt_int(j, "full_attention_interval", 4, 1, kMaxLayers);
       for (int64_t i = 0; i < c.num_layers; ++i)
         c.layer_types[size_t(i)] = (i + 1) % interval == 0 ? LayerType::FullAttention : LayerType::LinearAttention;
     }
-    c.linear_num_key_heads = req<int64_t>(j, "linear_num_key_heads");
-    c.linear_num_value_heads = req<int64_t>(j, "linear_num_value_heads");
-    c.linear_key_head_dim = req<int64_t>(j, "linear_key_head_dim");
-    c.linear_value_head_dim = req<int64_t>(j, "linear_value_head_dim");
-    c.linear_conv_kernel_dim = opt<int64_t>(j, "linear_conv_kernel_dim", 4);
+    c.linear_num_key_heads = req_int(j, "linear_num_key_heads", 1, kMaxHeads);
+    c.linear_num_value_heads = req_int(j, "linear_num_value_heads", 1, kMaxHeads);
+    c.linear_key_head_dim = req_int(j, "linear_key_head_dim", 1, kMaxHeadDim);
+    c.linear_value_head_dim = req_int(j, "linear_value_head_dim", 1, kMaxHeadDim);
+    c.linear_conv_kernel_dim = opt_int(j, "linear_conv_kernel_dim", 4, 1, kMaxConvKernel);
     c.linear_fused_interleaved = c.family == Family::Qwen3Next;
     if (c.linear_num_value_heads % c.linear_num_key_heads)
       fail("config.json: linear_num_value_heads {} is not a multiple of linear_num_key_heads {}",
@@ -155,29 +208,35 @@ ModelConfig ModelConfig::from_json(const json& root) {
   c.layer_is_moe.assign(size_t(c.num_layers), false);
   if (c.family == Family::Qwen3_5Moe || c.family == Family::Qwen3Next || c.family == Family::Qwen3Moe) {
     // transformers v5 writes Qwen3-MoE configs with num_local_experts; released files say num_experts.
-    c.num_experts = j.contains("num_experts") ? req<int64_t>(j, "num_experts") : req<int64_t>(j, "num_local_experts");
-    c.num_experts_per_tok = req<int64_t>(j, "num_experts_per_tok");
-    c.moe_intermediate_size = req<int64_t>(j, "moe_intermediate_size");
-    c.shared_expert_intermediate_size = opt<int64_t>(j, "shared_expert_intermediate_size", 0);
+    c.num_experts = present(j, "num_experts") ? req_int(j, "num_experts", 1, kMaxExperts)
+                                              : req_int(j, "num_local_experts", 1, kMaxExperts);
+    c.num_experts_per_tok = req_int(j, "num_experts_per_tok", 1, c.num_experts);
+    c.moe_intermediate_size = req_int(j, "moe_intermediate_size", 1, kMaxMoeIntermediate);
+    c.shared_expert_intermediate_size = opt_int(j, "shared_expert_intermediate_size", 0, 0, kMaxMoeIntermediate);
     // Qwen3.5 always renormalises the top-k weights; the others read norm_topk_prob.
-    c.norm_topk_prob = c.family == Family::Qwen3_5Moe ? true : opt<bool>(j, "norm_topk_prob", false);
-    int64_t step = opt<int64_t>(j, "decoder_sparse_step", 1);
-    std::vector<int64_t> mlp_only = opt<std::vector<int64_t>>(j, "mlp_only_layers", {});
+    c.norm_topk_prob = c.family == Family::Qwen3_5Moe ? true : bool_field(j, "norm_topk_prob", false);
+    int64_t step = opt_int(j, "decoder_sparse_step", 1, 1, kMaxLayers);
+    std::vector<int64_t> mlp_only;
+    if (present(j, "mlp_only_layers")) {
+      const json& m = j["mlp_only_layers"];
+      if (!m.is_array()) fail("config.json: field 'mlp_only_layers' must be a list of layer indices, not {}", m.dump());
+      for (const json& x : m) {
+        if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() >= c.num_layers)
+          fail("config.json: mlp_only_layers entry {} is not a layer index in [0, {})", x.dump(), c.num_layers);
+        mlp_only.push_back(x.get<int64_t>());
+      }
+    }
     for (int64_t i = 0; i < c.num_layers; ++i) {
       bool dense = std::find(mlp_only.begin(), mlp_only.end(), i) != mlp_only.end();
-      c.layer_is_moe[size_t(i)] = c.family == Family::Qwen3_5Moe ||
-                                  (!dense && c.num_experts > 0 && step > 0 && (i + 1) % step == 0);
+      c.layer_is_moe[size_t(i)] = c.family == Family::Qwen3_5Moe || (!dense && (i + 1) % step == 0);
     }
-    if (c.num_experts_per_tok <= 0 || c.num_experts_per_tok > c.num_experts)
-      fail("config.json: num_experts_per_tok {} must be in [1, num_experts {}]", c.num_experts_per_tok, c.num_experts);
   }
   for (int64_t i = 0; i < c.num_layers; ++i)
     if (!c.layer_is_moe[size_t(i)] && c.intermediate_size <= 0)
       fail("config.json: layer {} is a dense MLP but intermediate_size is missing", i);
 
-  auto eos = j.contains("eos_token_id") ? j["eos_token_id"] : root.value("eos_token_id", json());
-  c.eos_token_ids = ids_of(eos);
-  if (c.num_heads % c.num_kv_heads) fail("config.json: num_attention_heads {} is not a multiple of num_key_value_heads {}", c.num_heads, c.num_kv_heads);
+  c.eos_token_ids = ids_of(present(j, "eos_token_id") ? j["eos_token_id"] : root.value("eos_token_id", json()),
+                           "config.json");
   return c;
 }
 
@@ -198,7 +257,7 @@ ModelConfig ModelConfig::from_dir(const std::string& dir) {
   if (fs::exists(g)) {
     json gj = read(g);
     if (gj.contains("eos_token_id")) {
-      auto ids = ids_of(gj["eos_token_id"]);
+      auto ids = ids_of(gj["eos_token_id"], "generation_config.json");
       if (!ids.empty()) c.eos_token_ids = ids;
     }
   }

@@ -27,7 +27,15 @@ struct TensorView {
 /// "[a, b, c]" for messages.
 std::string shape_str(const std::vector<int64_t>& shape);
 
-/// One memory-mapped .safetensors file. Throws Error on a truncated or malformed header,
+/// Parses a whole .safetensors image held in memory (`data`, `size` bytes: the 8-byte header length,
+/// the JSON header, the data section) into tensor views pointing into `data`. `what` names the file in
+/// messages. Throws Error on a truncated or malformed header, an entry that is not {dtype, shape,
+/// data_offsets}, negative or non-integer dims, an element or byte count that overflows, offsets
+/// outside the data section, a dtype x shape byte count that differs from the offsets' span, or two
+/// tensors whose byte ranges overlap. Untrusted input: never crashes, never reads outside `data`.
+std::map<std::string, TensorView> parse_safetensors(const uint8_t* data, size_t size, const std::string& what);
+
+/// One memory-mapped .safetensors file (parsed with parse_safetensors). Throws Error on a truncated or malformed header,
 /// out-of-range offsets, or a dtype/shape/byte-count mismatch.
 class SafetensorsFile {
  public:

@@ -1,6 +1,7 @@
 #include "models/load_model.h"
 
 #include "core/error.h"
+#include "models/memory_check.h"
 #include "models/weight_loader.h"
 
 namespace moefold {
@@ -13,6 +14,9 @@ LoadFormat parse_load_format(const std::string& s) {
 
 std::unique_ptr<Model> load_model(const std::string& dir, LoadFormat format, uint64_t seed) {
   ModelConfig cfg = ModelConfig::from_dir(dir);
+  // Both sources materialise every tensor in fp32 on the host: refuse before allocating any of it.
+  check_memory_fits(cpu_weight_bytes(cfg), available_memory_bytes(),
+                    fmt::format("model '{}' ({} fp32 weights)", dir, family_name(cfg.family)));
   std::unique_ptr<WeightSource> src = format == LoadFormat::Dummy
                                           ? dummy_source(seed, cfg.family == Family::Qwen3_5Moe)
                                           : checkpoint_source(dir);

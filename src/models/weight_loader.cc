@@ -312,12 +312,18 @@ ParamCounts count_params(const ModelConfig& cfg) {
   CountingSource src(cfg.family == Family::Qwen3_5Moe);
   load_weights(cfg, src);
   ParamCounts p;
+  // ModelConfig's bounds keep these sums far below 2^63; the checks guard that promise, so a count is
+  // never printed negative or wrapped.
+  auto add = [](int64_t& acc, int64_t n) {
+    if (__builtin_add_overflow(acc, n, &acc)) fail("parameter count overflows int64");
+  };
   for (auto& s : src.specs) {
     int64_t n = 1;
-    for (auto d : s.shape) n *= d;
-    p.total += n;
-    if (s.role == TensorRole::RoutedExpert) p.routed_expert += n;
-    if (s.role == TensorRole::Embedding) p.embedding += n;
+    for (auto d : s.shape)
+      if (d < 0 || __builtin_mul_overflow(n, d, &n)) fail("tensor '{}': element count overflows int64", s.name);
+    add(p.total, n);
+    if (s.role == TensorRole::RoutedExpert) add(p.routed_expert, n);
+    if (s.role == TensorRole::Embedding) add(p.embedding, n);
   }
   const double active_frac = cfg.num_experts ? double(cfg.num_experts_per_tok) / double(cfg.num_experts) : 1.0;
   p.active_per_token = p.total - p.embedding - p.routed_expert + int64_t(double(p.routed_expert) * active_frac);

@@ -1,3 +1,6 @@
+#include <fmt/format.h>
+
+#include "models/memory_check.h"
 #include "models/model.h"
 #include "runtime/executor.h"
 #include "runtime/kv_cache.h"
@@ -9,7 +12,7 @@ namespace {
 class CpuExecutor : public Executor {
  public:
   CpuExecutor(const Model& m, int32_t nb, int32_t bs, int32_t ns)
-      : model_(m), kv_(m.config(), nb, bs), states_(m.config(), ns) {}
+      : model_(m), kv_(checked(m.config(), nb, bs, ns), nb, bs), states_(m.config(), ns) {}
   const ModelConfig& config() const override { return model_.config(); }
   std::string device() const override { return "cpu"; }
   int32_t num_kv_blocks() const override { return kv_.num_blocks; }
@@ -20,6 +23,13 @@ class CpuExecutor : public Executor {
   void set_routing(RoutingControl routing) override { routing_ = routing; }
 
  private:
+  /// Refuses a KV cache + DeltaNet state that does not fit in memory, before allocating it.
+  static const ModelConfig& checked(const ModelConfig& c, int32_t nb, int32_t bs, int32_t ns) {
+    check_memory_fits(cpu_cache_bytes(c, nb, bs, ns), available_memory_bytes(),
+                      fmt::format("the CPU KV cache ({} blocks of {} tokens) and DeltaNet state ({} sequences)", nb, bs, ns));
+    return c;
+  }
+
   const Model& model_;
   KvCache kv_;
   StatePool states_;

@@ -1,6 +1,7 @@
 #include "text/chat_template.h"
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -130,6 +131,7 @@ std::string ChatTemplate::render_entry(const Entry& e, const Json& messages, con
   if (!messages.is_array()) fail("chat messages must be a JSON array");
   if (!tools.is_null() && !tools.is_array()) fail("chat tools must be a JSON array or null");
   if (!kwargs.is_null() && !kwargs.is_object()) fail("chat template kwargs must be a JSON object");
+  jinja::LimitScope scope(limits_);  // request data is converted under the same limits as the render
   jinja::ValueDict ctx;
   // Same variables, in the same precedence, as transformers' apply_chat_template.
   for (auto it = special_tokens_.begin(); it != special_tokens_.end(); ++it) ctx.set(it.key(), Value::from_json(it.value()));
@@ -140,7 +142,10 @@ std::string ChatTemplate::render_entry(const Entry& e, const Json& messages, con
   ctx.set("documents", Value::none());
   ctx.set("add_generation_prompt", Value(add_generation_prompt));
   try {
-    return e.compiled->render(ctx);
+    return e.compiled->render(ctx, limits_);
+  } catch (const jinja::TemplateLimitError& err) {
+    if (std::strncmp(err.what(), "chat template", 13) == 0) throw;
+    throw jinja::TemplateLimitError(fmt::format("chat template: {}", err.what()));
   } catch (const Error& err) {
     fail("chat template: {}", err.what());
   }

@@ -41,7 +41,8 @@ class ChatTemplate {
   ///  - kwargs: object of extra template variables (enable_thinking, preserve_thinking, ...);
   ///    they override special tokens of the same name.
   /// With several named templates, "tool_use" is used when tools are given, else "default".
-  /// Throws moefold::Error naming the template line for template errors (incl. raise_exception).
+  /// Throws moefold::Error naming the template line for template errors (incl. raise_exception), and
+  /// jinja::TemplateLimitError when rendering goes over limits() (see set_limits).
   std::string render(const Json& messages, const Json& tools, bool add_generation_prompt,
                      const Json& kwargs = Json::object()) const;
 
@@ -61,6 +62,12 @@ class ChatTemplate {
   /// Special-token variables passed to every render.
   const Json& special_tokens() const { return special_tokens_; }
 
+  /// Budgets of every render (time, output size, list sizes, nesting of templates and request data);
+  /// going over one throws jinja::TemplateLimitError, a moefold::Error whose message starts with
+  /// "chat template:" and names the limit (the server answers 400).
+  void set_limits(const jinja::RenderLimits& limits) { limits_ = limits; }
+  const jinja::RenderLimits& limits() const { return limits_; }
+
  private:
   struct Entry {
     std::string source;
@@ -73,6 +80,7 @@ class ChatTemplate {
 
   std::map<std::string, Entry> templates_;
   Json special_tokens_ = Json::object();
+  jinja::RenderLimits limits_;
 };
 
 }  // namespace moefold

@@ -42,6 +42,7 @@ struct Expr {
   std::vector<std::pair<std::string, ExprPtr>> kwargs;
   std::vector<std::string> ops;
   bool negated = false;
+  int depth = 1;  ///< height of this subtree (a leaf is 1); the parser bounds it (jinja_limits.h)
 };
 
 struct Stmt;

@@ -8,6 +8,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "text/jinja_limits.h"
 #include "text/jinja_args.h"
 #include "text/jinja_strings.h"
 
@@ -39,6 +40,7 @@ std::string brace_format(const std::string& f, const CallArgs& args) {
         v = auto_idx < args.positional.size() ? &args.positional[auto_idx] : nullptr;
         ++auto_idx;
       } else if (std::all_of(field.begin(), field.end(), [](char ch) { return ch >= '0' && ch <= '9'; })) {
+        if (field.size() > 9) fail("format field index {} is out of range", field);
         size_t k = std::stoul(field);
         v = k < args.positional.size() ? &args.positional[k] : nullptr;
       } else {
@@ -46,6 +48,7 @@ std::string brace_format(const std::string& f, const CallArgs& args) {
       }
       if (!v) fail("format field '{}' has no value", field);
       out += v->str();
+      check_string_size(out.size(), "str.format");
       i = e;
     } else if (c == '}') {
       if (i + 1 < f.size() && f[i + 1] == '}') ++i;
@@ -209,6 +212,7 @@ Value string_method(const std::string& s, const std::string& name, const CallArg
       if (!first) out += s;
       first = false;
       out += item.as_string();
+      check_string_size(out.size(), "str.join");
     }
     return Value(out);
   }
@@ -361,11 +365,17 @@ ValueDict default_globals() {
             fail("range expected at least 1 argument");
           }
           if (step == 0) fail("range() arg 3 must not be zero");
+          // Length computed in 128 bits: start + k * step never overflows for the k produced.
+          const __int128 span = step > 0 ? __int128(stop) - start : __int128(start) - stop;
+          const __int128 mag = step > 0 ? __int128(step) : -__int128(step);
+          const __int128 len = span <= 0 ? 0 : (span + mag - 1) / mag;
+          const int64_t max = current_limits().max_range;
+          if (len > max)
+            throw TemplateLimitError(fmt::format("chat template: range() of {} items is over the limit of {}",
+                                                 int64_t(std::min<__int128>(len, INT64_MAX)), max));
           ValueList out;
-          for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
-            if (out.size() >= 100000) fail("range too big");
-            out.emplace_back(i);
-          }
+          out.reserve(size_t(len));
+          for (int64_t k = 0; k < int64_t(len); ++k) out.emplace_back(int64_t(__int128(start) + __int128(k) * step));
           return Value::list(std::move(out));
         }));
   g.set("namespace", Value::function("namespace", [](const CallArgs& a) {

@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "text/jinja_builtins.h"
 #include "text/jinja_lexer.h"
+#include "text/jinja_limits.h"
 #include "text/jinja_parser.h"
 #include "text/jinja_strings.h"
 #include "text/jinja_template.h"
@@ -36,10 +37,19 @@ FramePtr child_of(const FramePtr& parent) {
   return f;
 }
 
-/// Re-throws an error with "line N: " in front unless it already names a line.
+/// Re-throws an error with "line N: " in front unless it already names a line. A TemplateLimitError
+/// stays one.
 [[noreturn]] void rethrow_at(const Error& e, int line) {
-  if (std::strncmp(e.what(), "line ", 5) == 0) throw e;
+  if (std::strncmp(e.what(), "line ", 5) == 0) throw;
+  if (dynamic_cast<const TemplateLimitError*>(&e)) throw TemplateLimitError(fmt::format("line {}: {}", line, e.what()));
   fail("line {}: {}", line, e.what());
+}
+
+/// Python int arithmetic within int64: a result outside it is an error (Python would grow a bigint).
+/// `r` by reference: it must be read after the overflow builtin in the same call has written it.
+int64_t checked(bool overflow, const int64_t& r, const char* op) {
+  if (overflow) fail("integer overflow in '{}' (results must fit in 64 bits)", op);
+  return r;
 }
 
 enum class Flow { Normal, Break, Continue };
@@ -49,6 +59,8 @@ constexpr int kMaxCallDepth = 256;
 class Renderer {
  public:
   Value eval(const Expr& e, const FramePtr& f) {
+    tick();
+    DepthGuard guard("expression evaluation");
     switch (e.kind) {
       case Expr::Kind::Literal: return e.value;
       case Expr::Kind::Name: {
@@ -85,7 +97,9 @@ class Renderer {
         if (v.is_undefined()) fail("{}", v.undefined_hint());
         if (!v.is_number()) fail("bad operand type for unary {}: '{}'", e.name, v.type_name());
         if (e.name == "+") return v.is_float() ? v : Value(v.as_int());
-        return v.is_float() ? Value(-v.as_double()) : Value(-v.as_int());
+        if (v.is_float()) return Value(-v.as_double());
+        int64_t r = 0;
+        return Value(checked(__builtin_sub_overflow(int64_t(0), v.as_int(), &r), r, "-"));
       }
       case Expr::Kind::Binary: return eval_binary(e, f);
       case Expr::Kind::Compare: {
@@ -157,32 +171,43 @@ class Renderer {
     if (b.is_undefined()) fail("{}", b.undefined_hint());
     bool ints = (a.is_int() || a.is_bool()) && (b.is_int() || b.is_bool());
     bool nums = a.is_number() && b.is_number();
+    int64_t r = 0;
     if (op == "+") {
-      if (ints) return Value(a.as_int() + b.as_int());
+      if (ints) return Value(checked(__builtin_add_overflow(a.as_int(), b.as_int(), &r), r, "+"));
       if (nums) return Value(a.as_double() + b.as_double());
-      if (a.is_string() && b.is_string()) return Value(a.as_string() + b.as_string());
+      if (a.is_string() && b.is_string()) {
+        check_string_size(a.as_string().size() + b.as_string().size(), "string concatenation");
+        return Value(a.as_string() + b.as_string());
+      }
       if (a.is_list() && b.is_list()) {
+        check_list_size(a.as_list().size() + b.as_list().size(), "list concatenation");
         ValueList out = a.as_list();
         out.insert(out.end(), b.as_list().begin(), b.as_list().end());
         return Value::list(std::move(out), a.is_tuple());
       }
     } else if (op == "-") {
-      if (ints) return Value(a.as_int() - b.as_int());
+      if (ints) return Value(checked(__builtin_sub_overflow(a.as_int(), b.as_int(), &r), r, "-"));
       if (nums) return Value(a.as_double() - b.as_double());
     } else if (op == "*") {
-      if (ints) return Value(a.as_int() * b.as_int());
+      if (ints) return Value(checked(__builtin_mul_overflow(a.as_int(), b.as_int(), &r), r, "*"));
       if (nums) return Value(a.as_double() * b.as_double());
       const Value* seq = a.is_string() || a.is_list() ? &a : b.is_string() || b.is_list() ? &b : nullptr;
       const Value* count = seq == &a ? &b : &a;
       if (seq && (count->is_int() || count->is_bool())) {
-        int64_t n = std::max<int64_t>(0, count->as_int());
+        const int64_t n = std::max<int64_t>(0, count->as_int());
+        const size_t unit = seq->is_string() ? seq->as_string().size() : seq->as_list().size();
+        // unit * n, saturated: a count of 1e11 must fail here, before any allocation.
+        const size_t total = unit == 0 ? 0 : (uint64_t(n) > SIZE_MAX / unit ? SIZE_MAX : unit * size_t(n));
         if (seq->is_string()) {
+          check_string_size(total, "string repetition");
           std::string out;
-          for (int64_t i = 0; i < n; ++i) out += seq->as_string();
+          out.reserve(total);
+          for (int64_t i = 0; i < n && unit; ++i) out += seq->as_string();
           return Value(out);
         }
+        check_list_size(total, "list repetition");
         ValueList out;
-        for (int64_t i = 0; i < n; ++i) out.insert(out.end(), seq->as_list().begin(), seq->as_list().end());
+        for (int64_t i = 0; i < n && unit; ++i) out.insert(out.end(), seq->as_list().begin(), seq->as_list().end());
         return Value::list(std::move(out), seq->is_tuple());
       }
     } else if (op == "/") {
@@ -202,6 +227,10 @@ class Renderer {
       if (ints) {
         int64_t x = a.as_int(), y = b.as_int();
         if (y == 0) fail("integer division or modulo by zero");
+        if (x == INT64_MIN && y == -1) {  // the one quotient outside int64
+          if (op == "%") return Value(int64_t(0));
+          fail("integer overflow in '//' (results must fit in 64 bits)");
+        }
         int64_t q = x / y, r = x % y;
         if (r != 0 && ((r < 0) != (y < 0))) {
           --q;
@@ -233,10 +262,13 @@ class Renderer {
         return op == "//" ? Value(floordiv) : Value(mod);
       }
     } else if (op == "**") {
-      if (ints && b.as_int() >= 0) {
-        int64_t r = 1;
-        for (int64_t i = 0; i < b.as_int(); ++i) r *= a.as_int();
-        return Value(r);
+      if (ints && b.as_int() >= 0) {  // square-and-multiply: O(log exponent), overflow is an error
+        int64_t base = a.as_int(), result = 1;
+        for (int64_t e = b.as_int(); e > 0; e >>= 1) {
+          if (e & 1) result = checked(__builtin_mul_overflow(result, base, &result), result, "**");
+          if (e > 1) base = checked(__builtin_mul_overflow(base, base, &base), base, "**");
+        }
+        return Value(result);
       }
       if (nums) return Value(std::pow(a.as_double(), b.as_double()));
     }
@@ -255,7 +287,11 @@ class Renderer {
     }
     Value l = eval(*e.args[0], f);
     Value r = eval(*e.args[1], f);
-    if (op == "~") return Value(l.str() + r.str());
+    if (op == "~") {
+      std::string ls = l.str(), rs = r.str();
+      check_string_size(ls.size() + rs.size(), "string concatenation");
+      return Value(ls + rs);
+    }
     return arith(op, l, r);
   }
 
@@ -272,6 +308,8 @@ class Renderer {
   }
 
   Flow exec(const Stmt& s, const FramePtr& f, std::string& out) {
+    tick();
+    DepthGuard guard("block");
     try {
       return exec_inner(s, f, out);
     } catch (const Error& e) {
@@ -281,8 +319,8 @@ class Renderer {
 
   Flow exec_inner(const Stmt& s, const FramePtr& f, std::string& out) {
     switch (s.kind) {
-      case Stmt::Kind::Text: out += s.text; return Flow::Normal;
-      case Stmt::Kind::Output: out += eval(*s.expr, f).str(); return Flow::Normal;
+      case Stmt::Kind::Text: append(out, s.text); return Flow::Normal;
+      case Stmt::Kind::Output: append(out, eval(*s.expr, f).str()); return Flow::Normal;
       case Stmt::Kind::If:
         for (size_t i = 0; i < s.conds.size(); ++i)
           if (eval(*s.conds[i], f).truthy()) return exec_body(s.bodies[i], f, out);
@@ -295,8 +333,8 @@ class Renderer {
         CallArgs args = eval_args(call, f, 1);
         args.keyword.emplace_back("caller", make_macro(s, f));
         const Expr& callee = *call.args[0];
-        if (callee.kind == Expr::Kind::Attr) out += call_method(eval(*callee.args[0], f), callee.name, args).str();
-        else out += call_value(eval(callee, f), args).str();
+        if (callee.kind == Expr::Kind::Attr) append(out, call_method(eval(*callee.args[0], f), callee.name, args).str());
+        else append(out, call_value(eval(callee, f), args).str());
         return Flow::Normal;
       }
       case Stmt::Kind::FilterBlock: {
@@ -304,7 +342,7 @@ class Renderer {
         FramePtr inner = child_of(f);
         exec_body(s.bodies[0], inner, body);
         inner->vars[kFilterBodyVar] = Value(body);
-        out += eval(*s.expr, inner).str();
+        append(out, eval(*s.expr, inner).str());
         return Flow::Normal;
       }
       case Stmt::Kind::Break: return Flow::Break;
@@ -312,6 +350,12 @@ class Renderer {
       case Stmt::Kind::Scope: return exec_body(s.bodies[0], f, out);
     }
     return Flow::Normal;
+  }
+
+  /// Appends rendered text, keeping every output string within max_output_bytes.
+  static void append(std::string& out, const std::string& piece) {
+    check_string_size(out.size() + piece.size(), "the rendered output");
+    out += piece;
   }
 
   static void bind_targets(Frame& frame, const std::vector<std::string>& targets, const Value& v) {
@@ -341,6 +385,7 @@ class Renderer {
     const int64_t depth = 1;  // loop.depth only grows in recursive loops, which are not supported
     auto n = static_cast<int64_t>(items.size());
     for (int64_t i = 0; i < n; ++i) {
+      tick();  // an empty body evaluates nothing: count the iteration itself
       FramePtr iter = child_of(f);
       bind_targets(*iter, s.targets, items[static_cast<size_t>(i)]);
       ValueDict loop;
@@ -394,7 +439,7 @@ class Renderer {
       if (!parent) fail("macro '{}' called outside its scope", stmt->name);
       if (++depth_ > kMaxCallDepth) {
         --depth_;
-        fail("maximum macro recursion depth exceeded");
+        throw TemplateLimitError(fmt::format("chat template: macro calls nested more than {} levels deep (recursion?)", kMaxCallDepth));
       }
       struct Guard {
         int& d;
@@ -408,7 +453,9 @@ class Renderer {
         else varargs.push_back(a.positional[i]);
       }
       ValueDict kwargs;
-      for (const auto& [k, v] : a.keyword) {
+      for (const auto& kw : a.keyword) {  // not a structured binding: clang 14 cannot capture one
+        const std::string& k = kw.first;
+        const Value& v = kw.second;
         bool is_param = std::any_of(params.begin(), params.end(), [&](const MacroParam& p) { return p.name == k; });
         if (is_param || k == "caller") frame->vars[k] = v;
         else kwargs.set(k, v);
@@ -435,7 +482,8 @@ class Renderer {
 Template::Template(const std::string& source)
     : body_(std::make_shared<const Body>(parse(tokenize(source)))) {}
 
-std::string Template::render(const ValueDict& context) const {
+std::string Template::render(const ValueDict& context, const RenderLimits& limits) const {
+  LimitScope scope(limits);
   auto globals = std::make_shared<Frame>();
   for (const auto& [k, v] : default_globals().items) globals->vars[k] = v;
   auto root = child_of(globals);

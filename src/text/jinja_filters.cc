@@ -1,10 +1,12 @@
 // Jinja filters: the subset of Jinja's built-in filters chat templates use, plus HF's `tojson`
 // override (json.dumps with ensure_ascii=False and insertion-ordered keys).
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <set>
 
 #include "core/error.h"
+#include "text/jinja_limits.h"
 #include "text/jinja_args.h"
 #include "text/jinja_builtins.h"
 #include "text/jinja_strings.h"
@@ -20,8 +22,10 @@ Value lookup_path(const Value& v, const std::string& path) {
   while (true) {
     size_t dot = path.find('.', start);
     std::string part = path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
-    bool numeric = !part.empty() && std::all_of(part.begin(), part.end(), [](char c) { return c >= '0' && c <= '9'; });
-    cur = get_item(cur, numeric ? Value(static_cast<int64_t>(std::stoll(part))) : Value(part));
+    int64_t index = 0;
+    auto [end, ec] = std::from_chars(part.data(), part.data() + part.size(), index);
+    bool numeric = !part.empty() && part[0] != '-' && ec == std::errc() && end == part.data() + part.size();
+    cur = get_item(cur, numeric ? Value(index) : Value(part));
     if (dot == std::string::npos) return cur;
     start = dot + 1;
   }
@@ -60,7 +64,11 @@ std::string percent_format(const std::string& fmt_str, const ValueList& args) {
       case 's': piece = a.str(); break;
       case 'r': piece = a.repr(); break;
       case 'd':
-      case 'i': piece = std::to_string(a.is_float() ? static_cast<int64_t>(a.as_double()) : a.as_int()); break;
+      case 'i': {
+        if (a.is_float() && !(std::fabs(a.as_double()) < 9.2e18)) fail("cannot convert float {} to integer", a.as_double());
+        piece = std::to_string(a.is_float() ? static_cast<int64_t>(a.as_double()) : a.as_int());
+        break;
+      }
       case 'f':
       case 'e':
       case 'g': {
@@ -75,11 +83,18 @@ std::string percent_format(const std::string& fmt_str, const ValueList& args) {
     }
     if (!spec.empty()) {
       bool left = spec[0] == '-';
-      size_t w = static_cast<size_t>(std::atoi(spec.c_str() + (left ? 1 : 0)));
+      size_t w = 0;  // the width: leading digits after the flags (a precision after '.' is ignored)
+      size_t k = 0;
+      while (k < spec.size() && (spec[k] == '-' || spec[k] == '+' || spec[k] == ' ' || spec[k] == '#' || spec[k] == '0')) ++k;
+      for (; k < spec.size() && spec[k] >= '0' && spec[k] <= '9'; ++k) {
+        w = w * 10 + size_t(spec[k] - '0');
+        check_string_size(w, "a %-format width");
+      }
       size_t len = utf8_length(piece);
       if (len < w) piece = left ? piece + std::string(w - len, ' ') : std::string(w - len, ' ') + piece;
     }
     out += piece;
+    check_string_size(out.size(), "%-formatting");
   }
   if (ai < args.size()) fail("not all arguments converted during string formatting");
   return out;
@@ -97,9 +112,15 @@ int64_t length_of(const Value& v) {
   }
 }
 
+/// Python int(d) for a float; a NaN, an infinity or a value outside int64 is an error.
+int64_t float_to_int(double d) {
+  if (!(d > -9223372036854775808.0 && d < 9223372036854775808.0)) fail("cannot convert float {} to an integer", d);
+  return static_cast<int64_t>(d);
+}
+
 Value to_int(const Value& v, const Value& dflt, int64_t base) {
   if (v.is_int() || v.is_bool()) return Value(v.as_int());
-  if (v.is_float()) return Value(static_cast<int64_t>(v.as_double()));
+  if (v.is_float()) return Value(float_to_int(v.as_double()));
   if (v.is_string()) {
     std::string s = py_strip(v.as_string(), std::nullopt, true, true);
     std::string digits;
@@ -114,7 +135,7 @@ Value to_int(const Value& v, const Value& dflt, int64_t base) {
     try {
       size_t used = 0;
       double d = std::stod(s, &used);
-      if (used == s.size()) return Value(static_cast<int64_t>(d));
+      if (used == s.size()) return Value(float_to_int(d));
     } catch (...) {
     }
   }
@@ -143,7 +164,11 @@ JsonDumpOptions json_options(const CallArgs& a) {
   if (indent && !indent->is_none() && !indent->is_undefined()) {
     opt.has_indent = true;
     if (indent->is_string()) opt.indent = indent->as_string();
-    else opt.indent = std::string(static_cast<size_t>(std::max<int64_t>(0, indent->as_int())), ' ');
+    else {
+      const int64_t n = std::max<int64_t>(0, indent->as_int());
+      check_string_size(size_t(n), "tojson's indent");
+      opt.indent = std::string(static_cast<size_t>(n), ' ');
+    }
     opt.item_separator = ",";
   }
   const Value* seps = a.get(2, "separators");
@@ -190,8 +215,11 @@ Value map_items(const Value& seq, const CallArgs& a) {
 }
 
 std::string do_indent(const std::string& text, const Value& width, bool first, bool blank) {
+  if (!width.is_string() && width.as_int() < 0) fail("indent width must not be negative");
+  if (!width.is_string()) check_string_size(size_t(width.as_int()), "the indent filter");
   std::string ind = width.is_string() ? width.as_string() : std::string(static_cast<size_t>(width.as_int()), ' ');
   std::vector<std::string> lines = py_splitlines(text + "\n");
+  check_string_size(text.size() + (lines.size() + 1) * ind.size(), "the indent filter");
   std::string rv;
   if (blank) {
     for (size_t i = 0; i < lines.size(); ++i) rv += (i ? "\n" + ind : "") + lines[i];
@@ -331,6 +359,7 @@ Value apply_filter(const std::string& name, const Value& v, const CallArgs& a) {
       if (!first) out += sep;
       first = false;
       out += (attr ? lookup_path(item, *attr) : item).str();
+      check_string_size(out.size(), "the join filter");
     }
     return Value(out);
   }
@@ -399,6 +428,7 @@ Value apply_filter(const std::string& name, const Value& v, const CallArgs& a) {
     std::u32string u = utf8_decode(v.str());
     int64_t width = opt_int(a, 0, "width", 80);
     if (static_cast<int64_t>(u.size()) >= width) return Value(v.str());
+    check_string_size(size_t(width) + v.str().size(), "the center filter");
     int64_t marg = width - static_cast<int64_t>(u.size());
     int64_t left = marg / 2 + (marg & width & 1);
     return Value(std::string(static_cast<size_t>(left), ' ') + v.str() + std::string(static_cast<size_t>(marg - left), ' '));

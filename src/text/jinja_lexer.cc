@@ -1,5 +1,7 @@
 #include "text/jinja_lexer.h"
 
+#include <charconv>
+#include <cstdlib>
 #include <cstring>
 
 #include "core/error.h"
@@ -301,8 +303,13 @@ class Lexer {
         if (src_[i] != '_') text += src_[i];
       advance_to(p);
       Token tok{is_float ? TokenType::Float : TokenType::Integer, text, 0, 0, line};
-      if (is_float) tok.float_value = std::stod(text);
-      else tok.int_value = std::stoll(text);
+      if (is_float) {
+        tok.float_value = std::strtod(text.c_str(), nullptr);  // out of range: +-inf or 0, as Python
+      } else {
+        auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), tok.int_value);
+        if (ec != std::errc() || end != text.data() + text.size())
+          fail("line {}: integer literal {} does not fit in 64 bits", line, text);
+      }
       tokens_.push_back(tok);
       return;
     }

@@ -69,6 +69,20 @@ class Parser {
     return e;
   }
 
+  /// Sets e->depth from its children and rejects a tree deeper than kMaxNesting. Every node with
+  /// children passes through here, so chains built by loops (a.b.c..., 1+1+1..., x|f|f...) are bounded
+  /// like nesting built by recursion: evaluating and destroying the tree recurse once per level.
+  ExprPtr seal(ExprPtr e) const {
+    int d = 0;
+    for (const auto& a : e->args)
+      if (a) d = std::max(d, a->depth);
+    for (const auto& [k, v] : e->kwargs)
+      if (v) d = std::max(d, v->depth);
+    e->depth = d + 1;
+    if (e->depth > kMaxNesting) fail("line {}: expression nested too deeply (more than {} levels)", e->line, kMaxNesting);
+    return e;
+  }
+
   // ---- statements ------------------------------------------------------------------------
   /// Parses statements until a block tag whose keyword is one of `enders`; consumes `{%` and the
   /// keyword and stores it in *found. With no enders, parses to the end of the template.
@@ -264,7 +278,7 @@ class Parser {
       if (!starts_expression()) break;
       t->args.push_back(parse_expression(with_condexpr));
     }
-    return t;
+    return seal(std::move(t));
   }
 
   bool starts_expression() const {
@@ -285,7 +299,7 @@ class Parser {
       c->args.push_back(parse_or());
       if (accept_name("else")) c->args.push_back(parse_expression(true));
       else c->args.push_back(nullptr);
-      e = std::move(c);
+      e = seal(std::move(c));
     }
     return e;
   }
@@ -295,7 +309,7 @@ class Parser {
     b->name = op;
     b->args.push_back(std::move(l));
     b->args.push_back(std::move(r));
-    return b;
+    return seal(std::move(b));
   }
 
   ExprPtr parse_or() {
@@ -323,7 +337,7 @@ class Parser {
       auto u = make(Expr::Kind::Unary, line);
       u->name = "not";
       u->args.push_back(parse_not());
-      return u;
+      return seal(std::move(u));
     }
     return parse_compare();
   }
@@ -355,7 +369,7 @@ class Parser {
       cmp->ops.push_back(op);
       cmp->args.push_back(parse_math1());
     }
-    return cmp ? std::move(cmp) : std::move(first);
+    return cmp ? seal(std::move(cmp)) : std::move(first);
   }
 
   ExprPtr parse_math1() {
@@ -413,6 +427,7 @@ class Parser {
       node = make(Expr::Kind::Unary, t.line);
       node->name = t.text;
       node->args.push_back(parse_unary(false));
+      node = seal(std::move(node));
     } else {
       node = parse_primary();
     }
@@ -460,7 +475,7 @@ class Parser {
         tup->args.push_back(parse_expression(true));
       }
       expect_op(")");
-      return tup;
+      return seal(std::move(tup));
     }
     if (is_op("[")) {
       int line = next().line;
@@ -471,7 +486,7 @@ class Parser {
         l->args.push_back(parse_expression(true));
       }
       expect_op("]");
-      return l;
+      return seal(std::move(l));
     }
     if (is_op("{")) {
       int line = next().line;
@@ -484,7 +499,7 @@ class Parser {
         d->args.push_back(parse_expression(true));
       }
       expect_op("}");
-      return d;
+      return seal(std::move(d));
     }
     error("unexpected " + describe(t));
   }
@@ -499,12 +514,12 @@ class Parser {
           idx->value = Value(next().int_value);
           it->args.push_back(std::move(node));
           it->args.push_back(std::move(idx));
-          node = std::move(it);
+          node = seal(std::move(it));
         } else {
           auto a = make(Expr::Kind::Attr, line);
           a->name = expect_name();
           a->args.push_back(std::move(node));
-          node = std::move(a);
+          node = seal(std::move(a));
         }
       } else if (is_op("[")) {
         node = parse_subscript(std::move(node));
@@ -531,12 +546,12 @@ class Parser {
       auto it = make(Expr::Kind::Item, line);
       it->args.push_back(std::move(node));
       it->args.push_back(std::move(parts[0]));
-      return it;
+      return seal(std::move(it));
     }
     auto sl = make(Expr::Kind::Slice, line);
     sl->args.push_back(std::move(node));
     for (auto& p : parts) sl->args.push_back(std::move(p));
-    return sl;
+    return seal(std::move(sl));
   }
 
   /// Parses `(args, kw=value)` into `e` (args appended after whatever e->args already holds).
@@ -564,7 +579,7 @@ class Parser {
     auto c = make(Expr::Kind::Call, cur().line);
     c->args.push_back(std::move(callee));
     parse_call_args(*c);
-    return c;
+    return seal(std::move(c));
   }
 
   ExprPtr parse_filter(ExprPtr operand, bool pipe) {
@@ -577,7 +592,7 @@ class Parser {
     f->name = name;
     f->args.push_back(std::move(operand));
     if (is_op("(")) parse_call_args(*f);
-    return f;
+    return seal(std::move(f));
   }
 
   ExprPtr parse_test(ExprPtr operand) {
@@ -602,7 +617,7 @@ class Parser {
         t->args.push_back(parse_postfix(parse_primary()));
       }
     }
-    return t;
+    return seal(std::move(t));
   }
 
   ExprPtr parse_filter_expr(ExprPtr node) {

@@ -1,6 +1,7 @@
 #include "text/jinja_strings.h"
 
 #include "core/error.h"
+#include "text/jinja_limits.h"
 
 namespace moefold::jinja {
 
@@ -181,6 +182,7 @@ std::string py_replace(const std::string& s, const std::string& from, const std:
         ++done;
       }
       if (i < u.size()) out += utf8_encode(std::u32string(1, u[i]));
+      check_string_size(out.size(), "replace");
     }
     return out;
   }
@@ -191,6 +193,7 @@ std::string py_replace(const std::string& s, const std::string& from, const std:
     if (f == std::string::npos) break;
     out.append(s, pos, f - pos);
     out += to;
+    check_string_size(out.size(), "replace");
     pos = f + from.size();
     ++done;
   }

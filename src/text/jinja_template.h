@@ -23,6 +23,7 @@
 #include <string>
 
 #include "text/jinja_ast.h"
+#include "text/jinja_limits.h"
 #include "text/jinja_value.h"
 
 namespace moefold::jinja {
@@ -34,9 +35,11 @@ class Template {
   /// moefold::Error naming the line for syntax errors and unknown filters/tests.
   explicit Template(const std::string& source);
 
-  /// Renders with `context` as the template's global variables (on top of the built-in globals).
-  /// Throws moefold::Error naming the line for runtime errors, including raise_exception().
-  std::string render(const ValueDict& context) const;
+  /// Renders with `context` as the template's global variables (on top of the built-in globals),
+  /// under `limits` (time, output size, list sizes, nesting depth). Throws moefold::Error naming the
+  /// line for runtime errors, including raise_exception(), and TemplateLimitError (a moefold::Error)
+  /// when the render goes over a limit.
+  std::string render(const ValueDict& context, const RenderLimits& limits = {}) const;
 
  private:
   std::shared_ptr<const Body> body_;

@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "core/error.h"
+#include "text/jinja_limits.h"
 #include "text/jinja_strings.h"
 
 namespace moefold::jinja {
@@ -56,8 +57,22 @@ Value::Value(double v) : kind_(Kind::Float), f_(v) {}
 Value::Value(std::string s) : kind_(Kind::String), s_(std::make_shared<const std::string>(std::move(s))) {}
 Value::Value(const char* s) : Value(std::string(s)) {}
 
+namespace {
+/// 1 + the deepest element of a container about to be built; throws past max_value_depth.
+int container_depth(int deepest_child) {
+  const int d = deepest_child + 1;
+  const int max = current_limits().max_value_depth;
+  if (d > max) throw TemplateLimitError(fmt::format("chat template: a value nested more than {} levels deep", max));
+  return d;
+}
+}  // namespace
+
 Value Value::list(ValueList items, bool tuple) {
+  check_list_size(items.size(), "a list");
+  int deepest = 0;
+  for (const auto& x : items) deepest = std::max(deepest, x.depth_);
   Value v;
+  v.depth_ = container_depth(deepest);
   v.kind_ = Kind::List;
   v.tuple_ = tuple;
   v.list_ = std::make_shared<const ValueList>(std::move(items));
@@ -65,7 +80,10 @@ Value Value::list(ValueList items, bool tuple) {
 }
 
 Value Value::dict(ValueDict d) {
+  int deepest = 0;
+  for (const auto& [k, x] : d.items) deepest = std::max(deepest, x.depth_);
   Value v;
+  v.depth_ = container_depth(deepest);
   v.kind_ = Kind::Dict;
   v.dict_ = std::make_shared<const ValueDict>(std::move(d));
   return v;
@@ -75,6 +93,7 @@ Value Value::make_namespace(ValueDict attrs) {
   Value v;
   v.kind_ = Kind::Namespace;
   v.ns_ = std::make_shared<NamespaceObj>(NamespaceObj{std::move(attrs)});
+  track_namespace(v.ns_);
   return v;
 }
 
@@ -85,9 +104,10 @@ Value Value::function(std::string name, std::function<Value(const CallArgs&)> fn
   return v;
 }
 
-Value Value::from_json(const Json& j) {
+namespace {
+Value from_json_at(const Json& j, int depth) {
   switch (j.type()) {
-    case Json::value_t::null: return none();
+    case Json::value_t::null: return Value::none();
     case Json::value_t::boolean: return Value(j.get<bool>());
     case Json::value_t::number_integer: return Value(j.get<int64_t>());
     case Json::value_t::number_unsigned: {
@@ -98,22 +118,33 @@ Value Value::from_json(const Json& j) {
     case Json::value_t::number_float: return Value(j.get<double>());
     case Json::value_t::string: return Value(j.get<std::string>());
     case Json::value_t::array: {
+      if (depth >= current_limits().max_value_depth)
+        throw TemplateLimitError(fmt::format("chat template: request data nested more than {} levels deep",
+                                             current_limits().max_value_depth));
       ValueList items;
       items.reserve(j.size());
-      for (const auto& e : j) items.push_back(from_json(e));
-      return list(std::move(items));
+      for (const auto& e : j) items.push_back(from_json_at(e, depth + 1));
+      return Value::list(std::move(items));
     }
     case Json::value_t::object: {
+      if (depth >= current_limits().max_value_depth)
+        throw TemplateLimitError(fmt::format("chat template: request data nested more than {} levels deep",
+                                             current_limits().max_value_depth));
       ValueDict d;
       d.items.reserve(j.size());
-      for (auto it = j.begin(); it != j.end(); ++it) d.items.emplace_back(it.key(), from_json(it.value()));
-      return dict(std::move(d));
+      for (auto it = j.begin(); it != j.end(); ++it) d.items.emplace_back(it.key(), from_json_at(it.value(), depth + 1));
+      return Value::dict(std::move(d));
     }
-    default: return undefined("binary JSON value");
+    default: return Value::undefined("binary JSON value");
   }
 }
 
+}  // namespace
+
+Value Value::from_json(const Json& j) { return from_json_at(j, 0); }
+
 Json Value::to_json() const {
+  DepthGuard guard("a value converted to JSON");
   switch (kind_) {
     case Kind::None: return nullptr;
     case Kind::Bool: return b_;
@@ -176,6 +207,7 @@ std::string Value::str() const {
 }
 
 std::string Value::repr() const {
+  DepthGuard guard("a printed value");
   switch (kind_) {
     case Kind::Undefined: return "Undefined";
     case Kind::None: return "None";
@@ -229,6 +261,7 @@ std::string Value::type_name() const {
 }
 
 bool values_equal(const Value& a, const Value& b) {
+  DepthGuard guard("a compared value");
   if (a.is_number() && b.is_number()) {
     if ((a.is_int() || a.is_bool()) && (b.is_int() || b.is_bool())) return a.as_int() == b.as_int();
     return a.as_double() == b.as_double();
@@ -263,6 +296,7 @@ bool values_equal(const Value& a, const Value& b) {
 }
 
 bool value_less(const Value& a, const Value& b) {
+  DepthGuard guard("a compared value");
   if (a.is_number() && b.is_number()) {
     if ((a.is_int() || a.is_bool()) && (b.is_int() || b.is_bool())) return a.as_int() < b.as_int();
     return a.as_double() < b.as_double();
@@ -386,7 +420,10 @@ void json_string(std::string& out, const std::string& s, bool ensure_ascii) {
 }
 
 void dump(std::string& out, const Value& v, const JsonDumpOptions& opt, int level) {
+  DepthGuard guard("a value passed to tojson");
+  check_string_size(out.size(), "tojson");
   auto newline = [&](int lvl) {
+    check_string_size(out.size() + 1 + opt.indent.size() * size_t(lvl), "tojson");
     out += '\n';
     for (int i = 0; i < lvl; ++i) out += opt.indent;
   };

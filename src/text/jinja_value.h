@@ -67,13 +67,18 @@ class Value {
   Value(double v);              // NOLINT(google-explicit-constructor)
   Value(std::string s);         // NOLINT(google-explicit-constructor)
   Value(const char* s);         // NOLINT(google-explicit-constructor)
-  /// A list; `tuple` only changes how repr() spells it.
+  /// A list; `tuple` only changes how repr() spells it. Lists and dicts record their nesting depth;
+  /// building one deeper than RenderLimits::max_value_depth (or a list longer than max_list_items)
+  /// throws TemplateLimitError, which bounds every recursive walk over values (str, repr, tojson,
+  /// ==, destruction).
   static Value list(ValueList items, bool tuple = false);
   static Value dict(ValueDict d);
   static Value make_namespace(ValueDict attrs);
   static Value function(std::string name, std::function<Value(const CallArgs&)> fn);
 
-  /// Deep conversion from JSON (objects keep their key order).
+  /// Deep conversion from JSON (objects keep their key order). Throws TemplateLimitError
+  /// (jinja_limits.h) for JSON nested deeper than RenderLimits::max_value_depth, without recursing
+  /// further, so request data of any depth is safe to pass.
   static Value from_json(const Json& j);
   /// Deep conversion to JSON; throws moefold::Error for values JSON cannot hold.
   Json to_json() const;
@@ -93,6 +98,9 @@ class Value {
   bool is_namespace() const { return kind_ == Kind::Namespace; }
   bool is_function() const { return kind_ == Kind::Function; }
 
+  /// Nesting depth: 0 for scalars (and namespaces, which are mutable), 1 + the deepest element for
+  /// lists and dicts.
+  int depth() const { return depth_; }
   bool as_bool() const { return b_; }
   int64_t as_int() const { return kind_ == Kind::Bool ? (b_ ? 1 : 0) : i_; }
   /// Numeric value as double (int, float or bool).
@@ -118,6 +126,7 @@ class Value {
   Kind kind_ = Kind::Undefined;
   bool b_ = false;
   bool tuple_ = false;
+  int depth_ = 0;
   int64_t i_ = 0;
   double f_ = 0;
   std::shared_ptr<const std::string> s_;

@@ -768,6 +768,17 @@ Tokenizer Tokenizer::from_file(const std::filesystem::path& path) {
   }
 }
 
+namespace {
+/// A token id from tokenizer.json: a JSON integer in [0, INT32_MAX]. (nlohmann's get<int32_t> would
+/// truncate large integers and convert floats such as 1.2e43 with undefined behaviour.)
+int32_t token_id(const json& v, const char* what) {
+  if (!v.is_number_integer()) fail("{}: token id must be an integer, not {}", what, v.dump());
+  if (v.is_number_unsigned() ? v.get<uint64_t>() > uint64_t(INT32_MAX) : v.get<int64_t>() > INT32_MAX)
+    fail("{}: token id {} is too large", what, v.dump());
+  return int32_t(v.get<int64_t>());
+}
+}  // namespace
+
 Tokenizer Tokenizer::from_json(std::string_view json_text) {
   json j;
   try {
@@ -795,14 +806,14 @@ Tokenizer Tokenizer::from_json(std::string_view json_text) {
 
     int32_t max_id = -1;
     for (const auto& [tok, idj] : model.at("vocab").items()) {
-      const auto id = idj.get<int32_t>();
+      const auto id = token_id(idj, "model.vocab");
       if (id < 0) fail("negative id {} for token {:?}", id, tok);
       impl->vocab.emplace(tok, id);
       max_id = std::max(max_id, id);
     }
     for (const auto& a : j.value("added_tokens", json::array())) {
       AddedToken t;
-      t.id = a.at("id").get<int32_t>();
+      t.id = token_id(a.at("id"), "added_tokens");
       t.content = a.at("content").get<std::string>();
       t.single_word = a.value("single_word", false);
       t.lstrip = a.value("lstrip", false);
@@ -930,7 +941,7 @@ Tokenizer Tokenizer::from_json(std::string_view json_text) {
             const auto name = item["SpecialToken"].at("id").get<std::string>();
             const auto& ids = p.at("special_tokens").at(name).at("ids");
             auto& dst = seen_a ? impl->post_suffix : impl->post_prefix;
-            for (const auto& id : ids) dst.push_back(id.get<int32_t>());
+            for (const auto& id : ids) dst.push_back(token_id(id, "post_processor"));
           }
         }
       } else if (type == "RobertaProcessing" || type == "BertProcessing") {

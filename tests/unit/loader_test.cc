@@ -154,7 +154,7 @@ TEST(Loader, ConfigErrors) {
   c = llama_config();
   c["num_hidden_layers"] = "two";
   msg = error_of([&] { ModelConfig::from_json(c); });
-  EXPECT_NE(msg.find("wrong type"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("field 'num_hidden_layers' must be an integer, not \"two\""), std::string::npos) << msg;
   EXPECT_NE(error_of([] { ModelConfig::from_dir("/nonexistent/dir"); }).find("no config.json"), std::string::npos);
 }
 
