@@ -5,6 +5,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "fixture_util.h"
 #include "core/error.h"
 #include "io/model_config.h"
 #include "models/load_model.h"
@@ -30,7 +31,7 @@ TEST(MemoryCheck, ReadsMemAvailableAndTheCgroupLimit) {
 }
 
 TEST(MemoryCheck, The35BShapeDoesNotFitInLessThanItsWeights) {
-  std::ifstream f(std::string(MOEFOLD_SOURCE_DIR) + "/fuzz/corpus/config/qwen3_6_35b_a3b.json");
+  std::ifstream f(moefold::test::kSourceDir.string() + "/fuzz/corpus/config/qwen3_6_35b_a3b.json");
   ModelConfig c = ModelConfig::from_json(json::parse(f));
   const int64_t need = cpu_weight_bytes(c);
   EXPECT_GT(need, int64_t(125) << 30);  // ~35e9 parameters x 4 bytes = 139 GB
@@ -49,14 +50,14 @@ TEST(MemoryCheck, The35BShapeDoesNotFitInLessThanItsWeights) {
 }
 
 TEST(MemoryCheck, CacheBytesFollowTheConfig) {
-  std::ifstream f(std::string(MOEFOLD_SOURCE_DIR) + "/tests/fixtures/qwen3_5_moe_text/config.json");
+  std::ifstream f(moefold::test::kSourceDir.string() + "/tests/fixtures/qwen3_5_moe_text/config.json");
   ModelConfig c = ModelConfig::from_json(json::parse(f));
   EXPECT_EQ(cpu_cache_bytes(c, 10, 16, 3), 10 * 16 * c.kv_bytes_per_token(4) + 3 * c.deltanet_state_bytes_per_seq(4));
   EXPECT_THROW(check_memory_fits(cpu_cache_bytes(c, 1 << 20, 1 << 10, 1), int64_t(1) << 30, "kv"), Error);
 }
 
 TEST(MemoryCheck, TheCpuExecutorRefusesAKvCacheBiggerThanMemory) {
-  auto model = load_model(std::string(MOEFOLD_SOURCE_DIR) + "/tests/fixtures/qwen3_5_moe_text", LoadFormat::Dummy);
+  auto model = load_model(moefold::test::kSourceDir.string() + "/tests/fixtures/qwen3_5_moe_text", LoadFormat::Dummy);
   try {
     make_cpu_executor(*model, 1 << 30, 1 << 10, 1);  // 2^40 token slots: far beyond any machine
     FAIL() << "a 2^40-token KV cache was accepted";

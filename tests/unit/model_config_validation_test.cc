@@ -11,6 +11,7 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 
+#include "fixture_util.h"
 #include "core/error.h"
 #include "io/model_config.h"
 #include "models/weight_loader.h"
@@ -22,7 +23,7 @@ namespace fs = std::filesystem;
 namespace {
 
 json fixture(const std::string& family) {
-  std::ifstream f(std::string(MOEFOLD_SOURCE_DIR) + "/tests/fixtures/" + family + "/config.json");
+  std::ifstream f(moefold::test::kSourceDir.string() + "/tests/fixtures/" + family + "/config.json");
   return json::parse(f);
 }
 

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <string>
 
+#include "fixture_util.h"
 #include "core/error.h"
 #include "text/chat_template.h"
 #include "text/jinja_limits.h"
@@ -163,7 +164,7 @@ TEST(TemplateLimits, FuzzerFindingsAreErrorsNotCrashes) {
 }
 
 TEST(TemplateLimits, RealTemplatesRenderUnderTheDefaults) {
-  ChatTemplate t = ChatTemplate::from_model_dir(std::string(MOEFOLD_SOURCE_DIR) + "/tests/fixtures/chat_templates/qwen3_6");
+  ChatTemplate t = ChatTemplate::from_model_dir(moefold::test::kSourceDir.string() + "/tests/fixtures/chat_templates/qwen3_6");
   std::string out = t.render(kMessages, Json(nullptr), true);
   EXPECT_NE(out.find("hi"), std::string::npos);
 }

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "fixture_util.h"
 #include "core/error.h"
 #include "text/tokenizer.h"
 
@@ -16,7 +17,7 @@ using json = nlohmann::json;
 namespace {
 
 json variant() {
-  std::ifstream f(std::string(MOEFOLD_SOURCE_DIR) + "/tests/fixtures/tokenizer/variants/ignore_merges.json");
+  std::ifstream f(moefold::test::kSourceDir.string() + "/tests/fixtures/tokenizer/variants/ignore_merges.json");
   return json::parse(f);
 }
 
