@@ -58,17 +58,11 @@ struct Args {
   int max_rows, steps, warps_k;
 };
 
+using ptx::ld_stream16;
+
 /// 16 bytes at p if `ok`, else zeros, as one predicated load (no branch, so the scheduler can issue a
 /// whole step's loads back to back). STREAM: the weight path (read-only, no L1 allocation, 256-byte L2
 /// prefetch); else the read-only path through L1 (x, re-read by the other blocks on the SM).
-__device__ __forceinline__ uint4 ld_stream16(const bf16* p) {
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
-  return v;
-}
-
 template <bool STREAM>
 __device__ __forceinline__ uint4 ld16_pred(const void* p, bool ok) {
   uint4 v = make_uint4(0u, 0u, 0u, 0u);

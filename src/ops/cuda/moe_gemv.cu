@@ -23,6 +23,7 @@
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/moe_gemm.cuh"
 #include "ops/cuda/moe_internal.h"
+#include "ops/cuda/ptx.cuh"
 
 namespace moefold::cuda::moe_detail {
 namespace {
@@ -41,14 +42,6 @@ constexpr int kDownRows = kWarps * kDownRowsPerWarp;  // H rows per down item
 constexpr int kGateUpUnroll = 4;                      // K steps of weight loads in flight (2 rows each)
 constexpr int kDownUnroll = 2;                        // (4 rows each): 4 KB a warp either way
 
-/// 16 bytes of weights, read once: no L1 allocation, 256-byte L2 prefetch.
-__device__ __forceinline__ uint4 ld_stream(const bf16* p) {
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
-  return v;
-}
 
 /// 8 bf16 (element 0 in the low half of v.x) to fp32, exactly.
 __device__ __forceinline__ void to_f32(const uint4& v, float (&f)[8]) {
@@ -78,7 +71,7 @@ __device__ __forceinline__ void warp_dots(const bf16* __restrict__ w, int64_t rs
     for (int u = 0; u < U; ++u) {
       const int k0 = (s0 + u) * kStep + lane * kChunk;
 #pragma unroll
-      for (int r = 0; r < R; ++r) wv[u][r] = k0 < K ? ld_stream(w + r * rstride + k0) : make_uint4(0, 0, 0, 0);
+      for (int r = 0; r < R; ++r) wv[u][r] = k0 < K ? ptx::ld_stream16(w + r * rstride + k0) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
