@@ -19,6 +19,7 @@
 #include "ops/cuda/kernel_util.cuh"
 #include "ops/cuda/launch_scope.h"
 #include "ops/cuda/ptx.cuh"
+#include "ops/cuda/pdl.cuh"
 
 namespace moefold::cuda {
 using namespace detail;
@@ -87,6 +88,7 @@ size_t smem_bytes(int nwarps) {
 
 template <int D>
 __global__ void __launch_bounds__(kMaxWarps * 32) attn_kernel(const Args a) {
+  pdl_begin();
   constexpr int DPL = D / 32;  // output dims per lane
   constexpr int KS = kv_stride<D>();
   constexpr int CH = D / 8;  // 16-byte chunks per row
@@ -245,6 +247,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32) attn_kernel(const Args a) {
 // Merges the splits of one (row, q head): grid (max rows per sequence, Hq, S), D threads.
 template <int D>
 __global__ void combine_kernel(const Args a) {
+  pdl_begin();
   const int t = blockIdx.x, h = blockIdx.y, s = blockIdx.z, d = threadIdx.x;
   int row0, n;
   seq_rows(a, s, row0, n);
@@ -276,7 +279,7 @@ void launch_attn(const Args& a, dim3 grid, int nwarps, cudaStream_t stream) {
     MOEFOLD_CUDA_CHECK(cudaFuncSetAttribute(attn_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             int(smem_bytes<D>(kMaxWarps))));
   });
-  attn_kernel<D><<<grid, nwarps * 32, smem_bytes<D>(nwarps), stream>>>(a);
+  launch_pdl(attn_kernel<D>, dim3(grid), dim3(nwarps * 32), smem_bytes<D>(nwarps), stream, a);
   MOEFOLD_CUDA_CHECK_LAUNCH();
 }
 
@@ -417,6 +420,7 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
 
 template <int D>
 __global__ void __launch_bounds__(128) attn_tc_kernel(const Args a) {
+  pdl_begin();
   constexpr int BN = tc_bn<D>(), KS = kv_stride<D>(), CH = D / 8, NT = BN / 8, DT = D / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16* Qs = reinterpret_cast<bf16*>(smem_raw);
@@ -581,7 +585,7 @@ void launch_attn_tc(const Args& a, dim3 grid, cudaStream_t stream) {
     MOEFOLD_CUDA_CHECK(cudaFuncSetAttribute(attn_tc_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             int(tc_smem_bytes<D>())));
   });
-  attn_tc_kernel<D><<<grid, 128, tc_smem_bytes<D>(), stream>>>(a);
+  launch_pdl(attn_tc_kernel<D>, dim3(grid), dim3(128), tc_smem_bytes<D>(), stream, a);
   MOEFOLD_CUDA_CHECK_LAUNCH();
 }
 
@@ -590,6 +594,7 @@ template <int V>
 __global__ void kv_write_kernel(const bf16* __restrict__ k, int64_t ks, const bf16* __restrict__ v, int64_t vs,
                                 bf16* __restrict__ kc, bf16* __restrict__ vc, const int32_t* __restrict__ slots,
                                 int64_t max_rows, int64_t kv_dim, const int32_t* live) {
+  pdl_begin();
   const int64_t r = blockIdx.x;
   if (r >= live_count(live, max_rows)) return;
   const int64_t slot = slots[r];
@@ -605,6 +610,7 @@ __global__ void kv_write_kernel(const bf16* __restrict__ k, int64_t ks, const bf
 
 __global__ void slot_mapping_kernel(const int32_t* cu, const int32_t* ctx_lens, const int32_t* bt, int max_blocks,
                                     int block_size, int32_t* slots) {
+  pdl_begin();
   const int s = blockIdx.y;
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   const int row0 = cu[s], n = cu[s + 1] - row0;
@@ -626,7 +632,7 @@ void kv_cache_write(const bf16* k, int64_t k_stride, const bf16* v, int64_t v_st
   auto go = [&](auto vw) {
     constexpr int V = decltype(vw)::value;
     const int threads = int(std::min<int64_t>(256, std::max<int64_t>(32, (kv_dim / V + 31) / 32 * 32)));
-    kv_write_kernel<V><<<unsigned(max_rows), threads, 0, stream>>>(k, k_stride, v, v_stride, k_cache, v_cache,
+    launch_pdl(kv_write_kernel<V>, dim3(unsigned(max_rows)), dim3(threads), 0, stream, k, k_stride, v, v_stride, k_cache, v_cache,
                                                                     slot_mapping, max_rows, kv_dim, live_rows);
   };
   switch (vec_width(kv_dim, {k, v, k_cache, v_cache}, {k_stride, v_stride})) {
@@ -649,7 +655,7 @@ void compute_slot_mapping(const int32_t* cu_seqlens, const int32_t* context_lens
     const prof::StepFacts* f = prof::step_facts();
     return prof::Work{f ? double(f->rows) * 8 + double(f->context_lens.size()) * 12 : 0.0, 0};
   });
-  slot_mapping_kernel<<<grid, 256, 0, stream>>>(cu_seqlens, context_lens, block_tables, max_blocks_per_seq,
+  launch_pdl(slot_mapping_kernel, dim3(grid), dim3(256), 0, stream, cu_seqlens, context_lens, block_tables, max_blocks_per_seq,
                                                  block_size, slot_mapping);
   MOEFOLD_CUDA_CHECK_LAUNCH();
 }
@@ -723,7 +729,7 @@ void attention_decode(const bf16* q, const bf16* k_cache, const bf16* v_cache, c
         const double out = f ? double(f->context_lens.size()) * shape.num_heads * shape.head_dim * 2 : 0.0;
         return prof::Work{decode_partial_bytes(shape, p.max_splits) + out * (shape.gate ? 2 : 1), 0};
       });
-      combine_kernel<D><<<dim3(1, unsigned(a.Hq), unsigned(num_seqs)), D, 0, stream>>>(a);
+      launch_pdl(combine_kernel<D>, dim3(dim3(1, unsigned(a.Hq), unsigned(num_seqs))), dim3(D), 0, stream, a);
       MOEFOLD_CUDA_CHECK_LAUNCH();
     }
   });

@@ -7,6 +7,7 @@
 
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/launch_scope.h"
+#include "ops/cuda/pdl.cuh"
 
 namespace moefold::cuda {
 namespace {
@@ -47,6 +48,7 @@ __global__ void __launch_bounds__(kConvThreads)
                           const int32_t* __restrict__ cu_seqlens, const int32_t* __restrict__ state_slots,
                           const int32_t* __restrict__ num_seqs_p, __nv_bfloat16* __restrict__ state_pool,
                           __nv_bfloat16* __restrict__ y, int C, int K, int64_t xs) {
+  pdl_begin();
   const int ns = *num_seqs_p;
   if (ns <= 0) return;
   const int r = blockIdx.x;
@@ -108,6 +110,7 @@ __global__ void __launch_bounds__(kConvThreads)
                          const int32_t* __restrict__ state_slots, const int32_t* __restrict__ num_seqs_p,
                          __nv_bfloat16* __restrict__ state_pool, __nv_bfloat16* __restrict__ y, int C, int K,
                          int64_t xs) {
+  pdl_begin();
   const int s = blockIdx.x;
   if (s >= *num_seqs_p) return;
   const int c = blockIdx.y * kConvThreads + threadIdx.x;
@@ -157,7 +160,7 @@ void causal_conv1d_silu_prefill(const __nv_bfloat16* x, const __nv_bfloat16* w, 
     const prof::StepFacts* f = prof::step_facts();
     return conv_work(f ? std::min<int64_t>(f->rows, max_rows) : max_rows, f ? int64_t(f->context_lens.size()) : 1, C, K);
   });
-  conv1d_prefill_kernel<<<grid, kConvThreads, 0, stream>>>(x, w, cu_seqlens, state_slots, num_seqs,
+  launch_pdl(conv1d_prefill_kernel, dim3(grid), dim3(kConvThreads), 0, stream, x, w, cu_seqlens, state_slots, num_seqs,
                                                            conv_state_pool, y, C, K, x_stride);
   MOEFOLD_CUDA_CHECK_LAUNCH();
 }
@@ -172,7 +175,7 @@ void causal_conv1d_silu_decode(const __nv_bfloat16* x, const __nv_bfloat16* w, c
   if (max_seqs == 0) return;
   const dim3 grid(unsigned(max_seqs), unsigned((C + kConvThreads - 1) / kConvThreads));
   LaunchScope launch(kConvDecode, stream, [&] { return conv_work(work_seqs(max_seqs), work_seqs(max_seqs), C, K); });
-  conv1d_decode_kernel<<<grid, kConvThreads, 0, stream>>>(x, w, state_slots, num_seqs, conv_state_pool, y, C, K,
+  launch_pdl(conv1d_decode_kernel, dim3(grid), dim3(kConvThreads), 0, stream, x, w, state_slots, num_seqs, conv_state_pool, y, C, K,
                                                           x_stride);
   MOEFOLD_CUDA_CHECK_LAUNCH();
 }

@@ -27,6 +27,7 @@
 #include "ops/cuda/decode_gemm.h"
 #include "ops/cuda/kernel_util.cuh"
 #include "ops/cuda/launch_scope.h"
+#include "ops/cuda/pdl.cuh"
 #include "ops/cuda/ptx.cuh"
 
 namespace moefold::cuda {
@@ -113,6 +114,7 @@ __device__ __forceinline__ void store_pair(const Params& p, int row, int col, fl
 
 template <class C, class OutT>
 __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) decode_gemm_kernel(const Params p) {
+  pdl_begin();
   constexpr int BM = C::BM, BN = C::BN, STAGES = C::STAGES, THREADS = C::THREADS;
   constexpr int MTW = C::MTW, NF = C::NF, WARPS_M = C::WARPS_M;
 
@@ -328,7 +330,7 @@ void launch(const Params& p, cudaStream_t stream) {
   }();
   (void)attr_set;
   const dim3 grid(unsigned(ceil_div(p.N, C::BN)), unsigned(p.S));
-  kern<<<grid, C::THREADS, C::SMEM, stream>>>(p);
+  launch_pdl(kern, grid, dim3(C::THREADS), C::SMEM, stream, p);
   MOEFOLD_CUDA_CHECK_LAUNCH();
 }
 

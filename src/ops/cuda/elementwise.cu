@@ -8,6 +8,7 @@
 #include "ops/cuda/elementwise.h"
 #include "ops/cuda/kernel_util.cuh"
 #include "ops/cuda/launch_scope.h"
+#include "ops/cuda/pdl.cuh"
 
 namespace moefold::cuda {
 using namespace detail;
@@ -27,6 +28,7 @@ template <int V>
 __global__ void embedding_kernel(const bf16* __restrict__ table, int64_t vocab, int64_t hidden,
                                  const int32_t* __restrict__ ids, bf16* __restrict__ out, int64_t max_rows,
                                  const int32_t* live, int32_t* oob_flag) {
+  pdl_begin();
   const int64_t t = blockIdx.x;
   if (t >= live_count(live, max_rows)) return;
   const int32_t id = ids[t];
@@ -51,6 +53,7 @@ template <int V>
 __global__ void rms_norm_kernel(const bf16* x, const bf16* __restrict__ w, bf16* y, int64_t max_rows,
                                 int64_t heads, int64_t ts, int64_t hs, int64_t dim, float eps, bool zero_centred,
                                 const int32_t* live) {
+  pdl_begin();
   const int lane = threadIdx.x & 31;
   const int64_t r = int64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
   const int64_t t = r / heads, h = r % heads;
@@ -81,6 +84,7 @@ template <int V>
 __global__ void add_rms_norm_kernel(bf16* h, const bf16* __restrict__ y, const bf16* __restrict__ w,
                                     bf16* __restrict__ x, int64_t max_rows, int64_t dim, float eps, bool zero_centred,
                                     const int32_t* live) {
+  pdl_begin();
   const int lane = threadIdx.x & 31;
   const int64_t t = int64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
   if (t >= live_count(live, max_rows)) return;
@@ -115,6 +119,7 @@ __global__ void add_rms_norm_kernel(bf16* h, const bf16* __restrict__ y, const b
 template <int V>
 __global__ void swiglu_kernel(const bf16* __restrict__ gu, bf16* __restrict__ out, int64_t max_rows, int64_t I,
                               int64_t gu_stride, const int32_t* live) {
+  pdl_begin();
   const int64_t t = blockIdx.x;
   if (t >= live_count(live, max_rows)) return;
   const int64_t i = (int64_t(blockIdx.y) * blockDim.x + threadIdx.x) * V;
@@ -130,6 +135,7 @@ __global__ void swiglu_kernel(const bf16* __restrict__ gu, bf16* __restrict__ ou
 template <int V>
 __global__ void gate_kernel(const bf16* x, const bf16* __restrict__ gate, bf16* y, int64_t max_rows, int64_t heads,
                             int64_t dim, int64_t gts, int64_t ghs, int64_t ges, const int32_t* live) {
+  pdl_begin();
   const int64_t t = blockIdx.x;
   if (t >= live_count(live, max_rows)) return;
   const int64_t n = heads * dim;
@@ -147,6 +153,7 @@ __global__ void gate_kernel(const bf16* x, const bf16* __restrict__ gate, bf16* 
 template <int V>
 __global__ void residual_kernel(bf16* h, const bf16* __restrict__ y, int64_t max_rows, int64_t dim,
                                 const int32_t* live) {
+  pdl_begin();
   const int64_t t = blockIdx.x;
   if (t >= live_count(live, max_rows)) return;
   const int64_t i = (int64_t(blockIdx.y) * blockDim.x + threadIdx.x) * V;
@@ -188,7 +195,7 @@ void embedding_gather(const bf16* table, int64_t vocab, int64_t hidden, const in
   dispatch_vec(vec_width(hidden, {table, out}, {}), [&](auto v) {
     constexpr int V = decltype(v)::value;
     const int threads = int(std::min<int64_t>(256, std::max<int64_t>(32, (hidden / V + 31) / 32 * 32)));
-    embedding_kernel<V><<<unsigned(max_rows), threads, 0, stream>>>(table, vocab, hidden, ids, out, max_rows,
+    launch_pdl(embedding_kernel<V>, dim3(unsigned(max_rows)), dim3(threads), 0, stream, table, vocab, hidden, ids, out, max_rows,
                                                                      live_rows, oob_flag);
   });
   MOEFOLD_CUDA_CHECK_LAUNCH();
@@ -208,7 +215,7 @@ void rms_norm(const bf16* x, const bf16* w, bf16* y, int64_t max_rows, int64_t d
   });
   dispatch_vec(vec_width(dim, {x, y, w}, {hs, ts}), [&](auto v) {
     constexpr int V = decltype(v)::value;
-    rms_norm_kernel<V><<<ceil_div_u(nrows, kRowsPerBlock), 32 * kRowsPerBlock, 0, stream>>>(
+    launch_pdl(rms_norm_kernel<V>, dim3(ceil_div_u(nrows, kRowsPerBlock)), dim3(32 * kRowsPerBlock), 0, stream, 
         x, w, y, max_rows, heads, ts, hs, dim, eps, kind == NormKind::ZeroCentred, live_rows);
   });
   MOEFOLD_CUDA_CHECK_LAUNCH();
@@ -223,7 +230,7 @@ void add_rms_norm(bf16* h, const bf16* y, const bf16* w, bf16* x, int64_t max_ro
   });
   dispatch_vec(vec_width(dim, {h, y, w, x}, {}), [&](auto v) {
     constexpr int V = decltype(v)::value;
-    add_rms_norm_kernel<V><<<ceil_div_u(max_rows, kRowsPerBlock), 32 * kRowsPerBlock, 0, stream>>>(
+    launch_pdl(add_rms_norm_kernel<V>, dim3(ceil_div_u(max_rows, kRowsPerBlock)), dim3(32 * kRowsPerBlock), 0, stream, 
         h, y, w, x, max_rows, dim, eps, kind == NormKind::ZeroCentred, live_rows);
   });
   MOEFOLD_CUDA_CHECK_LAUNCH();
@@ -239,7 +246,7 @@ void swiglu(const bf16* gate_up, bf16* out, int64_t max_rows, int64_t I, const i
   dispatch_vec(vec_width(I, {gate_up, out}, {gate_up_stride}), [&](auto v) {
     constexpr int V = decltype(v)::value;
     const dim3 grid(unsigned(max_rows), ceil_div_u(I / V, 256));
-    swiglu_kernel<V><<<grid, 256, 0, stream>>>(gate_up, out, max_rows, I, gate_up_stride, live_rows);
+    launch_pdl(swiglu_kernel<V>, dim3(grid), dim3(256), 0, stream, gate_up, out, max_rows, I, gate_up_stride, live_rows);
   });
   MOEFOLD_CUDA_CHECK_LAUNCH();
 }
@@ -260,7 +267,7 @@ void sigmoid_gate_mul(const bf16* x, const bf16* gate, bf16* y, int64_t max_rows
   dispatch_vec(vec_width(dim, {x, y}, {}), [&](auto v) {
     constexpr int V = decltype(v)::value;
     const dim3 grid(unsigned(max_rows), ceil_div_u(heads * dim / V, 256));
-    gate_kernel<V><<<grid, 256, 0, stream>>>(x, gate, y, max_rows, heads, dim, gts, ghs, gate_elem_stride,
+    launch_pdl(gate_kernel<V>, dim3(grid), dim3(256), 0, stream, x, gate, y, max_rows, heads, dim, gts, ghs, gate_elem_stride,
                                              live_rows);
   });
   MOEFOLD_CUDA_CHECK_LAUNCH();
@@ -274,7 +281,7 @@ void residual_add(bf16* h, const bf16* y, int64_t max_rows, int64_t dim, const i
   dispatch_vec(vec_width(dim, {h, y}, {}), [&](auto v) {
     constexpr int V = decltype(v)::value;
     const dim3 grid(unsigned(max_rows), ceil_div_u(dim / V, 256));
-    residual_kernel<V><<<grid, 256, 0, stream>>>(h, y, max_rows, dim, live_rows);
+    launch_pdl(residual_kernel<V>, dim3(grid), dim3(256), 0, stream, h, y, max_rows, dim, live_rows);
   });
   MOEFOLD_CUDA_CHECK_LAUNCH();
 }

@@ -14,6 +14,7 @@
 
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/launch_scope.h"
+#include "ops/cuda/pdl.cuh"
 
 namespace moefold::cuda {
 namespace {
@@ -99,6 +100,7 @@ __global__ void __launch_bounds__(kThreads)
     gdn_prefill_kernel(GdnArgs p, const int32_t* __restrict__ cu_seqlens, const GdnSnapshot* __restrict__ snaps,
                        const int32_t* __restrict__ num_snaps_p, int max_snaps, int Hk, int Hv, int dk, int dv,
                        int BV) {
+  pdl_begin();
   const int s = blockIdx.z;
   if (s >= *p.num_seqs) return;
   const int bos = cu_seqlens[s], len = cu_seqlens[s + 1] - bos;
@@ -255,6 +257,7 @@ __global__ void __launch_bounds__(kThreads)
 
 __global__ void __launch_bounds__(kThreads)
     gdn_decode_kernel(GdnArgs p, int Hk, int Hv, int dk, int dv) {
+  pdl_begin();
   const int s = blockIdx.z;
   if (s >= *p.num_seqs) return;
   const int h = blockIdx.y, kh = h / (Hv / Hk);
@@ -362,7 +365,7 @@ void gdn_chunked_prefill(const GdnArgs& args, const int32_t* cu_seqlens, int max
     const prof::StepFacts* f = prof::step_facts();
     return f ? gdn_work(f->rows, work_seqs(max_seqs), dims) : prof::Work{};
   });
-  gdn_prefill_kernel<<<grid, kThreads, smem, stream>>>(args, cu_seqlens, max_snapshots > 0 ? snapshots : nullptr,
+  launch_pdl(gdn_prefill_kernel, dim3(grid), dim3(kThreads), smem, stream, args, cu_seqlens, max_snapshots > 0 ? snapshots : nullptr,
                                                        max_snapshots > 0 ? num_snapshots : nullptr, max_snapshots,
                                                        dims.num_k_heads, dims.num_v_heads, dims.k_dim, dims.v_dim, bv);
   MOEFOLD_CUDA_CHECK_LAUNCH();
@@ -373,7 +376,7 @@ void gdn_recurrent_decode(const GdnArgs& args, int max_seqs, const GdnDims& dims
   if (max_seqs == 0) return;
   const dim3 grid(unsigned((dims.v_dim + 31) / 32), unsigned(dims.num_v_heads), unsigned(max_seqs));
   LaunchScope launch(kGdnDecode, stream, [&] { return gdn_work(work_seqs(max_seqs), work_seqs(max_seqs), dims); });
-  gdn_decode_kernel<<<grid, kThreads, 0, stream>>>(args, dims.num_k_heads, dims.num_v_heads, dims.k_dim,
+  launch_pdl(gdn_decode_kernel, dim3(grid), dim3(kThreads), 0, stream, args, dims.num_k_heads, dims.num_v_heads, dims.k_dim,
                                                    dims.v_dim);
   MOEFOLD_CUDA_CHECK_LAUNCH();
 }

@@ -3,6 +3,7 @@
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/gated_rms_norm.h"
 #include "ops/cuda/launch_scope.h"
+#include "ops/cuda/pdl.cuh"
 
 namespace moefold::cuda {
 
@@ -11,6 +12,7 @@ namespace {
 __global__ void gated_rms_norm_kernel(const __nv_bfloat16* x, const __nv_bfloat16* z, const __nv_bfloat16* w,
                                       __nv_bfloat16* y, int64_t max_tokens, int64_t heads, int dim, float eps,
                                       const int32_t* live_tokens, int64_t z_stride) {
+  pdl_begin();
   const int64_t row = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   int64_t live = max_tokens;
@@ -52,7 +54,7 @@ void gated_rms_norm(const __nv_bfloat16* x, const __nv_bfloat16* z, const __nv_b
   LaunchScope launch(kGatedRmsNorm, stream, [&] {  // x, z read, y written; w
     return prof::Work{double(work_rows(max_tokens, live_tokens)) * double(heads * dim) * 6 + double(dim) * 2, 0};
   });
-  gated_rms_norm_kernel<<<unsigned((rows + warps - 1) / warps), warps * 32, 0, stream>>>(
+  launch_pdl(gated_rms_norm_kernel, dim3(unsigned((rows + warps - 1) / warps)), dim3(warps * 32), 0, stream, 
       x, z, w, y, max_tokens, heads, int(dim), eps, live_tokens, z_stride);
   MOEFOLD_CUDA_CHECK(cudaGetLastError());
 }

@@ -27,6 +27,7 @@
 #include "ops/cuda/kernel_util.cuh"
 #include "ops/cuda/launch_scope.h"
 #include "ops/cuda/ptx.cuh"
+#include "ops/cuda/pdl.cuh"
 
 namespace moefold::cuda {
 namespace {
@@ -105,6 +106,7 @@ __device__ __forceinline__ float bf16r(float v) { return __bfloat162float(__floa
 // MT: 16-row batch tiles (1: max_rows <= 16, 2: <= 32). VW: 16-byte weight loads; VX: 16-byte x loads.
 template <int MT, bool VW, bool VX, Epi E>
 __global__ void __launch_bounds__(kMaxWarpsK * 32, 1) gemv_kernel(const Args a) {
+  pdl_begin();
   constexpr int U = MT == 1 ? 4 : 2;                           // steps of loads in flight per warp
   constexpr int COLS = E == Epi::Swiglu ? 8 : kTiles * 8;       // output columns per block
   constexpr int ROWS = MT * 16;
@@ -249,9 +251,9 @@ __global__ void __launch_bounds__(kMaxWarpsK * 32, 1) gemv_kernel(const Args a) 
 template <Epi E, int MT>
 void launch_mt(const Args& a, bool vw, bool vx, unsigned blocks, size_t smem, cudaStream_t stream) {
   const unsigned threads = unsigned(a.warps_k) * 32;
-  if (vw && vx) gemv_kernel<MT, true, true, E><<<blocks, threads, smem, stream>>>(a);
-  else if (vw) gemv_kernel<MT, true, false, E><<<blocks, threads, smem, stream>>>(a);
-  else gemv_kernel<MT, false, false, E><<<blocks, threads, smem, stream>>>(a);
+  if (vw && vx) launch_pdl(gemv_kernel<MT, true, true, E>, dim3(blocks), dim3(threads), smem, stream, a);
+  else if (vw) launch_pdl(gemv_kernel<MT, true, false, E>, dim3(blocks), dim3(threads), smem, stream, a);
+  else launch_pdl(gemv_kernel<MT, false, false, E>, dim3(blocks), dim3(threads), smem, stream, a);
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }

@@ -12,6 +12,7 @@
 #include "ops/cuda/moe.h"
 #include "ops/cuda/moe_gemm.cuh"
 #include "ops/cuda/moe_internal.h"
+#include "ops/cuda/pdl.cuh"
 
 namespace moefold::cuda {
 namespace {
@@ -90,7 +91,7 @@ void launch_expert_gemm(const GemmParams& p, int n_cols, int max_tiles, cudaStre
   const int per_cta = MODE == GemmMode::kExpertGateUp ? Cfg::kBN / 2 : Cfg::kBN;
   const dim3 grid(n_cols / per_cta, max_tiles);
   if (max_tiles == 0) return;
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
+  launch_pdl(kernel, dim3(grid), dim3(Cfg::kThreads), Cfg::kSmemBytes, stream, p);
   MOEFOLD_CUDA_CHECK_LAUNCH();
 }
 
@@ -172,6 +173,7 @@ __global__ void __launch_bounds__(kCombineThreads)
                        const __nv_bfloat16* __restrict__ shared_out, const __nv_bfloat16* __restrict__ shared_gate_w,
                        const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* residual,
                        const int32_t* __restrict__ num_rows, int capacity, int k, int H, __nv_bfloat16* out) {
+  pdl_begin();
   const int t = blockIdx.x;
   int live = *num_rows;
   live = live < 0 ? 0 : (live > capacity ? capacity : live);
@@ -346,7 +348,7 @@ void moe_combine(const float* weights, const MoeWorkspace& ws, const __nv_bfloat
                         (shared_gate_w ? T * H * 2 + H * 2 : 0) + (residual ? T * H * 2 : 0) + T * H * 2;
     return prof::Work{rows, 0};
   });
-  moe_combine_kernel<<<s.capacity, kCombineThreads, 0, stream>>>(weights, ws.y, shared_out, shared_gate_w, x,
+  launch_pdl(moe_combine_kernel, dim3(s.capacity), dim3(kCombineThreads), 0, stream, weights, ws.y, shared_out, shared_gate_w, x,
                                                                   residual, num_rows, s.capacity, s.k, s.H, out);
   MOEFOLD_CUDA_CHECK_LAUNCH();
 }

@@ -24,6 +24,7 @@
 #include <cstdint>
 
 #include "ops/cuda/ptx.cuh"
+#include "ops/cuda/pdl.cuh"
 
 namespace moefold::cuda::moe_detail {
 
@@ -66,6 +67,7 @@ struct GemmCfg {
 
 template <class Cfg, GemmMode MODE>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) moe_gemm_kernel(const GemmParams p) {
+  pdl_begin();
   constexpr int BM = Cfg::kBM, BN = Cfg::kBN, BK = Cfg::kBK, STAGES = Cfg::kStages;
   constexpr int THREADS = Cfg::kThreads;
   constexpr int WM = BM / Cfg::kWarpsM, WN = BN / Cfg::kWarpsN;

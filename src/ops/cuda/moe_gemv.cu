@@ -24,6 +24,7 @@
 #include "ops/cuda/moe_gemm.cuh"
 #include "ops/cuda/moe_internal.h"
 #include "ops/cuda/ptx.cuh"
+#include "ops/cuda/pdl.cuh"
 
 namespace moefold::cuda::moe_detail {
 namespace {
@@ -157,6 +158,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) moe_gemv_gate_up_kernel(
                                                                     const bf16* __restrict__ gate_up,
                                                                     const PlanView plan, int k, int H, int I,
                                                                     bf16* __restrict__ act) {
+  pdl_begin();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int slices = I / kGateUpCols;
   const int items = *plan.num_tiles * slices;
@@ -177,6 +179,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) moe_gemv_gate_up_kernel(
 __global__ void __launch_bounds__(kThreads, kMinBlocks) moe_gemv_down_kernel(const bf16* __restrict__ act,
                                                                  const bf16* __restrict__ down, const PlanView plan,
                                                                  int H, int I, bf16* __restrict__ y) {
+  pdl_begin();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int slices = H / kDownRows;
   const int items = *plan.num_tiles * slices;
@@ -215,7 +218,7 @@ void launch_gemv_gate_up(const bf16* x, const bf16* gate_up, const PlanView& pla
   const int64_t items = int64_t(max_tiles) * (I / kGateUpCols);
   if (items <= 0) return;
   const int grid = int(std::min<int64_t>(items, resident));
-  moe_gemv_gate_up_kernel<<<grid, kThreads, 0, stream>>>(x, gate_up, plan, k, H, I, act);
+  launch_pdl(moe_gemv_gate_up_kernel, dim3(grid), dim3(kThreads), 0, stream, x, gate_up, plan, k, H, I, act);
   MOEFOLD_CUDA_CHECK_LAUNCH();
 }
 
@@ -226,7 +229,7 @@ void launch_gemv_down(const bf16* act, const bf16* down, const PlanView& plan, i
   const int64_t items = int64_t(max_tiles) * (H / kDownRows);
   if (items <= 0) return;
   const int grid = int(std::min<int64_t>(items, resident));
-  moe_gemv_down_kernel<<<grid, kThreads, 0, stream>>>(act, down, plan, H, I, y);
+  launch_pdl(moe_gemv_down_kernel, dim3(grid), dim3(kThreads), 0, stream, act, down, plan, H, I, y);
   MOEFOLD_CUDA_CHECK_LAUNCH();
 }
 

@@ -22,6 +22,7 @@
 #include "ops/cuda/moe.h"
 #include "ops/cuda/moe_internal.h"
 #include "ops/cuda/moe_topk.cuh"
+#include "ops/cuda/pdl.cuh"
 
 namespace moefold::cuda {
 namespace {
@@ -83,6 +84,7 @@ __global__ void __launch_bounds__(kPlanThreads) plan_block_kernel(const int32_t*
                                                                   int bm, int32_t* counts, int32_t* offsets,
                                                                   int32_t* pairs, int2* tiles,
                                                                   int32_t* num_tiles, int32_t* status) {
+  pdl_begin();
   using Sort = cub::BlockRadixSort<int, kPlanThreads, kPlanItems, int>;
   using Scan = cub::BlockScan<int, kPlanThreads>;
   __shared__ union {
@@ -131,6 +133,7 @@ __global__ void __launch_bounds__(kPlanThreads) plan_block_kernel(const int32_t*
 __global__ void plan_keys_kernel(const int32_t* __restrict__ ids, const int32_t* __restrict__ num_rows,
                                  int capacity, int k, int E, int32_t* keys, int32_t* vals, int32_t* counts,
                                  int32_t* status) {
+  pdl_begin();
   const int L = live_pairs(num_rows, capacity, k);
   const int P = capacity * k;
   for (int idx = blockIdx.x * blockDim.x + threadIdx.x; idx < P; idx += gridDim.x * blockDim.x) {
@@ -153,6 +156,7 @@ __global__ void plan_keys_kernel(const int32_t* __restrict__ ids, const int32_t*
 __global__ void __launch_bounds__(kPlanThreads) plan_finalize_kernel(int E, int bm, int32_t* counts,
                                                                      int32_t* offsets, int2* tiles,
                                                                      int32_t* num_tiles) {
+  pdl_begin();
   using Scan = cub::BlockScan<int, kPlanThreads>;
   __shared__ typename Scan::TempStorage scan_tmp;
   __shared__ int s_counts[kPlanThreads * kExpertsPerThread];
@@ -168,6 +172,7 @@ __global__ void __launch_bounds__(kPlanThreads)
                             int E, int k, bool renormalize, const int32_t* __restrict__ replay, int bm, int32_t* ids,
                             float* weights, int32_t* counts, int32_t* offsets, int32_t* pairs, int2* tiles,
                             int32_t* num_tiles, int32_t* status) {
+  pdl_begin();
   using Scan = cub::BlockScan<int, kPlanThreads>;
   __shared__ typename Scan::TempStorage scan_tmp;
   __shared__ int s_counts[kPlanThreads * kExpertsPerThread];
@@ -234,7 +239,7 @@ void moe_plan(const int32_t* ids, const int32_t* num_rows, const MoeShape& s, co
   if (P <= kBlockItems) {
     {
       LaunchScope launch(kPlanBlock, stream, [&] { return prof::Work{live_pairs * 12 + double(s.E) * 16, 0}; });
-      plan_block_kernel<<<1, kPlanThreads, 0, stream>>>(ids, num_rows, s.capacity, s.k, s.E, end_bit, tile_rows,
+      launch_pdl(plan_block_kernel, dim3(1), dim3(kPlanThreads), 0, stream, ids, num_rows, s.capacity, s.k, s.E, end_bit, tile_rows,
                                                         ws.counts, ws.offsets, ws.pairs, ws.tiles, ws.num_tiles,
                                                         ws.status);
       MOEFOLD_CUDA_CHECK_LAUNCH();
@@ -255,7 +260,7 @@ void moe_plan(const int32_t* ids, const int32_t* num_rows, const MoeShape& s, co
   const int blocks = (P + threads - 1) / threads;
   {  // reads the live ids, writes keys and values of all P pairs (padding keyed past every expert)
     LaunchScope launch(kPlanKeys, stream, [&] { return prof::Work{live_pairs * 4 + double(P) * 8, 0}; });
-    plan_keys_kernel<<<blocks, threads, 0, stream>>>(ids, num_rows, s.capacity, s.k, s.E, ws.sort_keys_in,
+    launch_pdl(plan_keys_kernel, dim3(blocks), dim3(threads), 0, stream, ids, num_rows, s.capacity, s.k, s.E, ws.sort_keys_in,
                                                      ws.sort_vals_in, ws.counts, ws.status);
     MOEFOLD_CUDA_CHECK_LAUNCH();
   }
@@ -267,7 +272,7 @@ void moe_plan(const int32_t* ids, const int32_t* num_rows, const MoeShape& s, co
   }
   {
     LaunchScope launch(kPlanFinalize, stream, prof::Work{double(s.E) * 16, 0});
-    plan_finalize_kernel<<<1, kPlanThreads, 0, stream>>>(s.E, tile_rows, ws.counts, ws.offsets, ws.tiles,
+    launch_pdl(plan_finalize_kernel, dim3(1), dim3(kPlanThreads), 0, stream, s.E, tile_rows, ws.counts, ws.offsets, ws.tiles,
                                                          ws.num_tiles);
     MOEFOLD_CUDA_CHECK_LAUNCH();
   }
@@ -278,7 +283,7 @@ namespace {
 template <int VPT>
 void launch_topk_plan(const float* logits, const int32_t* num_rows, const MoeShape& s, bool renormalize,
                       const int32_t* replay, int tile_rows, const MoeWorkspace& ws, cudaStream_t stream) {
-  router_topk_plan_kernel<VPT><<<1, kPlanThreads, 0, stream>>>(logits, num_rows, s.capacity, s.E, s.k, renormalize,
+  launch_pdl(router_topk_plan_kernel<VPT>, dim3(1), dim3(kPlanThreads), 0, stream, logits, num_rows, s.capacity, s.E, s.k, renormalize,
                                                               replay, tile_rows, ws.ids, ws.weights, ws.counts,
                                                               ws.offsets, ws.pairs, ws.tiles, ws.num_tiles, ws.status);
   MOEFOLD_CUDA_CHECK_LAUNCH();

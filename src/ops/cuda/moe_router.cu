@@ -13,6 +13,7 @@
 #include "ops/cuda/moe_gemm.cuh"
 #include "ops/cuda/moe_internal.h"
 #include "ops/cuda/moe_topk.cuh"
+#include "ops/cuda/pdl.cuh"
 
 namespace moefold::cuda {
 namespace {
@@ -28,6 +29,7 @@ template <int KSPLIT>
 __global__ void __launch_bounds__(KSPLIT * 32)
     router_logits_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ w,
                          const int32_t* __restrict__ num_rows, int capacity, int H, int E, float* __restrict__ logits) {
+  pdl_begin();
   using namespace moe_detail;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   int live = *num_rows;
@@ -112,7 +114,7 @@ void launch_router_logits(const __nv_bfloat16* x, const __nv_bfloat16* w, const 
     attr_set = true;
   }
   const dim3 grid((s.E + kRouterBN - 1) / kRouterBN, (s.capacity + kRouterBM - 1) / kRouterBM);
-  kernel<<<grid, KSPLIT * 32, smem, stream>>>(x, w, num_rows, s.capacity, s.H, s.E, logits);
+  launch_pdl(kernel, dim3(grid), dim3(KSPLIT * 32), smem, stream, x, w, num_rows, s.capacity, s.H, s.E, logits);
   MOEFOLD_CUDA_CHECK_LAUNCH();
 }
 
@@ -123,6 +125,7 @@ __global__ void __launch_bounds__(kTopkWarps * 32)
     router_topk_kernel(const float* __restrict__ logits, const int32_t* __restrict__ num_rows, int capacity,
                        int E, int k, bool renormalize, const int32_t* __restrict__ replay,
                        int32_t* __restrict__ ids, float* __restrict__ weights) {
+  pdl_begin();
   const int warp = threadIdx.x >> 5;
   const int t = blockIdx.x * kTopkWarps + warp;
   int live = *num_rows;
@@ -136,7 +139,7 @@ template <int VPT>
 void launch_topk(const float* logits, const int32_t* num_rows, const MoeShape& s, bool renormalize,
                  const int32_t* replay, int32_t* ids, float* weights, cudaStream_t stream) {
   const int blocks = (s.capacity + kTopkWarps - 1) / kTopkWarps;
-  router_topk_kernel<VPT><<<blocks, kTopkWarps * 32, 0, stream>>>(logits, num_rows, s.capacity, s.E, s.k,
+  launch_pdl(router_topk_kernel<VPT>, dim3(blocks), dim3(kTopkWarps * 32), 0, stream, logits, num_rows, s.capacity, s.E, s.k,
                                                                     renormalize, replay, ids, weights);
   MOEFOLD_CUDA_CHECK_LAUNCH();
 }

@@ -7,6 +7,7 @@
 #include "ops/cuda/kernel_util.cuh"
 #include "ops/cuda/launch_scope.h"
 #include "ops/cuda/rope.h"
+#include "ops/cuda/pdl.cuh"
 
 namespace moefold::cuda {
 using namespace detail;
@@ -19,6 +20,7 @@ const prof::Kernel kRope{"rope_kernel", prof::Category::NormRope};
 __global__ void rope_kernel(bf16* q, int64_t qh, int64_t qts, int64_t qhs, bf16* k, int64_t kh, int64_t kts,
                             int64_t khs, const int32_t* __restrict__ positions, int64_t max_rows, int half,
                             const double* __restrict__ inv_freq, const int32_t* live) {
+  pdl_begin();
   __shared__ float cs[kMaxHalf], sn[kMaxHalf];
   const int64_t t = blockIdx.x;
   if (t >= live_count(live, max_rows)) return;
@@ -76,7 +78,7 @@ void apply_rope(bf16* q, HeadRows q_rows, bf16* k, HeadRows k_rows, const int32_
   LaunchScope launch(kRope, stream, [&] {  // the rotated part of every head, read and written; positions
     return prof::Work{double(work_rows(max_rows, live_rows)) * (double(pairs) * 8 + 4), 0};
   });
-  rope_kernel<<<unsigned(max_rows), threads, 0, stream>>>(q, q_rows.heads, qts, qhs, k, k ? k_rows.heads : 0, kts,
+  launch_pdl(rope_kernel, dim3(unsigned(max_rows)), dim3(threads), 0, stream, q, q_rows.heads, qts, qhs, k, k ? k_rows.heads : 0, kts,
                                                           khs, positions, max_rows, half,
                                                           freqs.inv_freq.data(), live_rows);
   MOEFOLD_CUDA_CHECK_LAUNCH();

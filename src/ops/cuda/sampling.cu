@@ -15,6 +15,7 @@
 #include "ops/cuda/kernel_util.cuh"
 #include "ops/cuda/launch_scope.h"
 #include "ops/cuda/sampling.h"
+#include "ops/cuda/pdl.cuh"
 
 namespace moefold::cuda {
 using namespace detail;
@@ -108,6 +109,7 @@ __device__ Best scan_row(const float* x, int64_t vocab, int& flags, Best* sb, in
 
 __global__ void argmax_kernel(const float* logits, int64_t max_rows, int64_t vocab, int64_t ld, int32_t* tokens,
                               int32_t* flags, const int32_t* live) {
+  pdl_begin();
   __shared__ Best sb[kWarps];
   __shared__ int si[kWarps];
   const int64_t row = blockIdx.x;
@@ -226,6 +228,7 @@ __device__ uint64_t radix_select(const Ctx& c, uint64_t lo, int64_t k, double ta
 __global__ void __launch_bounds__(kThreads) sample_kernel(const float* logits, int64_t max_rows, int64_t vocab,
                                                           int64_t ld, SampleRowParams p, int32_t* tokens,
                                                           int32_t* flags, const int32_t* live) {
+  pdl_begin();
   __shared__ Best sb[kWarps];
   __shared__ int si[kWarps];
   __shared__ int64_t sl[kWarps];
@@ -360,6 +363,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(const float* logits, i
 
 __global__ void mask_logits_kernel(float* logits, int64_t max_rows, int64_t vocab, int64_t ld, const int32_t* ids,
                             const int32_t* num_ids, const int32_t* live) {
+  pdl_begin();
   const int64_t row = blockIdx.x;
   if (row >= live_count(live, max_rows)) return;
   const int32_t n = *num_ids;
@@ -375,6 +379,7 @@ __global__ void mask_logits_kernel(float* logits, int64_t max_rows, int64_t voca
 __global__ void __launch_bounds__(kThreads) raw_logprobs_kernel(const float* logits, int64_t max_rows, int64_t vocab,
                                                                 int64_t ld, const int32_t* top_n, double* lse,
                                                                 int32_t* top_ids, float* top_lp, const int32_t* live) {
+  pdl_begin();
   __shared__ Best sb[kWarps];
   __shared__ int si[kWarps];
   __shared__ double sd[kWarps];
@@ -437,6 +442,7 @@ __global__ void __launch_bounds__(kThreads) raw_logprobs_kernel(const float* log
 /// apply_penalties; the same fp32 operations, unfused, in the same order). Saves every raw value.
 __global__ void penalties_kernel(float* logits, int64_t max_rows, int64_t vocab, int64_t ld, PenaltyRows p,
                                  const int32_t* live) {
+  pdl_begin();
   const int64_t row = blockIdx.x;
   if (row >= live_count(live, max_rows)) return;
   const int32_t b0 = p.offsets[row], b1 = p.offsets[row + 1];
@@ -463,6 +469,7 @@ __global__ void penalties_kernel(float* logits, int64_t max_rows, int64_t vocab,
 __global__ void token_logprob_kernel(const float* logits, int64_t max_rows, int64_t vocab, int64_t ld,
                                      const int32_t* tokens, const int32_t* top_n, const double* lse, PenaltyRows p,
                                      float* logprob, const int32_t* live) {
+  pdl_begin();
   __shared__ float s_raw;
   const int64_t row = blockIdx.x;
   if (row >= live_count(live, max_rows)) return;
@@ -505,7 +512,7 @@ void argmax_rows(const float* logits, int64_t max_rows, int64_t vocab, int64_t l
   check_args(max_rows, vocab, ld, "argmax_rows");
   if (max_rows == 0) return;
   LaunchScope launch(kArgmax, stream, prof::Work{double(max_rows) * double(vocab) * 4, 0});
-  argmax_kernel<<<unsigned(max_rows), kThreads, 0, stream>>>(logits, max_rows, vocab, ld, tokens, flags, live_rows);
+  launch_pdl(argmax_kernel, dim3(unsigned(max_rows)), dim3(kThreads), 0, stream, logits, max_rows, vocab, ld, tokens, flags, live_rows);
   MOEFOLD_CUDA_CHECK_LAUNCH();
 }
 
@@ -516,7 +523,7 @@ void sample_rows(const float* logits, int64_t max_rows, int64_t vocab, int64_t l
                 "sample_rows: temperature, top_k, top_p and uniform arrays are required");
   if (max_rows == 0) return;
   LaunchScope launch(kSample, stream, prof::Work{double(max_rows) * double(vocab) * 4, 0});
-  sample_kernel<<<unsigned(max_rows), kThreads, 0, stream>>>(logits, max_rows, vocab, ld, params, tokens, flags,
+  launch_pdl(sample_kernel, dim3(unsigned(max_rows)), dim3(kThreads), 0, stream, logits, max_rows, vocab, ld, params, tokens, flags,
                                                              live_rows);
   MOEFOLD_CUDA_CHECK_LAUNCH();
 }
@@ -527,7 +534,7 @@ void mask_logits_rows(float* logits, int64_t max_rows, int64_t vocab, int64_t ld
   MOEFOLD_CHECK(ids && num_ids, "mask_logits_rows: ids and num_ids are required");
   if (max_rows == 0 || max_ids == 0) return;
   LaunchScope launch(kMask, stream, prof::Work{double(max_rows) * double(max_ids) * 8, 0});
-  mask_logits_kernel<<<unsigned(max_rows), 256, 0, stream>>>(logits, max_rows, vocab, ld, ids, num_ids, live_rows);
+  launch_pdl(mask_logits_kernel, dim3(unsigned(max_rows)), dim3(256), 0, stream, logits, max_rows, vocab, ld, ids, num_ids, live_rows);
   MOEFOLD_CUDA_CHECK_LAUNCH();
 }
 
@@ -538,7 +545,7 @@ void raw_logprobs_rows(const float* logits, int64_t max_rows, int64_t vocab, int
   MOEFOLD_CHECK(top_n && lse && top_ids && top_logprobs, "raw_logprobs_rows: every array is required");
   if (max_rows == 0) return;
   LaunchScope launch(kRawLogprobs, stream, prof::Work{double(max_rows) * double(vocab) * 4, 0});
-  raw_logprobs_kernel<<<unsigned(max_rows), kThreads, 0, stream>>>(logits, max_rows, vocab, ld, top_n, lse, top_ids,
+  launch_pdl(raw_logprobs_kernel, dim3(unsigned(max_rows)), dim3(kThreads), 0, stream, logits, max_rows, vocab, ld, top_n, lse, top_ids,
                                                                    top_logprobs, live_rows);
   MOEFOLD_CUDA_CHECK_LAUNCH();
 }
@@ -550,7 +557,7 @@ void apply_penalties_rows(float* logits, int64_t max_rows, int64_t vocab, int64_
                 "apply_penalties_rows: every array is required");
   if (max_rows == 0) return;
   LaunchScope launch(kPenalties, stream, prof::Work{double(max_rows) * 64, 0});
-  penalties_kernel<<<unsigned(max_rows), 256, 0, stream>>>(logits, max_rows, vocab, ld, p, live_rows);
+  launch_pdl(penalties_kernel, dim3(unsigned(max_rows)), dim3(256), 0, stream, logits, max_rows, vocab, ld, p, live_rows);
   MOEFOLD_CUDA_CHECK_LAUNCH();
 }
 
@@ -562,7 +569,7 @@ void token_logprobs_rows(const float* logits, int64_t max_rows, int64_t vocab, i
   if (max_rows == 0) return;
   const PenaltyRows p = penalties ? *penalties : PenaltyRows{};
   LaunchScope launch(kTokenLogprob, stream, prof::Work{double(max_rows) * 16, 0});
-  token_logprob_kernel<<<unsigned(max_rows), 128, 0, stream>>>(logits, max_rows, vocab, ld, tokens, top_n, lse, p,
+  launch_pdl(token_logprob_kernel, dim3(unsigned(max_rows)), dim3(128), 0, stream, logits, max_rows, vocab, ld, tokens, top_n, lse, p,
                                                                logprob, live_rows);
   MOEFOLD_CUDA_CHECK_LAUNCH();
 }
