@@ -42,7 +42,7 @@ std::unique_ptr<BenchOfflineCommand> add_bench_offline_command(CLI::App& bench) 
   b->app->add_option("--json", b->json_out, "also write the results as JSON");
   b->app->add_flag("--enforce-eager", b->enforce_eager, "run decode steps eagerly (no CUDA graphs)");
   b->app->add_flag("--batch-invariant,!--no-batch-invariant", b->batch_invariant,
-                   "kernels whose per-row results do not depend on the batch (off: the fastest per step size)");
+                   "kernels whose per-row results do not depend on the batch (default: on; off: the fastest per step size)");
   b->app->add_option("--cuda-graph-sizes", b->cuda_graph_sizes, "decode batch sizes captured as CUDA graphs")
       ->delimiter(',')
       ->default_str("");

@@ -209,7 +209,7 @@ int run_command(int argc, char** argv) {
     c->add_option("--seed", seed, "seed for dummy weights");
     c->add_flag("--enforce-eager", g_gpu.enforce_eager, "--device cuda: run decode steps eagerly (no CUDA graphs)");
     c->add_flag("--batch-invariant,!--no-batch-invariant", g_gpu.batch_invariant,
-                "--device cuda: kernels whose per-row results do not depend on the rest of the batch");
+                "--device cuda: kernels whose per-row results do not depend on the rest of the batch (default: on)");
   };
   auto* inspect = app.add_subcommand("inspect", "model facts from config.json, without loading weights");
   inspect->add_option("--model", model_dir, "model directory")->required();

@@ -59,7 +59,7 @@ std::unique_ptr<ServeCommand> add_serve_command(CLI::App& app) {
       ->delimiter(',')
       ->default_str("");
   c->add_flag("--batch-invariant,!--no-batch-invariant", o.batch_invariant,
-              "--device cuda: kernels whose per-row results do not depend on the rest of the batch");
+              "--device cuda: kernels whose per-row results do not depend on the rest of the batch (default: on)");
   return cmd;
 }
 

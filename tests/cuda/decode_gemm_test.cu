@@ -377,6 +377,48 @@ double time_batched_us(const std::function<void(int)>& f, int inner = 20, int re
   return double(ms[ms.size() / 2]) * 1e3 / inner;
 }
 
+// One workspace serves weights of different widths (the executor passes one to every dense GEMM): the
+// partials of a narrow split weight (2048 x 4096, 8 splits) must not land on the tile counters of a wide
+// one (9216 x 2048, 2 splits, 144 tiles). They did while the counter region grew with N: the wide
+// weight's tiles >= 64 then lost their output.
+TEST(DecodeGemm, SharedWorkspaceAcrossShapes) {
+  MOEFOLD_REQUIRE_GPU();
+  const int64_t M = 16;
+  struct Shape {
+    int64_t N, K;
+  };
+  const Shape shapes[2] = {{2048, 4096}, {9216, 2048}};
+  size_t bytes = 0;
+  for (const Shape& sh : shapes) bytes = std::max(bytes, cu::decode_gemm_workspace_bytes(kMaxM, sh.N, sh.K));
+  DeviceBuffer<unsigned char> shared(bytes);
+  shared.fill_bytes(0);
+  std::vector<DeviceBuffer<bf16>> x, w, y, yref;
+  for (int i = 0; i < 2; ++i) {
+    x.push_back(dev_bf16(rand_bf16(size_t(M * shapes[i].K), 900 + i, 1.0f)));
+    w.push_back(dev_bf16(rand_bf16(size_t(shapes[i].N * shapes[i].K), 910 + i, 0.05f)));
+    y.emplace_back(size_t(M * shapes[i].N));
+    yref.emplace_back(size_t(M * shapes[i].N));
+    // Reference: this weight alone, with a workspace of its own.
+    DeviceBuffer<unsigned char> own(std::max<size_t>(cu::decode_gemm_workspace_bytes(kMaxM, shapes[i].N, shapes[i].K), 16));
+    own.fill_bytes(0);
+    yref[size_t(i)].fill_bytes(0xFF);
+    cu::decode_gemm_bf16(x[size_t(i)].data(), w[size_t(i)].data(), nullptr, yref[size_t(i)].data(), M, shapes[i].K,
+                         shapes[i].N, nullptr, own.data(), nullptr);
+    sync();
+  }
+  size_t bad = 0;
+  for (int round = 0; round < 3; ++round)
+    for (int i = 0; i < 2; ++i) {
+      y[size_t(i)].fill_bytes(0xFF);
+      cu::decode_gemm_bf16(x[size_t(i)].data(), w[size_t(i)].data(), nullptr, y[size_t(i)].data(), M, shapes[i].K,
+                           shapes[i].N, nullptr, shared.data(), nullptr);
+      sync();
+      const auto a = host_bits(y[size_t(i)]), b = host_bits(yref[size_t(i)]);
+      for (size_t j = 0; j < a.size(); ++j) bad += a[j] != b[j];
+    }
+  EXPECT_TRUE(contract_exact("decode_gemm_shared_workspace", "2048x4096+9216x2048,M=16,rounds=3", bad));
+}
+
 TEST(DecodeGemmPerf, DISABLED_Perf) {
   MOEFOLD_REQUIRE_GPU();
   // Device-to-device copy bandwidth (bytes read + written), the ceiling the weight streams are held to.

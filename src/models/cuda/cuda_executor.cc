@@ -288,8 +288,12 @@ class CudaExecutor : public Executor {
   /// strides for 4k, 32k and 256k tokens, capped by max_blocks_per_seq; a step with a longer context
   /// runs eagerly). Every bucket of the shortest class is captured now; other classes when first used.
   void setup_graphs() {
+    // With batch invariance, a bucket above the decode GEMM's 256 rows would run cuBLASLt where the same
+    // step run eagerly (or in a smaller bucket) runs the decode GEMM: such buckets are dropped.
+    const int32_t most = opt_.batch_invariant ? int32_t(cuda::kDecodeGemmMaxRows) : INT32_MAX;
     for (int32_t n : opt_.cuda_graph_sizes)
-      if (n >= 1 && n <= opt_.num_slots && n <= opt_.max_rows && n <= opt_.max_logits_rows) graph_buckets_.push_back(n);
+      if (n >= 1 && n <= opt_.num_slots && n <= opt_.max_rows && n <= opt_.max_logits_rows && n <= most)
+        graph_buckets_.push_back(n);
     std::sort(graph_buckets_.begin(), graph_buckets_.end());
     graph_buckets_.erase(std::unique(graph_buckets_.begin(), graph_buckets_.end()), graph_buckets_.end());
     const int32_t mb = opt_.max_blocks_per_seq, bs = opt_.block_size;
@@ -477,8 +481,19 @@ cuda::CapturedGraph* CudaExecutor::graph_for(const ForwardBatch& b, StepDims& d)
   g.table_stride = *stride;
   g.logits_rows = *bucket;
   auto it = graphs_.find({g.rows, g.table_stride});
-  cuda::CapturedGraph* graph = it != graphs_.end() ? it->second.get() : &capture(g);
-  d = g;
+  cuda::CapturedGraph* graph = nullptr;
+  if (it != graphs_.end()) {
+    graph = it->second.get();  // null: its capture failed earlier, this shape runs eagerly
+  } else {
+    try {
+      graph = &capture(g);
+    } catch (const Error& e) {  // e.g. no memory left to instantiate it: run such steps eagerly
+      graphs_[{g.rows, g.table_stride}] = nullptr;
+      fmt::print(stderr, "moefold: decode graph rows={} kv_tokens={} not captured ({}); such steps run eagerly\n",
+                 g.rows, int64_t(g.table_stride) * opt_.block_size, e.what());
+    }
+  }
+  if (graph) d = g;
   return graph;
 }
 
@@ -492,7 +507,7 @@ cuda::CapturedGraph& CudaExecutor::capture(const StepDims& d) {
   empty.max_blocks_per_seq = d.table_stride;
   empty.cu_seqlens = {0};
   upload_batch(empty, d);
-  launch_step(d);
+  cuda::run_uncounted([&] { launch_step(d); });  // not a model step: --require-kernel must not see it
   MOEFOLD_CUDA_CHECK(cudaStreamSynchronize(stream_));
   auto graph = cuda::CapturedGraph::capture(stream_, [&] { launch_step(d); });
   MOEFOLD_CUDA_CHECK(cudaMemGetInfo(&free1, &total));

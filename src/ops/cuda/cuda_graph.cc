@@ -14,7 +14,30 @@ std::vector<int64_t> launch_counts() {
   }
   return n;
 }
+/// Takes the launches counted since `before` back out of the registry; returns them (id, count).
+std::vector<std::pair<int, int64_t>> uncount_since(const std::vector<int64_t>& before) {
+  std::vector<std::pair<int, int64_t>> taken;
+  const std::vector<int64_t> after = launch_counts();
+  for (size_t id = 0; id < after.size(); ++id) {
+    const int64_t n = after[id] - (id < before.size() ? before[id] : 0);
+    if (n <= 0) continue;
+    taken.emplace_back(int(id), n);
+    prof::detail::g_launch_counts[id].fetch_sub(n, std::memory_order_relaxed);
+  }
+  return taken;
+}
 }  // namespace
+
+void run_uncounted(const std::function<void()>& fn) {
+  const std::vector<int64_t> before = launch_counts();
+  try {
+    fn();
+  } catch (...) {
+    uncount_since(before);
+    throw;
+  }
+  uncount_since(before);
+}
 
 std::unique_ptr<CapturedGraph> CapturedGraph::capture(cudaStream_t stream, const std::function<void()>& launches) {
   std::unique_ptr<CapturedGraph> g(new CapturedGraph);
@@ -40,13 +63,7 @@ std::unique_ptr<CapturedGraph> CapturedGraph::capture(cudaStream_t stream, const
   cudaGraphDestroy(graph);
   MOEFOLD_CUDA_CHECK(inst);
   // The capture's launches were counted as they were issued; they count at each replay instead.
-  const std::vector<int64_t> after = launch_counts();
-  for (size_t id = 0; id < after.size(); ++id) {
-    const int64_t n = after[id] - (id < before.size() ? before[id] : 0);
-    if (n <= 0) continue;
-    g->launches_.emplace_back(int(id), n);
-    prof::detail::g_launch_counts[id].fetch_sub(n, std::memory_order_relaxed);
-  }
+  g->launches_ = uncount_since(before);
   return g;
 }
 

@@ -15,6 +15,10 @@
 
 namespace moefold::cuda {
 
+/// Runs `fn` (launches on the current device) and takes the launches it issued back out of the kernel
+/// registry: for work that is not a model step, such as the warm-up run before a capture.
+void run_uncounted(const std::function<void()>& fn);
+
 class CapturedGraph {
  public:
   /// Captures everything `launches` enqueues on `stream` (thread-local capture mode, so other

@@ -300,7 +300,15 @@ int splits_for(int64_t N, int64_t K) {
 enum class Which { S, M, L };
 Which which_cfg(int64_t max_rows) { return max_rows <= 16 ? Which::S : max_rows <= 64 ? Which::M : Which::L; }
 
-size_t counter_bytes(int64_t N) { return size_t(ceil_div(ceil_div(N, kRefBN) * 4, 256) * 256); }
+// The tile counters sit at the start of the workspace in a region of one size for every weight: a
+// weight is split (and counts tiles) only when it has fewer than kTargetBlocks column tiles, so the
+// counters never need more. One size keeps the partials of any weight clear of the counters of any
+// other that shares the workspace (the executor serialises all its dense GEMMs through one).
+constexpr size_t kCounterBytes = size_t((kTargetBlocks * 4 + 255) / 256 * 256);
+size_t counter_bytes(int64_t N) {
+  (void)N;
+  return kCounterBytes;
+}
 
 template <class C>
 size_t partial_bytes(int64_t N, int S) {
@@ -376,6 +384,7 @@ void run(const char* name, const __nv_bfloat16* x, const __nv_bfloat16* w, const
     if (!workspace || !aligned16(workspace))
       throw Error(shape() + ": needs a 16-byte aligned workspace of decode_gemm_workspace_bytes() = " +
                   std::to_string(workspace_bytes_impl(max_rows, N, K)) + " bytes");
+    if (size_t(ceil_div(N, kRefBN)) * 4 > kCounterBytes) throw Error(shape() + ": too many column tiles to split");
     p.counters = static_cast<unsigned*>(workspace);
     p.partials = reinterpret_cast<float*>(static_cast<unsigned char*>(workspace) + counter_bytes(N));
   }
