@@ -333,7 +333,7 @@ void ConnectionServer::sweep() {
 
 void ConnectionServer::serve(const std::shared_ptr<Connection>& c) {
   for (;;) {
-    const size_t length = c->scan.length;
+    const size_t length = relabel_form_body_as_json(c->buf, c->scan.length);
     ++c->served;
     const bool close = c->eof || c->served >= keep_alive_max_count_ || stopping_;
     bool closed = false;

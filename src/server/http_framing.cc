@@ -153,4 +153,27 @@ void scan_request(std::string_view data, const HttpLimits& limits, FrameScan& sc
   }
 }
 
+size_t relabel_form_body_as_json(std::string& buf, size_t length) {
+  const size_t end = std::string_view(buf).substr(0, length).find("\r\n\r\n");
+  if (end == std::string_view::npos) return length;
+  constexpr std::string_view kForm = "application/x-www-form-urlencoded", kJson = "application/json";
+  size_t line = buf.find("\r\n");  // past the request line
+  while (line != std::string::npos && line < end) {
+    const size_t start = line + 2, stop = buf.find("\r\n", start);
+    const size_t colon = buf.find(':', start);
+    if (colon != std::string::npos && colon < stop && iequals(trim(std::string_view(buf).substr(start, colon - start)), "Content-Type")) {
+      size_t v = colon + 1;
+      while (v < stop && (buf[v] == ' ' || buf[v] == '\t')) ++v;
+      const std::string_view value = std::string_view(buf).substr(v, stop - v);
+      if (value.size() >= kForm.size() && iequals(value.substr(0, kForm.size()), kForm)) {
+        buf.replace(v, stop - v, kJson);
+        return length - (stop - v) + kJson.size();
+      }
+      return length;
+    }
+    line = stop;
+  }
+  return length;
+}
+
 }  // namespace moefold::server

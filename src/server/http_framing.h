@@ -48,4 +48,11 @@ struct FrameScan {
 /// with the same `scan` when more bytes arrive; `data` must keep its earlier bytes.
 void scan_request(std::string_view data, const HttpLimits& limits, FrameScan& scan);
 
+/// The API's request bodies are JSON whatever their label: in the complete request buf[0, length), a
+/// Content-Type of application/x-www-form-urlencoded (what `curl -d` sends) is rewritten to
+/// application/json, so that cpp-httplib does not apply its 8 KiB cap on form bodies (the body limit is
+/// HttpLimits::max_body_bytes). Bytes past `length` (a pipelined request) are kept. Returns the
+/// request's new length.
+size_t relabel_form_body_as_json(std::string& buf, size_t length);
+
 }  // namespace moefold::server

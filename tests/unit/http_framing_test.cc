@@ -24,6 +24,24 @@ TEST(HttpFraming, ContentLengthBodyEndsTheRequest) {
   EXPECT_EQ(scan("GET /health HTTP/1.1\r\n\r\n").length, 24u);
 }
 
+TEST(HttpFraming, FormLabelledBodiesAreRelabelledJson) {
+  const std::string body = "{\"prompt\": \"hi\"}";
+  const std::string next = "GET /health HTTP/1.1\r\n\r\n";
+  std::string buf = "POST /v1/completions HTTP/1.1\r\nHost: x\r\ncontent-type:  Application/X-WWW-Form-Urlencoded; charset=utf-8\r\n"
+                    "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  const size_t length = buf.size();
+  buf += next;
+  const size_t n = relabel_form_body_as_json(buf, length);
+  EXPECT_EQ(buf.substr(0, n), "POST /v1/completions HTTP/1.1\r\nHost: x\r\ncontent-type:  application/json\r\nContent-Length: " +
+                                  std::to_string(body.size()) + "\r\n\r\n" + body);
+  EXPECT_EQ(buf.substr(n), next);
+  // Other labels, and a body that merely contains the words, are left alone.
+  std::string json = "POST / HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: 33\r\n\r\napplication/x-www-form-urlencoded";
+  const std::string copy = json;
+  EXPECT_EQ(relabel_form_body_as_json(json, json.size()), copy.size());
+  EXPECT_EQ(json, copy);
+}
+
 TEST(HttpFraming, ResumesAcrossCalls) {
   const std::string req = "POST / HTTP/1.1\r\ncontent-length: 3\r\n\r\nabc";
   FrameScan s;
