@@ -110,6 +110,25 @@ TEST(DeepseekV32, TheIndexerDropsTokensAndThatChangesTheOutput) {
   fs::remove_all(dense);
 }
 
+TEST(DeepseekV32, FixtureIsInTheReleasedLayout) {
+  // What FixtureReference's match then proves: FP8 weights with fp32 block scales, per-expert experts,
+  // the correction bias in fp32, the MTP layer present in the file (and skipped by the loader).
+  Checkpoint ck(kFixture.string());
+  int fp8 = 0;
+  for (auto& n : ck.names())
+    if (ck.get(n).dtype == DType::F8_E4M3) {
+      ++fp8;
+      ASSERT_TRUE(ck.has(n + "_scale_inv")) << n;
+      EXPECT_EQ(ck.get(n + "_scale_inv").dtype, DType::F32) << n;
+    }
+  EXPECT_GT(fp8, 10);
+  EXPECT_TRUE(ck.has("model.layers.1.mlp.experts.15.down_proj.weight"));
+  EXPECT_EQ(ck.get("model.layers.1.mlp.gate.e_score_correction_bias").dtype, DType::F32);
+  EXPECT_TRUE(ck.has("model.layers.1.self_attn.indexer.k_norm.bias"));
+  EXPECT_TRUE(ck.has("model.layers.3.self_attn.kv_b_proj.weight"));  // MTP layer (num_hidden_layers = 3)
+  EXPECT_GE(fixture_config()["index_n_heads"].get<int>(), 16);
+}
+
 TEST(DeepseekV32, RealConfigGivesThePublishedShape) {
   ModelConfig c = ModelConfig::from_dir(kRealConfig.string());
   EXPECT_EQ(c.family, Family::DeepseekV32);
