@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "io/config_fields.h"
 #include "io/model_config.h"
+#include "ops/cpu/yarn_rope.h"
 
 namespace moefold {
 
@@ -13,8 +14,6 @@ using json = nlohmann::json;
 using namespace config_fields;
 
 namespace {
-
-double yarn_mscale(double s, double k) { return s <= 1 ? 1.0 : 0.1 * k * std::log(s) + 1.0; }
 
 void parse_rope(const json& j, ModelConfig& c) {
   json rp = present(j, "rope_scaling") && j["rope_scaling"].is_object()       ? j["rope_scaling"]
@@ -73,10 +72,12 @@ void parse_deepseek_v32(const json& j, ModelConfig& c) {
   c.head_dim = m.qk_head_dim();
   c.rotary_dim = m.qk_rope_head_dim;
   parse_rope(j, c);
-  double mscale2 = 1.0;
-  if (c.yarn.factor > 0 && c.yarn.mscale_all_dim != 0) {
-    const double ms = yarn_mscale(c.yarn.factor, c.yarn.mscale_all_dim);
-    mscale2 = ms * ms;
+  double mscale2 = 1.0;  // transformers yarn_apply_mscale
+  if (c.yarn.factor > 0) {
+    cpu::YarnParams p;
+    p.factor = c.yarn.factor;
+    p.mscale_all_dim = c.yarn.mscale_all_dim;
+    mscale2 = cpu::yarn_softmax_scale_factor(p);
   }
   m.softmax_scale = mscale2 / std::sqrt(double(m.qk_head_dim()));
 
