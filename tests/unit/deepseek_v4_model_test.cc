@@ -63,6 +63,19 @@ std::vector<float> run_chunks(const DeepseekV4Model& m, const std::vector<int32_
 
 }  // namespace
 
+TEST(DeepseekV4Model, FixtureExercisesTheIndexerAndBothCompressions) {
+  const auto& f = fx();
+  const auto& cfg = f.model->config();
+  EXPECT_GE(cfg.index_n_heads, 16);
+  int64_t longest = 0;
+  for (const auto& c : f.ref["cases"]) {
+    longest = std::max<int64_t>(longest, int64_t(c["prompt_ids"].size()));
+    EXPECT_GT(c["indexer_queries_dropping"].get<int64_t>(), 0);  // top-k really drops entries
+    EXPECT_GE(c["min_indexer_topk_rel_gap"].get<double>(), 1e-4);  // and its choice is unambiguous
+  }
+  EXPECT_GE(longest, 2 * 128);  // the 128:1 compression produces entries
+}
+
 TEST(DeepseekV4Model, LogitsMatchTransformersAtEveryPosition) {
   const auto& f = fx();
   for (const auto& c : f.ref["cases"]) {
