@@ -14,6 +14,9 @@ layers (CSA, with the Lightning Indexer: 16 heads, top-8 of up to 75 entries, so
 entries) and one 128:1 heavily compressed layer (HCA; prompts of 300 tokens give 2 entries), hash
 routing in the first two layers, yarn RoPE on the compressed layers, 4 mHC streams.
 
+The references go to deepseek_v4_reference.json (not reference.json: the generic fixture tests, which
+run every directory holding a reference.json through the shared Model, do not cover this family).
+
 Usage: /work/refenv/bin/python scripts/make_deepseek_v4_fixtures.py [--out DIR]
 """
 
@@ -347,7 +350,7 @@ def main() -> None:
         "seed": seed,
         "cases": cases,
     }
-    (out / "reference.json").write_text(json.dumps(reference, indent=1) + "\n")
+    (out / "deepseek_v4_reference.json").write_text(json.dumps(reference, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@
 #include "io/model_config.h"
 #include "io/npy.h"
 #include "io/deepseek_v4_config.h"
+#include "models/deepseek_v4_executor.h"
 #include "models/load_model.h"
 #include "models/weight_loader.h"
 #include "runtime/model_runner.h"
@@ -70,6 +71,9 @@ std::unique_ptr<ModelRunner> make_runner(const std::string& dir, LoadFormat form
                                          std::unique_ptr<Model>& cpu_model) {
   const int32_t bs = 16;
   RunnerOptions opt{(tokens + bs - 1) / bs + 1, bs, 1};
+  if (device == "cpu" && ModelConfig::from_dir(dir).family == Family::DeepseekV4)
+    return std::make_unique<ModelRunner>(
+        make_deepseek_v4_executor(dir, format == LoadFormat::Dummy, seed, opt.num_blocks, opt.max_seqs), opt);
   if (device == "cpu") {
     cpu_model = load_model(dir, format, seed);
     return std::make_unique<ModelRunner>(*cpu_model, opt);
