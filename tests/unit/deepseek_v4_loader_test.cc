@@ -234,3 +234,13 @@ TEST(DeepseekV4Loader, InspectReportsThePublishedV4FlashTotals) {
   EXPECT_TRUE(d.fp8_weights && d.fp4_experts);
   EXPECT_EQ(d.yarn_factor, 16);
 }
+
+TEST(DeepseekV4Loader, E8M0AndI8DtypesParse) {
+  EXPECT_EQ(dtype_from_safetensors("F8_E8M0"), DType::F8_E8M0);
+  EXPECT_EQ(dtype_from_safetensors("I8"), DType::I8);
+  EXPECT_EQ(dtype_size(DType::F8_E8M0), 1u);
+  EXPECT_EQ(f8e8m0_to_f32(127), 1.0f);
+  EXPECT_EQ(f8e8m0_to_f32(130), 8.0f);
+  EXPECT_EQ(f8e8m0_to_f32(0), std::ldexp(1.0f, -127));
+  EXPECT_TRUE(std::isnan(f8e8m0_to_f32(0xff)));
+}
