@@ -71,6 +71,14 @@ inline std::vector<std::string> fixture_families() {
   return out;
 }
 
+/// The fixture families the CUDA executor runs (DeepSeek-V3.2's MLA + indexer is CPU-only so far).
+inline std::vector<std::string> gpu_fixture_families() {
+  std::vector<std::string> out;
+  for (auto& f : fixture_families())
+    if (f != "deepseek_v32") out.push_back(f);
+  return out;
+}
+
 /// tests/fixtures/<fam>/reference.json.
 inline nlohmann::json fixture_reference(const std::string& fam) {
   std::ifstream f(kFixtures / fam / "reference.json");

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "io/config_fields.h"
 #include "io/deepseek_v4_config.h"
 
 namespace moefold {
@@ -22,6 +23,7 @@ std::string family_name(Family f) {
     case Family::Qwen3: return "qwen3";
     case Family::Llama: return "llama";
     case Family::DeepseekV4: return "deepseek_v4";
+    case Family::DeepseekV32: return "deepseek_v32";
   }
   return "?";
 }
@@ -34,6 +36,7 @@ int64_t ModelConfig::num_layers_of(LayerType t) const {
 
 int64_t ModelConfig::kv_bytes_per_token(int64_t elem_bytes) const {
   if (deepseek_v4) return int64_t(std::llround(deepseek_v4->kv_bytes_per_token_bf16() * double(elem_bytes) / 2.0));
+  if (mla.enabled()) return num_layers * mla.cache_floats_per_token() * elem_bytes;
   return num_layers_of(LayerType::FullAttention) * 2 * num_kv_heads * head_dim * elem_bytes;
 }
 
@@ -43,15 +46,9 @@ int64_t ModelConfig::deltanet_state_bytes_per_seq(int64_t conv_elem_bytes) const
   return num_layers_of(LayerType::LinearAttention) * (conv + rec);
 }
 
-namespace {
+namespace config_fields {  // declared in io/config_fields.h (shared with the per-family parsers)
 
-// Upper bounds of the sizes config.json may give: far above every released model, and small enough
-// that every product the engine forms (parameter counts, tensor bytes, KV and state bytes) fits in
-// int64 (worst case: experts x moe_intermediate x hidden x 3 x layers < 2^60).
-constexpr int64_t kMaxVocab = int64_t(1) << 24, kMaxHidden = int64_t(1) << 16, kMaxLayers = 1024;
-constexpr int64_t kMaxHeads = 1024, kMaxHeadDim = 4096, kMaxIntermediate = int64_t(1) << 20;
-constexpr int64_t kMaxExperts = int64_t(1) << 14, kMaxMoeIntermediate = int64_t(1) << 18, kMaxConvKernel = 64;
-constexpr int64_t kMaxPositions = INT32_MAX;
+// The size limits (kMax*) live in io/config_fields.h.
 
 bool present(const json& j, const char* key) { return j.contains(key) && !j[key].is_null(); }
 
@@ -115,7 +112,9 @@ std::vector<int32_t> ids_of(const json& v, const char* where) {
   return out;
 }
 
-}  // namespace
+}  // namespace config_fields
+
+using namespace config_fields;
 
 ModelConfig ModelConfig::from_json(const json& root) {
   if (!root.is_object()) fail("config.json: expected a JSON object, not {}", root.type_name());
@@ -151,8 +150,13 @@ ModelConfig ModelConfig::from_json(const json& root) {
   else if (c.model_type == "qwen3_moe") c.family = Family::Qwen3Moe;
   else if (c.model_type == "qwen3") c.family = Family::Qwen3;
   else if (c.model_type == "llama") c.family = Family::Llama;
-  else
-    fail("unknown model_type '{}' (supported: qwen3_5_moe, qwen3_5_moe_text, qwen3_next, qwen3_moe, qwen3, llama, deepseek_v4)",
+  else if (c.model_type == "deepseek_v32") {
+    c.family = Family::DeepseekV32;
+    parse_deepseek_v32(j, c);
+    return c;
+  } else
+    fail("unknown model_type '{}' (supported: qwen3_5_moe, qwen3_5_moe_text, qwen3_next, qwen3_moe, qwen3, llama, "
+         "deepseek_v32, deepseek_v4)",
          c.model_type.empty() ? top_type : c.model_type);
   c.tensor_prefix = nested || top_type == "qwen3_5_moe" ? "model.language_model." : "model.";
 

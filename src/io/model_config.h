@@ -1,6 +1,6 @@
 // ModelConfig: everything the engine needs from config.json, parsed once, derived sizes in one place.
 // Families: qwen3_5_moe (nested text_config or flat qwen3_5_moe_text), qwen3_next, qwen3_moe,
-// qwen3 (dense), llama. Field meanings follow the transformers configuration classes of each family.
+// qwen3 (dense), llama, deepseek_v32 (DeepSeek-V3.2 / V3.2-Exp). Field meanings follow the transformers configuration classes of each family.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -9,11 +9,13 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "io/deepseek_config.h"
+
 namespace moefold {
 
 struct DeepseekV4Config;
 
-enum class Family { Qwen3_5Moe, Qwen3Next, Qwen3Moe, Qwen3, Llama, DeepseekV4 };
+enum class Family { Qwen3_5Moe, Qwen3Next, Qwen3Moe, Qwen3, Llama, DeepseekV32, DeepseekV4 };
 enum class LayerType { FullAttention, LinearAttention };
 
 std::string family_name(Family f);
@@ -56,6 +58,11 @@ struct ModelConfig {
   // Dense MLP.
   int64_t intermediate_size = 0;
   bool mlp_bias = false;
+
+  // DeepSeek-V3.2 (io/deepseek_config.h): MLA + lightning indexer, grouped routing, YaRN RoPE.
+  MlaConfig mla;
+  GroupedRoutingConfig grouped_routing;
+  YarnRopeConfig yarn;
 
   std::vector<int32_t> eos_token_ids;  ///< generation_config.json's eos_token_id, else config's
 

@@ -9,6 +9,8 @@
 #include "core/profiler.h"
 #include "ops/cpu/attention.h"
 #include "ops/cpu/gated_delta_net.h"
+#include "ops/cpu/grouped_router.h"
+#include "ops/cpu/yarn_rope.h"
 #include "ops/cpu/linear.h"
 #include "ops/cpu/moe.h"
 #include "ops/cpu/norm.h"
@@ -43,6 +45,7 @@ const prof::Kernel kGdnRecurrent{"cpu::gated_delta_rule_recurrent", Category::De
 const prof::Kernel kGdnChunked{"cpu::gated_delta_rule_chunked", Category::DeltaNet};
 const prof::Kernel kGatedNorm{"cpu::gated_rms_norm", Category::NormRope};
 const prof::Kernel kTopk{"cpu::router_topk", Category::MoeRouting};
+const prof::Kernel kGroupedTopk{"cpu::grouped_topk", Category::MoeRouting};
 const prof::Kernel kZero{"cpu::zero_fill", Category::Glue};
 const prof::Kernel kExperts{"cpu::moe_experts", Category::RoutedExpertGemm};
 const prof::Kernel kSwiglu{"cpu::swiglu", Category::Other};
@@ -84,6 +87,13 @@ void Model::proj(const Linear& l, const float* x, float* y, int64_t T) const {
 Model::Model(ModelConfig cfg, ModelWeights weights) : cfg_(std::move(cfg)), w_(std::move(weights)) {
   inv_freq_ = rope_inv_freq(cfg_.rotary_dim, cfg_.rope_theta, cfg_.rope_llama3_factor, cfg_.rope_llama3_low_freq,
                             cfg_.rope_llama3_high_freq, cfg_.rope_llama3_original_max);
+  if (cfg_.yarn.factor > 0) {
+    const YarnRopeConfig& y = cfg_.yarn;
+    const YarnParams p{y.factor, y.original_max_position_embeddings, y.beta_fast, y.beta_slow, y.mscale, y.mscale_all_dim,
+                       y.truncate};
+    inv_freq_ = yarn_inv_freq(cfg_.rotary_dim, cfg_.rope_theta, p);
+    rope_attention_factor_ = yarn_attention_factor(p);
+  }
 }
 
 void Model::forward(const ForwardBatch& b, KvCache& kv, StatePool& st, std::vector<float>& logits,
@@ -113,7 +123,8 @@ void Model::forward(const ForwardBatch& b, KvCache& kv, StatePool& st, std::vect
     // h = h + Mixer(RMSNorm_in(h))
     timed(kRmsNorm, norm_work, [&] { rms_norm(h.data(), L.input_norm.data(), x.data(), T, H, eps, nk); });
     round_act(x.data(), T * H);
-    if (cfg_.layer_types[l] == LayerType::FullAttention) attention(l, b, x.data(), y.data(), kv);
+    if (cfg_.mla.enabled()) mla_attention(l, b, x.data(), y.data(), kv);
+    else if (cfg_.layer_types[l] == LayerType::FullAttention) attention(l, b, x.data(), y.data(), kv);
     else deltanet(l, b, x.data(), y.data(), st);
     timed(kResidual, add_work, [&] { for (size_t i = 0; i < h.size(); ++i) h[i] += y[i]; });
     round_act(h.data(), T * H);
@@ -287,8 +298,17 @@ void Model::moe(size_t l, const float* x, float* out, int64_t T, const int32_t* 
   std::vector<int32_t> ids(static_cast<size_t>(T * k));
   const int64_t I = cfg_.moe_intermediate_size;
   project(kRouter, m.router, x, rl.data(), T);
-  timed(kTopk, rw(double(T * E), 2.0 * T * k),
-        [&] { router_topk(rl.data(), T, E, k, cfg_.norm_topk_prob, ids.data(), wts.data(), replay); });
+  if (cfg_.grouped_routing.enabled) {  // DeepSeek noaux_tc: sigmoid scores, bias picks, groups by top-two sum
+    const GroupedRoutingConfig& g = cfg_.grouped_routing;
+    const GroupedRouting gr{E, g.n_group, g.topk_group, k, cfg_.norm_topk_prob, float(g.routed_scaling_factor)};
+    timed(kGroupedTopk, rw(double(T * E + E), 2.0 * T * k), [&] {
+      grouped_topk(rl.data(), m.e_score_correction_bias.empty() ? nullptr : m.e_score_correction_bias.data(), T, gr,
+                   ids.data(), wts.data(), replay);
+    });
+  } else {
+    timed(kTopk, rw(double(T * E), 2.0 * T * k),
+          [&] { router_topk(rl.data(), T, E, k, cfg_.norm_topk_prob, ids.data(), wts.data(), replay); });
+  }
   if (chosen) std::copy(ids.begin(), ids.end(), chosen);
   timed(kZero, rw(0, double(T * H)), [&] { std::fill_n(out, T * H, 0.0f); });
   // The touched experts' weights, x and the routing read, out read and written; 3 H x I products per pair.
@@ -307,10 +327,11 @@ void Model::moe(size_t l, const float* x, float* out, int64_t T, const int32_t* 
     timed(kSwiglu, rw(2.0 * T * Is, double(T * Is)), [&] { swiglu(gu.data(), act.data(), T, Is); });
     round_act(act.data(), T * Is);
     proj(m.shared_down, act.data(), ys.data(), T);
-    project(kSharedGate, m.shared_expert_gate, x, sg.data(), T);
+    const bool gated = !m.shared_expert_gate.w.empty();  // DeepSeek's shared experts have no gate
+    if (gated) project(kSharedGate, m.shared_expert_gate, x, sg.data(), T);
     timed(kSharedCombine, rw(2.0 * T * H + double(T), double(T * H)), [&] {
       for (int64_t t = 0; t < T; ++t) {
-        const float s = sigmoid(sg[size_t(t)]);
+        const float s = gated ? sigmoid(sg[size_t(t)]) : 1.0f;
         for (int64_t i = 0; i < H; ++i) out[t * H + i] += s * ys[size_t(t * H + i)];
       }
     });

@@ -37,6 +37,8 @@ class Model {
 
  private:
   void attention(size_t layer, const ForwardBatch& b, const float* x, float* out, KvCache& kv) const;
+  /// DeepSeek-V3.2 MLA with the lightning indexer (models/deepseek_v32.cc).
+  void mla_attention(size_t layer, const ForwardBatch& b, const float* x, float* out, KvCache& kv) const;
   void deltanet(size_t layer, const ForwardBatch& b, const float* x, float* out, StatePool& st) const;
   void moe(size_t layer, const float* x, float* out, int64_t T, const int32_t* replay, int32_t* chosen) const;
   void mlp(size_t layer, const float* x, float* out, int64_t T) const;
@@ -48,6 +50,7 @@ class Model {
   ModelWeights w_;
   bool emulate_bf16_ = false;
   std::vector<double> inv_freq_;
+  double rope_attention_factor_ = 1.0;  ///< YaRN's cos/sin scale (1 without YaRN)
 };
 
 }  // namespace moefold

@@ -1,5 +1,6 @@
 #include "models/weight_loader.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <set>
@@ -7,6 +8,7 @@
 #include "core/parallel.h"
 #include "models/deepseek_v4.h"
 #include "models/dummy_init.h"
+#include "models/mla_weights.h"
 
 #include "core/error.h"
 #include "io/safetensors.h"
@@ -57,12 +59,14 @@ class CheckpointSource : public WeightSource {
           w[size_t((m * rows + i) * cols + j)] *= s[size_t((m * br + i / blk) * bc + j / blk)];
   }
   /// Throws if the checkpoint holds language-model tensors the config does not account for.
-  void check_all_used() const {
+  /// `skip`: name prefixes of tensors left unread on purpose (DeepSeek's MTP layers after the decoder).
+  void check_all_used(const std::vector<std::string>& skip = {}) const {
     std::vector<std::string> extra;
     for (auto& n : ckpt_.names()) {
       if (used_.count(n) || n.rfind("model.visual.", 0) == 0 || n.rfind("mtp.", 0) == 0 ||
           n.find("rotary_emb.inv_freq") != std::string::npos)
         continue;
+      if (std::any_of(skip.begin(), skip.end(), [&](const std::string& p) { return n.rfind(p, 0) == 0; })) continue;
       extra.push_back(n);
     }
     if (!extra.empty())
@@ -227,6 +231,8 @@ ModelWeights load_weights(const ModelConfig& c, WeightSource& src, const std::fu
       g.A_log = src.load({ap + "A_log", {Hv}, TensorRole::ALog});
       g.norm = src.load({ap + "norm.weight", {c.linear_value_head_dim}, TensorRole::NormPlain});
       g.out_proj = make_linear(src, ap + "out_proj", H, c.value_dim(), false);
+    } else if (c.mla.enabled()) {
+      load_mla_weights(c, src, lp + "self_attn.", L.mla);
     } else {
       AttentionWeights& a = L.attn;
       const std::string ap = lp + "self_attn.";
@@ -252,6 +258,8 @@ ModelWeights load_weights(const ModelConfig& c, WeightSource& src, const std::fu
       MoeWeights& m = L.moe;
       const int64_t E = c.num_experts, I = c.moe_intermediate_size;
       m.router = make_linear(src, mp + "gate", E, H, false, TensorRole::Router);
+      if (c.grouped_routing.enabled)
+        m.e_score_correction_bias = src.load({mp + "gate.e_score_correction_bias", {E}, TensorRole::Bias});
       if (src.has(mp + "experts.gate_up_proj")) {
         m.gate_up = src.load_param({mp + "experts.gate_up_proj", {E, 2 * I, H}, TensorRole::RoutedExpert}, true);
         m.down = src.load_param({mp + "experts.down_proj", {E, H, I}, TensorRole::RoutedExpert}, true);
@@ -270,11 +278,14 @@ ModelWeights load_weights(const ModelConfig& c, WeightSource& src, const std::fu
         m.down = std::move(down);
       }
       if (const int64_t Is = c.shared_expert_intermediate_size; Is > 0) {
-        auto gp = make_linear(src, mp + "shared_expert.gate_proj", Is, H, false, TensorRole::Linear, false);
-        auto up = make_linear(src, mp + "shared_expert.up_proj", Is, H, false, TensorRole::Linear, false);
+        // DeepSeek: "shared_experts", always added (no gate); Qwen: "shared_expert" scaled by a sigmoid gate.
+        const bool deepseek = c.family == Family::DeepseekV32;
+        const std::string sp = mp + (deepseek ? "shared_experts." : "shared_expert.");
+        auto gp = make_linear(src, sp + "gate_proj", Is, H, false, TensorRole::Linear, false);
+        auto up = make_linear(src, sp + "up_proj", Is, H, false, TensorRole::Linear, false);
         m.shared_gate_up = {2 * Is, H, concat_rows(std::move(gp.w.host), up.w.host), {}};
-        m.shared_down = make_linear(src, mp + "shared_expert.down_proj", H, Is, false);
-        m.shared_expert_gate = make_linear(src, mp + "shared_expert_gate", 1, H, false);
+        m.shared_down = make_linear(src, sp + "down_proj", H, Is, false);
+        if (!deepseek) m.shared_expert_gate = make_linear(src, mp + "shared_expert_gate", 1, H, false);
       }
     } else {
       const int64_t I = c.intermediate_size;
@@ -284,7 +295,12 @@ ModelWeights load_weights(const ModelConfig& c, WeightSource& src, const std::fu
       L.mlp.down = make_linear(src, mp + "down_proj", H, I, c.mlp_bias);
     }
   }
-  if (auto* cs = dynamic_cast<CheckpointSource*>(&src)) cs->check_all_used();
+  if (auto* cs = dynamic_cast<CheckpointSource*>(&src)) {
+    std::vector<std::string> skip;  // DeepSeek's MTP (next-token prediction) layers: not used yet
+    for (int64_t i = 0; i < c.mla.num_nextn_predict_layers; ++i)
+      skip.push_back(P + "layers." + std::to_string(c.num_layers + i) + ".");
+    cs->check_all_used(skip);
+  }
   if (place) {
     place(w.embed);
     place(w.final_norm);
@@ -298,9 +314,10 @@ void for_each_param(LayerWeights& L, const std::function<void(Param&)>& fn) {
                    &L.attn.k_proj.b, &L.attn.v_proj.w, &L.attn.v_proj.b, &L.attn.o_proj.w, &L.attn.o_proj.b,
                    &L.attn.q_norm, &L.attn.k_norm, &L.gdn.in_proj_qkv.w, &L.gdn.in_proj_z.w, &L.gdn.in_proj_b.w,
                    &L.gdn.in_proj_a.w, &L.gdn.conv1d, &L.gdn.dt_bias, &L.gdn.A_log, &L.gdn.norm, &L.gdn.out_proj.w,
-                   &L.moe.router.w, &L.moe.gate_up, &L.moe.down, &L.moe.shared_gate_up.w, &L.moe.shared_down.w,
+                   &L.moe.router.w, &L.moe.e_score_correction_bias, &L.moe.gate_up, &L.moe.down, &L.moe.shared_gate_up.w, &L.moe.shared_down.w,
                    &L.moe.shared_expert_gate.w, &L.mlp.gate_up.w, &L.mlp.gate_up.b, &L.mlp.down.w, &L.mlp.down.b})
     if (!p->empty()) fn(*p);
+  for_each_param(L.mla, fn);
 }
 
 void for_each_param(ModelWeights& w, const std::function<void(Param&)>& fn) {

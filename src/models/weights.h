@@ -51,6 +51,7 @@ struct DeltaNetWeights {
 
 struct MoeWeights {
   Linear router;                 ///< [E, H]
+  Param e_score_correction_bias;  ///< [E] grouped routing only: added to the scores to choose experts
   Param gate_up;    ///< [E, 2I, H]
   Param down;       ///< [E, H, I]
   Linear shared_gate_up;         ///< [2 Is, H] (gate rows then up rows); empty without a shared expert
@@ -63,9 +64,30 @@ struct MlpWeights {
   Linear down;     ///< [H, I]
 };
 
+/// DeepSeek-V3.2's lightning indexer (ops/cpu/lightning_indexer.h).
+struct IndexerWeights {
+  Linear wq_b;          ///< [index_heads * index_dim, q_lora_rank]
+  Linear wk;            ///< [index_dim, H]
+  Param k_norm, k_norm_bias;  ///< [index_dim] LayerNorm
+  Linear weights_proj;  ///< [index_heads, H]
+};
+
+/// Multi-head latent attention (ops/cpu/mla.h).
+struct MlaWeights {
+  Linear q_a_proj;   ///< [q_lora_rank, H]
+  Param q_a_norm;    ///< [q_lora_rank] RMSNorm
+  Linear q_b_proj;   ///< [heads * (qk_nope + qk_rope), q_lora_rank]; per head [nope | rope]
+  Linear kv_a_proj;  ///< [kv_lora_rank + qk_rope, H] (kv_a_proj_with_mqa): [latent | rope key]
+  Param kv_a_norm;   ///< [kv_lora_rank] RMSNorm
+  Linear kv_b_proj;  ///< [heads * (qk_nope + v_head), kv_lora_rank]; per head [W_uk | W_uv]
+  Linear o_proj;     ///< [H, heads * v_head]
+  IndexerWeights indexer;
+};
+
 struct LayerWeights {
   Param input_norm, post_attention_norm;  ///< [H]
   AttentionWeights attn;                               ///< full-attention layers
+  MlaWeights mla;                                      ///< MLA layers (DeepSeek-V3.2)
   DeltaNetWeights gdn;                                 ///< linear-attention layers
   MoeWeights moe;                                      ///< MoE layers
   MlpWeights mlp;                                      ///< dense layers

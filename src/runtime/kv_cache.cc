@@ -25,13 +25,16 @@ void BlockAllocator::release(int32_t b) {
 }
 
 KvCache::KvCache(const ModelConfig& cfg, int32_t nb, int32_t bs)
-    : block_size(bs), num_blocks(nb), kv_dim(cfg.num_kv_heads * cfg.head_dim) {
+    : block_size(bs),
+      num_blocks(nb),
+      kv_dim(cfg.mla.enabled() ? cfg.mla.kv_lora_rank + cfg.mla.qk_rope_head_dim : cfg.num_kv_heads * cfg.head_dim),
+      v_dim(cfg.mla.enabled() ? cfg.mla.index_head_dim : kv_dim) {
   k.resize(size_t(cfg.num_layers));
   v.resize(size_t(cfg.num_layers));
   for (size_t l = 0; l < k.size(); ++l)
     if (cfg.layer_types[l] == LayerType::FullAttention) {
       k[l].assign(size_t(nb) * size_t(bs) * size_t(kv_dim), 0.0f);
-      v[l].assign(size_t(nb) * size_t(bs) * size_t(kv_dim), 0.0f);
+      v[l].assign(size_t(nb) * size_t(bs) * size_t(v_dim), 0.0f);
     }
 }
 

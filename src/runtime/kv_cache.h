@@ -28,8 +28,11 @@ class BlockAllocator {
 struct KvCache {
   KvCache(const ModelConfig& cfg, int32_t num_blocks, int32_t block_size);
   int32_t block_size, num_blocks;
-  int64_t kv_dim;
-  /// Indexed by layer; empty for linear-attention layers.
+  int64_t kv_dim;  ///< floats per token in k pages
+  int64_t v_dim;   ///< floats per token in v pages (kv_dim, except for MLA)
+  /// Indexed by layer; empty for linear-attention layers. MLA layers (DeepSeek-V3.2, ops/cpu/mla.h):
+  /// k holds per token the latent and the rope key [kv_lora_rank | qk_rope], v the lightning
+  /// indexer's key [index_head_dim].
   std::vector<std::vector<float>> k, v;
 };
 

@@ -25,7 +25,7 @@ namespace fs = std::filesystem;
 namespace {
 
 using test::kFixtures;
-const auto families = test::fixture_families;
+const auto families = test::gpu_fixture_families;
 
 std::unique_ptr<ModelRunner> gpu_runner(const std::string& fam, int32_t slots = 8) {
   CudaExecutorOptions o;

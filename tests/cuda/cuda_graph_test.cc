@@ -152,7 +152,7 @@ TEST_P(DecodeGraphs, LiveRowsEqualOneRowEagerRuns) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, DecodeGraphs, ::testing::ValuesIn(test::fixture_families()),
+INSTANTIATE_TEST_SUITE_P(Families, DecodeGraphs, ::testing::ValuesIn(test::gpu_fixture_families()),
                          [](const auto& info) { return info.param; });
 
 // A graph replay counts the same launches per kernel as the eager step it replaces (so

@@ -90,7 +90,7 @@ GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(FixtureReference);
 
 TEST(FixtureReference, AllFamiliesPresent) {
   auto f = families();
-  for (const char* want : {"qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next", "qwen3_moe", "qwen3", "llama"})
+  for (const char* want : {"qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next", "qwen3_moe", "qwen3", "llama", "deepseek_v32"})
     EXPECT_NE(std::find(f.begin(), f.end(), want), f.end()) << "missing fixture " << want;
 }
 

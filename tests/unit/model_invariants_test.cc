@@ -21,6 +21,15 @@ namespace fs = std::filesystem;
 namespace {
 
 json tiny_config(const std::string& family) {
+  if (family == "deepseek_v32")  // MLA + lightning indexer (index_topk 40 < the 130-token prompts), grouped routing
+    return {{"model_type", family}, {"vocab_size", 97}, {"hidden_size", 48}, {"num_hidden_layers", 3},
+            {"num_attention_heads", 4}, {"q_lora_rank", 24}, {"kv_lora_rank", 16}, {"qk_nope_head_dim", 8},
+            {"qk_rope_head_dim", 4}, {"v_head_dim", 8}, {"index_n_heads", 16}, {"index_head_dim", 8},
+            {"index_topk", 40}, {"n_routed_experts", 8}, {"num_experts_per_tok", 2}, {"n_group", 4},
+            {"topk_group", 2}, {"moe_intermediate_size", 16}, {"n_shared_experts", 1}, {"intermediate_size", 64},
+            {"first_k_dense_replace", 1}, {"routed_scaling_factor", 2.5}, {"max_position_embeddings", 4096},
+            {"rope_scaling", {{"type", "yarn"}, {"factor", 4}, {"original_max_position_embeddings", 32},
+                              {"mscale", 1.0}, {"mscale_all_dim", 1.0}}}};
   json c = {{"vocab_size", 97}, {"hidden_size", 48}, {"num_hidden_layers", 4}, {"num_attention_heads", 4},
             {"num_key_value_heads", 2}, {"head_dim", 16}, {"rms_norm_eps", 1e-6}, {"max_position_embeddings", 4096},
             {"intermediate_size", 64}, {"tie_word_embeddings", false}, {"rope_theta", 10000.0}};
@@ -228,7 +237,7 @@ TEST_P(ModelInvariants, BadReplayedExpertIdFailsBeforeAnyStateChanges) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, ModelInvariants,
-                         ::testing::Values("qwen3_5_moe", "qwen3_next", "qwen3_moe", "qwen3", "llama"));
+                         ::testing::Values("qwen3_5_moe", "qwen3_next", "qwen3_moe", "qwen3", "llama", "deepseek_v32"));
 
 TEST(ModelRunner, OutOfPagesFailsCleanlyAndLeavesStateUnchanged) {
   auto model = load_model(write_model_dir("qwen3"), LoadFormat::Dummy, 1);

@@ -797,6 +797,8 @@ std::unique_ptr<Executor> make_cuda_executor(const std::string& dir, LoadFormat 
                                              const CudaExecutorOptions& opt) {
   MOEFOLD_CHECK(cuda_available(), "--device cuda: no usable CUDA device");
   ModelConfig cfg = ModelConfig::from_dir(dir);
+  MOEFOLD_CHECK(!cfg.mla.enabled(), "--device cuda: {} (MLA with the lightning indexer) has no CUDA kernels yet; use --device cpu",
+                family_name(cfg.family));
   auto exec = std::make_unique<CudaExecutor>(cfg, opt);
   std::unique_ptr<WeightSource> src = format == LoadFormat::Dummy
                                           ? dummy_source(seed, cfg.family == Family::Qwen3_5Moe, opt.dummy_on_device)

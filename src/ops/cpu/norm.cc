@@ -28,3 +28,20 @@ void gated_rms_norm(const float* x, const float* z, const float* w, float* y, in
 }
 
 }  // namespace moefold::cpu
+
+namespace moefold::cpu {
+
+void layer_norm(const float* x, const float* w, const float* b, float* y, int64_t rows, int64_t dim, float eps) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * dim;
+    double mean = 0, var = 0;
+    for (int64_t i = 0; i < dim; ++i) mean += xr[i];
+    mean /= double(dim);
+    for (int64_t i = 0; i < dim; ++i) var += (xr[i] - mean) * (xr[i] - mean);
+    const double inv = 1.0 / std::sqrt(var / double(dim) + double(eps));
+    float* yr = y + r * dim;
+    for (int64_t i = 0; i < dim; ++i) yr[i] = float((xr[i] - mean) * inv) * w[i] + (b ? b[i] : 0.0f);
+  }
+}
+
+}  // namespace moefold::cpu

@@ -15,4 +15,8 @@ void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t di
 /// `dim` (one value head). x, z, y: [rows, dim]; w: [dim] (plain scale).
 void gated_rms_norm(const float* x, const float* z, const float* w, float* y, int64_t rows, int64_t dim, float eps);
 
+/// LayerNorm (torch.nn.LayerNorm): y = (x - mean) / sqrt(var + eps) * w + b per row of `dim`, var the
+/// biased variance; statistics in double. b may be null. x and y may alias.
+void layer_norm(const float* x, const float* w, const float* b, float* y, int64_t rows, int64_t dim, float eps);
+
 }  // namespace moefold::cpu
