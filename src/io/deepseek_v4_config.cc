@@ -1,10 +1,10 @@
 #include "io/deepseek_v4_config.h"
 
-#include <cmath>
 #include <nlohmann/json.hpp>
 #include <optional>
 
 #include "core/error.h"
+#include "io/config_fields.h"
 
 namespace moefold {
 
@@ -12,39 +12,16 @@ using json = nlohmann::json;
 
 namespace {
 
-bool present(const json& j, const char* key) { return j.contains(key) && !j[key].is_null(); }
-
+// The shared typed readers (io/config_fields.h): each names the field and the bound it broke.
+using config_fields::present;
 int64_t get_int(const json& j, const char* key, std::optional<int64_t> def, int64_t lo, int64_t hi) {
-  if (!present(j, key)) {
-    if (!def) fail("config.json (deepseek_v4): required field '{}' is missing", key);
-    return *def;
-  }
-  const json& v = j[key];
-  if (!v.is_number_integer()) fail("config.json (deepseek_v4): field '{}' must be an integer, not {}", key, v.dump());
-  if (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX))
-    fail("config.json (deepseek_v4): field '{}' = {} is out of range [{}, {}]", key, v.dump(), lo, hi);
-  const int64_t x = v.get<int64_t>();
-  if (x < lo || x > hi) fail("config.json (deepseek_v4): field '{}' = {} is out of range [{}, {}]", key, x, lo, hi);
-  return x;
+  return config_fields::int_field(j, key, def, lo, hi);
 }
-
 double get_num(const json& j, const char* key, std::optional<double> def, double lo, double hi) {
-  if (!present(j, key)) {
-    if (!def) fail("config.json (deepseek_v4): required field '{}' is missing", key);
-    return *def;
-  }
-  const json& v = j[key];
-  if (!v.is_number()) fail("config.json (deepseek_v4): field '{}' must be a number, not {}", key, v.dump());
-  const double x = v.get<double>();
-  if (!std::isfinite(x) || x < lo || x > hi)
-    fail("config.json (deepseek_v4): field '{}' = {} is out of range [{}, {}]", key, x, lo, hi);
-  return x;
+  return config_fields::num_field(j, key, def, lo, hi);
 }
-
 std::string get_str(const json& j, const char* key, const std::string& def) {
-  if (!present(j, key)) return def;
-  if (!j[key].is_string()) fail("config.json (deepseek_v4): field '{}' must be a string, not {}", key, j[key].dump());
-  return j[key].get<std::string>();
+  return config_fields::str_field(j, key, def);
 }
 
 constexpr int64_t kBig = int64_t(1) << 20;
@@ -160,18 +137,7 @@ DeepseekV4Config DeepseekV4Config::from_json(const json& j) {
     fail("config.json (deepseek_v4): expert_dtype '{}' is not supported (fp4, fp8, bf16)", ed);
   c.fp4_experts = ed == "fp4";
 
-  if (present(j, "eos_token_id")) {
-    const json& e = j["eos_token_id"];
-    auto one = [&](const json& x) {
-      if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() > INT32_MAX)
-        fail("config.json (deepseek_v4): eos_token_id must hold token ids, not {}", x.dump());
-      c.eos_token_ids.push_back(x.get<int32_t>());
-    };
-    if (e.is_array())
-      for (auto& x : e) one(x);
-    else
-      one(e);
-  }
+  if (present(j, "eos_token_id")) c.eos_token_ids = config_fields::ids_of(j["eos_token_id"], "config.json");
   return c;
 }
 
