@@ -12,6 +12,7 @@
 #include "fixture_util.h"
 #include "io/npy.h"
 #include "models/deepseek_v4.h"
+#include "models/deepseek_v4_executor.h"
 
 using namespace moefold;
 
@@ -167,4 +168,48 @@ TEST(DeepseekV4Model, GenerateCommandGivesTheGreedyTokens) {
   auto want = c["greedy"].get<std::vector<int32_t>>(), got = j["tokens"].get<std::vector<int32_t>>();
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < want.size() && margins[i] > 1e-2; ++i) EXPECT_EQ(got[i], want[i]) << "step " << i;
+}
+
+TEST(DeepseekV4Model, ExecutorStepWithTwoSequencesEqualsEachAlone) {
+  // One ForwardBatch holding a prefill chunk of sequence A (slot 1) and of sequence B (slot 0), then a
+  // mixed step (A decodes one token, B prefills its rest): the logits rows equal each sequence alone.
+  const auto& f = fx();
+  auto a = ids_of(f.ref["cases"][0]), b = ids_of(f.ref["cases"][1]);
+  auto ex = make_deepseek_v4_executor(kDir, false, 0, 4, 2);
+  const int64_t V = f.model->config().vocab_size;
+  auto step = [&](std::vector<std::pair<int32_t, std::vector<int32_t>>> parts, std::vector<int32_t> starts) {
+    ForwardBatch fb;
+    fb.cu_seqlens.push_back(0);
+    for (size_t s = 0; s < parts.size(); ++s) {
+      for (size_t i = 0; i < parts[s].second.size(); ++i) {
+        fb.token_ids.push_back(parts[s].second[i]);
+        fb.positions.push_back(starts[s] + int32_t(i));
+      }
+      fb.cu_seqlens.push_back(int32_t(fb.token_ids.size()));
+      fb.context_lens.push_back(starts[s]);
+      fb.state_slots.push_back(parts[s].first);
+    }
+    for (int32_t r = 0; r < fb.num_rows(); ++r) fb.logits_rows.push_back(r);
+    std::vector<float> out;
+    ex->forward(fb, out);
+    return out;
+  };
+  std::vector<int32_t> a1(a.begin(), a.begin() + 200), b1(b.begin(), b.begin() + 70), b2(b.begin() + 70, b.end());
+  auto s1 = step({{1, a1}, {0, b1}}, {0, 0});
+  auto s2 = step({{1, {a[200]}}, {0, b2}}, {200, 70});
+  // Alone, in the same chunks (bitwise: the same products in the same order).
+  Dsv4Cache ca = f.model->new_cache(), cb = f.model->new_cache();
+  auto la = f.model->forward(ca, a1), la2 = f.model->forward(ca, std::vector<int32_t>{a[200]});
+  auto lb = f.model->forward(cb, b1), lb2 = f.model->forward(cb, b2);
+  la.insert(la.end(), la2.begin(), la2.end());
+  lb.insert(lb.end(), lb2.begin(), lb2.end());
+  EXPECT_EQ(std::vector<float>(s1.begin(), s1.begin() + 200 * V), std::vector<float>(la.begin(), la.begin() + 200 * V));
+  EXPECT_EQ(std::vector<float>(s1.begin() + 200 * V, s1.end()), std::vector<float>(lb.begin(), lb.begin() + 70 * V));
+  EXPECT_EQ(std::vector<float>(s2.begin(), s2.begin() + V), std::vector<float>(la.begin() + 200 * V, la.end()));
+  EXPECT_EQ(std::vector<float>(s2.begin() + V, s2.end()), std::vector<float>(lb.begin() + 70 * V, lb.end()));
+  // A step that skips ahead of what the slot holds is refused.
+  EXPECT_THROW(step({{1, {a[0]}}}, {250}), Error);
+  ex->reset_slot(1);
+  Dsv4Cache c1 = f.model->new_cache();
+  EXPECT_EQ(step({{1, {a[0]}}}, {0}), f.model->forward(c1, std::vector<int32_t>{a[0]}));
 }
