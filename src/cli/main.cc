@@ -12,6 +12,8 @@
 #include "core/kernel_registry.h"
 #include "io/model_config.h"
 #include "io/npy.h"
+#include "io/deepseek_v4_config.h"
+#include "models/deepseek_v4_executor.h"
 #include "models/load_model.h"
 #include "models/weight_loader.h"
 #include "runtime/model_runner.h"
@@ -69,6 +71,9 @@ std::unique_ptr<ModelRunner> make_runner(const std::string& dir, LoadFormat form
                                          std::unique_ptr<Model>& cpu_model) {
   const int32_t bs = 16;
   RunnerOptions opt{(tokens + bs - 1) / bs + 1, bs, 1};
+  if (device == "cpu" && ModelConfig::from_dir(dir).family == Family::DeepseekV4)
+    return std::make_unique<ModelRunner>(
+        make_deepseek_v4_executor(dir, format == LoadFormat::Dummy, seed, opt.num_blocks, opt.max_seqs), opt);
   if (device == "cpu") {
     cpu_model = load_model(dir, format, seed);
     return std::make_unique<ModelRunner>(*cpu_model, opt);
@@ -91,10 +96,44 @@ std::unique_ptr<ModelRunner> make_runner(const std::string& dir, LoadFormat form
   fail("--device {}: expected cpu or cuda", device);
 }
 
+/// inspect for deepseek_v4: layer kinds by compress ratio, parameters, compressed KV per token.
+int inspect_deepseek_v4(const ModelConfig& c, const ParamCounts& p, bool as_json) {
+  const DeepseekV4Config& d = *c.deepseek_v4;
+  int64_t sw = 0, csa = 0, hca = 0;
+  for (int32_t r : d.compress_ratios) (r == 0 ? sw : r == 4 ? csa : hca) += 1;
+  const double kv = d.kv_bytes_per_token_bf16();
+  const int64_t window_bytes = c.num_layers * d.sliding_window * d.head_dim * 2;
+  if (as_json) {
+    json j = {{"family", family_name(c.family)},
+              {"model_type", "deepseek_v4"},
+              {"num_layers", c.num_layers},
+              {"sliding_window_layers", sw},
+              {"compressed_sparse_attention_layers", csa},
+              {"heavily_compressed_attention_layers", hca},
+              {"hash_routed_layers", d.num_hash_layers},
+              {"total_params", p.total},
+              {"active_params_per_token", p.active_per_token},
+              {"routed_expert_params", p.routed_expert},
+              {"compressed_kv_bytes_per_token_bf16", kv},
+              {"window_kv_bytes_per_seq_bf16", window_bytes}};
+    std::cout << j.dump(2) << "\n";
+  } else {
+    std::printf("family                   %s\n", family_name(c.family).c_str());
+    std::printf("layers                   %lld (%lld sliding window, %lld CSA 4:1 + indexer, %lld HCA 128:1; first %lld hash-routed)\n",
+                (long long)c.num_layers, (long long)sw, (long long)csa, (long long)hca, (long long)d.num_hash_layers);
+    std::printf("total parameters         %.2f B\n", double(p.total) / 1e9);
+    std::printf("active per token         %.2f B\n", double(p.active_per_token) / 1e9);
+    std::printf("compressed KV per token  %.1f bytes (bf16) + window %.2f MiB per sequence\n", kv,
+                double(window_bytes) / 1048576.0);
+  }
+  return 0;
+}
+
 int cmd_inspect(const std::string& dir, bool as_json) {
   ModelConfig c = ModelConfig::from_dir(dir);
   ParamCounts p = count_params(c);
   const int64_t kv = c.kv_bytes_per_token(2), st = c.deltanet_state_bytes_per_seq(2);
+  if (c.deepseek_v4) return inspect_deepseek_v4(c, p, as_json);
   if (as_json) {
     json j = {{"family", family_name(c.family)},
               {"model_type", c.model_type},

@@ -10,7 +10,7 @@ size_t dtype_size(DType t) {
   switch (t) {
     case DType::F32: case DType::I32: return 4;
     case DType::F16: case DType::BF16: return 2;
-    case DType::F8_E4M3: case DType::U8: return 1;
+    case DType::F8_E4M3: case DType::U8: case DType::F8_E8M0: case DType::I8: return 1;
     case DType::I64: return 8;
   }
   return 0;
@@ -25,6 +25,8 @@ std::string_view dtype_name(DType t) {
     case DType::I32: return "I32";
     case DType::I64: return "I64";
     case DType::U8: return "U8";
+    case DType::F8_E8M0: return "F8_E8M0";
+    case DType::I8: return "I8";
   }
   return "?";
 }
@@ -37,7 +39,9 @@ DType dtype_from_safetensors(std::string_view s) {
   if (s == "I32") return DType::I32;
   if (s == "I64") return DType::I64;
   if (s == "U8") return DType::U8;
-  fail("unsupported safetensors dtype '{}' (supported: F32, F16, BF16, F8_E4M3, I32, I64, U8)", s);
+  if (s == "F8_E8M0") return DType::F8_E8M0;
+  if (s == "I8") return DType::I8;
+  fail("unsupported safetensors dtype '{}' (supported: F32, F16, BF16, F8_E4M3, F8_E8M0, I32, I64, U8, I8)", s);
 }
 
 float f16_to_f32(uint16_t h) {
@@ -66,6 +70,8 @@ uint16_t f32_to_f16(float f) {
   v += 0xfffu + ((v >> 13) & 1u);
   return sign | uint16_t((v >> 13) - (112u << 10));
 }
+
+float f8e8m0_to_f32(uint8_t v) { return v == 0xff ? NAN : std::ldexp(1.0f, int(v) - 127); }
 
 float f8e4m3_to_f32(uint8_t v) {
   int sign = v >> 7, exp = (v >> 3) & 0xf, man = v & 7;
@@ -111,6 +117,11 @@ void convert_to_f32(DType t, const void* src, float* dst, size_t n) {
     case DType::F8_E4M3: {
       auto s = static_cast<const uint8_t*>(src);
       for (size_t i = 0; i < n; ++i) dst[i] = f8e4m3_to_f32(s[i]);
+      return;
+    }
+    case DType::F8_E8M0: {
+      auto s = static_cast<const uint8_t*>(src);
+      for (size_t i = 0; i < n; ++i) dst[i] = f8e8m0_to_f32(s[i]);
       return;
     }
     default: fail("cannot convert dtype {} to F32", dtype_name(t));

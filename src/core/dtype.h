@@ -7,7 +7,7 @@
 
 namespace moefold {
 
-enum class DType : uint8_t { F32, F16, BF16, F8_E4M3, I32, I64, U8 };
+enum class DType : uint8_t { F32, F16, BF16, F8_E4M3, I32, I64, U8, F8_E8M0, I8 };
 
 /// Bytes per element.
 size_t dtype_size(DType t);
@@ -39,6 +39,10 @@ uint16_t f32_to_f16(float f);
 float f8e4m3_to_f32(uint8_t v);
 /// fp32 -> float8 e4m3fn, round-to-nearest-even, saturating to +-448; NaN -> NaN.
 uint8_t f32_to_f8e4m3(float f);
+
+/// float8 e8m0fnu (a bare exponent, the scales of MX / DeepSeek-V4 FP8 and FP4 weights) -> fp32: 2^(v - 127);
+/// 0xff is NaN.
+float f8e8m0_to_f32(uint8_t v);
 
 /// Converts n elements of type `t` at `src` into fp32 at `dst`.
 void convert_to_f32(DType t, const void* src, float* dst, size_t n);

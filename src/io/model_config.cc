@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "io/config_fields.h"
+#include "io/deepseek_v4_config.h"
 
 namespace moefold {
 
@@ -21,6 +22,7 @@ std::string family_name(Family f) {
     case Family::Qwen3Moe: return "qwen3_moe";
     case Family::Qwen3: return "qwen3";
     case Family::Llama: return "llama";
+    case Family::DeepseekV4: return "deepseek_v4";
     case Family::DeepseekV32: return "deepseek_v32";
   }
   return "?";
@@ -33,6 +35,7 @@ int64_t ModelConfig::num_layers_of(LayerType t) const {
 }
 
 int64_t ModelConfig::kv_bytes_per_token(int64_t elem_bytes) const {
+  if (deepseek_v4) return int64_t(std::llround(deepseek_v4->kv_bytes_per_token_bf16() * double(elem_bytes) / 2.0));
   if (mla.enabled()) return num_layers * mla.cache_floats_per_token() * elem_bytes;
   return num_layers_of(LayerType::FullAttention) * 2 * num_kv_heads * head_dim * elem_bytes;
 }
@@ -120,6 +123,27 @@ ModelConfig ModelConfig::from_json(const json& root) {
   const json& j = root.contains("text_config") && root["text_config"].is_object() ? root["text_config"] : root;
   c.model_type = str_field(j, "model_type", top_type);
   const bool nested = &j != &root;
+  if (c.model_type == "deepseek_v4") {  // its own parser; the generic fields are filled for shared tools
+    auto d = std::make_shared<DeepseekV4Config>(DeepseekV4Config::from_json(root));
+    c.family = Family::DeepseekV4;
+    c.vocab_size = d->vocab_size;
+    c.hidden_size = d->hidden_size;
+    c.num_layers = d->num_layers;
+    c.num_heads = d->num_heads;
+    c.num_kv_heads = 1;
+    c.head_dim = d->head_dim;
+    c.rms_norm_eps = d->rms_norm_eps;
+    c.max_position_embeddings = d->max_position_embeddings;
+    c.rotary_dim = d->rope_dim;
+    c.num_experts = d->num_experts;
+    c.num_experts_per_tok = d->num_experts_per_tok;
+    c.moe_intermediate_size = d->moe_intermediate_size;
+    c.layer_types.assign(size_t(c.num_layers), LayerType::FullAttention);
+    c.layer_is_moe.assign(size_t(c.num_layers), true);
+    c.eos_token_ids = d->eos_token_ids;
+    c.deepseek_v4 = std::move(d);
+    return c;
+  }
 
   if (c.model_type == "qwen3_5_moe" || c.model_type == "qwen3_5_moe_text") c.family = Family::Qwen3_5Moe;
   else if (c.model_type == "qwen3_next") c.family = Family::Qwen3Next;
@@ -132,7 +156,7 @@ ModelConfig ModelConfig::from_json(const json& root) {
     return c;
   } else
     fail("unknown model_type '{}' (supported: qwen3_5_moe, qwen3_5_moe_text, qwen3_next, qwen3_moe, qwen3, llama, "
-         "deepseek_v32)",
+         "deepseek_v32, deepseek_v4)",
          c.model_type.empty() ? top_type : c.model_type);
   c.tensor_prefix = nested || top_type == "qwen3_5_moe" ? "model.language_model." : "model.";
 

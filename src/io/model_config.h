@@ -3,6 +3,7 @@
 // qwen3 (dense), llama, deepseek_v32 (DeepSeek-V3.2 / V3.2-Exp). Field meanings follow the transformers configuration classes of each family.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -12,7 +13,9 @@
 
 namespace moefold {
 
-enum class Family { Qwen3_5Moe, Qwen3Next, Qwen3Moe, Qwen3, Llama, DeepseekV32 };
+struct DeepseekV4Config;
+
+enum class Family { Qwen3_5Moe, Qwen3Next, Qwen3Moe, Qwen3, Llama, DeepseekV32, DeepseekV4 };
 enum class LayerType { FullAttention, LinearAttention };
 
 std::string family_name(Family f);
@@ -62,6 +65,10 @@ struct ModelConfig {
   YarnRopeConfig yarn;
 
   std::vector<int32_t> eos_token_ids;  ///< generation_config.json's eos_token_id, else config's
+
+  /// deepseek_v4 only: the family's own config (io/deepseek_v4_config.h); the generic fields above hold
+  /// vocab, hidden, layers, heads and head_dim, and its layers count as full attention.
+  std::shared_ptr<const DeepseekV4Config> deepseek_v4;
 
   // Derived sizes.
   int64_t key_dim() const { return linear_num_key_heads * linear_key_head_dim; }

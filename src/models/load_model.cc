@@ -14,6 +14,9 @@ LoadFormat parse_load_format(const std::string& s) {
 
 std::unique_ptr<Model> load_model(const std::string& dir, LoadFormat format, uint64_t seed) {
   ModelConfig cfg = ModelConfig::from_dir(dir);
+  if (cfg.family == Family::DeepseekV4)
+    fail("model '{}' is deepseek_v4: it runs through load_deepseek_v4 (models/deepseek_v4.h), not the generic "
+         "Model", dir);
   // Both sources materialise every tensor in fp32 on the host: refuse before allocating any of it.
   check_memory_fits(cpu_weight_bytes(cfg), available_memory_bytes(),
                     fmt::format("model '{}' ({} fp32 weights)", dir, family_name(cfg.family)));

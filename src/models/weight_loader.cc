@@ -6,6 +6,7 @@
 #include <set>
 
 #include "core/parallel.h"
+#include "models/deepseek_v4.h"
 #include "models/dummy_init.h"
 #include "models/mla_weights.h"
 
@@ -326,6 +327,10 @@ void for_each_param(ModelWeights& w, const std::function<void(Param&)>& fn) {
 }
 
 ParamCounts count_params(const ModelConfig& cfg) {
+  if (cfg.deepseek_v4) {
+    const Dsv4ParamCounts d = count_deepseek_v4_params(*cfg.deepseek_v4);
+    return {d.total, d.active_per_token, d.routed_expert, d.embedding};
+  }
   CountingSource src(cfg.family == Family::Qwen3_5Moe);
   load_weights(cfg, src);
   ParamCounts p;
