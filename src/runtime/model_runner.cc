@@ -49,11 +49,12 @@ ModelRunner::ModelRunner(std::unique_ptr<Executor> executor, RunnerOptions opt)
   for (int32_t s = opt.max_seqs - 1; s >= 0; --s) free_slots_.push_back(s);
 }
 
-ModelRunner::PrefixMatch ModelRunner::match_prefix(std::span<const int32_t> prompt) const {
+ModelRunner::PrefixMatch ModelRunner::match_prefix(std::span<const int32_t> prompt, bool more_tokens) const {
   PrefixMatch m;
-  if (!opt_.enable_prefix_caching || prompt.size() < 2) return m;
+  if (!opt_.enable_prefix_caching) return m;
   const int32_t bs = opt_.block_size;
-  const int32_t max_pages = (int32_t(prompt.size()) - 1) / bs;  // at least one token left to compute
+  // At least one token left to compute (the whole prompt may be restored when tokens follow it).
+  const int32_t max_pages = (int32_t(prompt.size()) - (more_tokens ? 0 : 1)) / bs;
   std::vector<int32_t> pages;
   std::vector<uint64_t> hashes;
   uint64_t parent = 0;
@@ -77,19 +78,22 @@ ModelRunner::PrefixMatch ModelRunner::match_prefix(std::span<const int32_t> prom
   return m;
 }
 
-int32_t ModelRunner::add_sequence(std::vector<int32_t> prompt) {
+int32_t ModelRunner::add_sequence(std::vector<int32_t> prompt, int32_t prompt_len) {
   MOEFOLD_CHECK(!prompt.empty(), "the prompt is empty");
   MOEFOLD_CHECK(!free_slots_.empty(), "no free sequence slot (max_seqs {})", opt_.max_seqs);
+  if (prompt_len < 0) prompt_len = int32_t(prompt.size());
+  MOEFOLD_CHECK(prompt_len >= 1 && prompt_len <= int32_t(prompt.size()), "prompt length {} outside [1, {}]",
+                prompt_len, prompt.size());
   SequenceState s;
-  s.prompt_len = int32_t(prompt.size());
+  s.prompt_len = prompt_len;
   s.slot = free_slots_.back();
   free_slots_.pop_back();
   if (opt_.enable_prefix_caching) {
     const int32_t bs = opt_.block_size;
     uint64_t parent = 0;
-    for (size_t i = 0; (i + 1) * size_t(bs) <= prompt.size(); ++i)
+    for (size_t i = 0; (i + 1) * size_t(bs) <= size_t(prompt_len); ++i)
       s.page_hashes.push_back(parent = page_hash(parent, std::span(prompt).subspan(i * size_t(bs), size_t(bs))));
-    const PrefixMatch m = match_prefix(prompt);
+    const PrefixMatch m = match_prefix(std::span(prompt).first(size_t(prompt_len)), prompt_len < int32_t(prompt.size()));
     const int32_t n = m.tokens / bs;
     for (int32_t i = 0; i < n; ++i) {
       const size_t off = size_t(i) * size_t(bs);
@@ -151,6 +155,10 @@ ForwardBatch ModelRunner::build_batch(const std::vector<Work>& work) {
     MOEFOLD_CHECK(w.num_tokens > 0 && s.num_computed + w.num_tokens <= int32_t(s.tokens.size()),
                   "sequence {}: cannot compute {} tokens ({} of {} done)", w.seq, w.num_tokens, s.num_computed,
                   s.tokens.size());
+    MOEFOLD_CHECK(s.num_computed >= s.prompt_len ? w.num_tokens == 1 : s.num_computed + w.num_tokens <= s.prompt_len,
+                  "sequence {}: a step of {} tokens from {} crosses its prompt end {} (prompt rows and decode rows "
+                  "are separate steps)",
+                  w.seq, w.num_tokens, s.num_computed, s.prompt_len);
     need += blocks_needed(w.seq, w.num_tokens);
   }
   MOEFOLD_CHECK(need <= cache_.num_free(), "out of KV cache pages: step needs {}, {} free", need, cache_.num_free());

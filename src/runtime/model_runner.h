@@ -40,7 +40,7 @@ struct SequenceState {
   int32_t num_computed = 0;     ///< tokens whose K/V and state are already in the cache
   std::vector<int32_t> blocks;  ///< KV page ids
   int32_t slot = -1;            ///< DeltaNet state slot
-  int32_t prompt_len = 0;       ///< tokens given to add_sequence (computed as prompt rows)
+  int32_t prompt_len = 0;       ///< leading tokens computed as prompt rows (prefill); the rest decode rows
   int32_t num_cached = 0;       ///< tokens restored from the prefix cache at add_sequence
   std::vector<uint64_t> page_hashes;  ///< chain hash of every full page of the prompt (caching on)
   int32_t num_registered = 0;   ///< leading pages already offered to the prefix cache
@@ -60,7 +60,10 @@ class ModelRunner {
   /// token to compute: a multiple of the block size for a model without linear attention, else the
   /// largest multiple of snapshot_grid() whose pages and DeltaNet snapshot are both cached (the
   /// snapshot is copied into the sequence's slot). num_computed = num_cached = that prefix.
-  int32_t add_sequence(std::vector<int32_t> prompt);
+  /// prompt_len (default: all of `tokens`): the leading tokens that are prompt; the others (the
+  /// generated tokens of a preempted request) are then fed back one per step as decode rows, so that
+  /// they give the bits they gave when they were generated. Only prompt pages enter the cache.
+  int32_t add_sequence(std::vector<int32_t> tokens, int32_t prompt_len = -1);
 
   /// What add_sequence(prompt) would restore now: `tokens` cached tokens, of which `idle_pages` pages
   /// are cached pages no sequence holds (they stop counting as free once taken). No side effects.
@@ -68,7 +71,8 @@ class ModelRunner {
     int32_t tokens = 0;
     int32_t idle_pages = 0;
   };
-  PrefixMatch match_prefix(std::span<const int32_t> prompt) const;
+  /// `more_tokens`: generated tokens follow the prompt (the whole prompt may then be restored).
+  PrefixMatch match_prefix(std::span<const int32_t> prompt, bool more_tokens = false) const;
   /// Appends a generated token (to be computed in a later step).
   void append_token(int32_t seq, int32_t token);
   /// Frees the sequence's pages and slot.

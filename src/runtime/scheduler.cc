@@ -2,6 +2,7 @@
 #include "runtime/scheduler.h"
 
 #include <cmath>
+#include <span>
 
 #include <algorithm>
 #include <limits>
@@ -123,11 +124,14 @@ void Scheduler::plan_running(std::vector<Planned>& plan, int32_t& budget, int32_
       for (RequestId id : running_) {
         if (budget == 0) break;
         const Request& r = requests_.at(id);
-        const int32_t left = uncomputed(r);
-        if (left <= 0 || (left == 1) != decode_pass) continue;
+        const SequenceState& sq = runner_.sequence(r.seq);
+        // Decode rows: generated tokens, including those a preempted request feeds back.
+        const int32_t left = sq.num_computed >= sq.prompt_len ? int32_t(sq.tokens.size()) - sq.num_computed
+                                                              : sq.prompt_len - sq.num_computed;
+        if (left <= 0 || (sq.num_computed >= sq.prompt_len) != decode_pass) continue;
         int32_t n = std::min({left, budget, decode_pass ? 1 : chunk_cap});
         if (!decode_pass) {
-          n = aligned_chunk(runner_.sequence(r.seq).num_computed, n, left, !plan.empty());
+          n = aligned_chunk(sq.num_computed, n, left, !plan.empty());
           if (n == 0) continue;  // runs next step, from a fresh budget
         }
         const int32_t need = runner_.blocks_needed(r.seq, n);
@@ -153,14 +157,17 @@ void Scheduler::plan_admissions(std::vector<Planned>& plan, int32_t& budget, int
     Request& r = requests_.at(waiting_.front());
     std::vector<int32_t> tokens = r.prompt;
     tokens.insert(tokens.end(), r.output.begin(), r.output.end());
-    const ModelRunner::PrefixMatch hit = runner_.match_prefix(tokens);
-    const int32_t left = int32_t(tokens.size()) - hit.tokens;
+    const int32_t plen = int32_t(r.prompt.size());
+    const ModelRunner::PrefixMatch hit =
+        runner_.match_prefix(std::span(tokens).first(size_t(plen)), tokens.size() > size_t(plen));
+    // The prompt's first chunk, or (its prompt all restored) the first generated token fed back.
+    const int32_t left = hit.tokens < plen ? plen - hit.tokens : 1;
     const int32_t n = aligned_chunk(hit.tokens, std::min({left, budget, chunk_cap}), left, !plan.empty());
     if (n == 0) break;  // FIFO: it starts next step, from a fresh budget
     // Its first chunk's new pages, plus the cached pages it revives (they stop being free).
     const int32_t need = (hit.tokens + n + bs - 1) / bs - hit.tokens / bs + hit.idle_pages;
     if (reserved + need > runner_.free_blocks()) break;  // FIFO: later requests wait behind it
-    r.seq = runner_.add_sequence(std::move(tokens));
+    r.seq = runner_.add_sequence(std::move(tokens), plen);
     if (!r.admitted) {
       r.admitted = true;
       r.cached_tokens = runner_.sequence(r.seq).num_cached;
@@ -170,7 +177,7 @@ void Scheduler::plan_admissions(std::vector<Planned>& plan, int32_t& budget, int
                   hit.tokens);
     running_.push_back(r.id);
     waiting_.pop_front();
-    plan.push_back({r.id, n, true});
+    plan.push_back({r.id, n, hit.tokens < plen});
     reserved += need;
     budget -= n;
   }

@@ -11,8 +11,10 @@
 //      runner restores (ModelRunner::add_sequence), and for a hybrid model every chunk but a prompt's
 //      last ends on the 64-token grid, where the chunked DeltaNet prefill takes state snapshots;
 //   2. when the running requests' KV pages do not fit, preempts the youngest running request by
-//      recompute: its pages and state slot are released and it goes back to the front of the
-//      queue with prompt + generated tokens as its new prompt, so its state is rebuilt later;
+//      recompute: its pages and state slot are released (its prompt pages and snapshots stay in the
+//      prefix cache) and it goes back to the front of the queue; when readmitted its prompt is
+//      prefilled again (from the cache where it can) and its generated tokens are fed back as decode
+//      rows, one per step, unsampled, so its state is rebuilt with the bits it had;
 //   3. runs one ModelRunner::step_sample over all chunks, which samples a token inside the executor
 //      (on the GPU for a CUDA executor) for every request whose known tokens are then all computed
 //      (a partial prefill chunk samples nothing);

@@ -180,7 +180,7 @@ Engine make_engine(const Model& m, bool caching, int32_t blocks = 512, int32_t b
   RunnerOptions ro{blocks, 16, seqs, caching, snapshot_slots, interval};
   Engine e;
   e.runner = std::make_unique<ModelRunner>(m, ro);
-  e.sched = std::make_unique<Scheduler>(*e.runner, SchedulerOptions{seqs, budget, 0, 4096});
+  e.sched = std::make_unique<Scheduler>(*e.runner, SchedulerOptions{seqs, budget, 0, std::min(4096, blocks * 16)});
   return e;
 }
 
@@ -297,13 +297,27 @@ TEST_P(PrefixCacheFixture, ConcurrentRequestsSharingAPrefixInOneStep) {
       p.insert(p.end(), tail.begin(), tail.end());
       prompts.push_back(std::move(p));
     }
-    Engine e = make_engine(*model_, true);
+    // Snapshots every 64 tokens: the cached 130-token prompt has them at 64 and 128.
+    Engine e = make_engine(*model_, true, 512, 4096, 8, 64, 64);
     run(*e.sched, {std::vector<int32_t>(shared.begin(), shared.begin() + 130)}, greedy(1));
-    std::map<RequestId, size_t> who;
-    const std::vector<Reply> warm = run(*e.sched, prompts, greedy(4));
+    std::vector<RequestId> ids;
+    for (const auto& p : prompts) ids.push_back(e.sched->add(p, greedy(4)));
+    std::map<RequestId, Reply> got;
+    for (int step = 0; e.sched->has_work() && step < 1000; ++step) {
+      for (const TokenOutput& o : e.sched->step()) {
+        got[o.id].tokens.push_back(o.token);
+        got[o.id].logprobs.push_back(o.logprob);
+        got[o.id].cached = o.cached_tokens;
+      }
+      if (step == 0) EXPECT_EQ(e.sched->last_step().size(), size_t(n)) << "all prefills share the first step";
+    }
+    std::vector<Reply> warm;
+    for (RequestId id : ids) warm.push_back(got[id]);
+    EXPECT_EQ(e.sched->stats().num_preemptions, 0);
     for (int i = 0; i < n; ++i) {
       EXPECT_EQ(warm[size_t(i)], fresh(prompts[size_t(i)], greedy(4))) << n << " requests, #" << i;
-      EXPECT_EQ(warm[size_t(i)].cached, expected_hit(130, int32_t(prompts[size_t(i)].size()))) << n << " #" << i;
+      EXPECT_EQ(warm[size_t(i)].cached, expected_hit(std::min(70 + 9 * i, 130), int32_t(prompts[size_t(i)].size())))
+          << n << " #" << i;
     }
   }
 }
@@ -317,15 +331,15 @@ TEST_P(PrefixCacheFixture, PreemptionAfterAHit) {
     p.insert(p.end(), tail.begin(), tail.end());
     prompts.push_back(std::move(p));
   }
-  // 40 pages of 16 tokens: four requests of ~140 + 40 tokens cannot all stay resident.
-  Engine e = make_engine(*model_, true, 40, 4096, 4);
+  // 20 pages of 16 tokens: the 8 shared pages plus 4 more per request (~140 + 40 tokens) do not fit.
+  Engine e = make_engine(*model_, true, 20, 4096, 4);
   run(*e.sched, {shared}, greedy(1));
   int64_t preempted = 0;
   const std::vector<Reply> warm = run(*e.sched, prompts, greedy(40), &preempted);
   EXPECT_GT(preempted, 0);
   for (size_t i = 0; i < prompts.size(); ++i) {
     EXPECT_EQ(warm[i], fresh(prompts[i], greedy(40))) << "#" << i;
-    EXPECT_EQ(warm[i].cached, hybrid_ ? 64 : 128) << "#" << i;  // the first admission's hit
+    EXPECT_EQ(warm[i].cached, 128) << "#" << i;  // the first admission's hit
   }
   EXPECT_EQ(e.sched->stats().kv_blocks_used, 0);
 }
@@ -333,7 +347,7 @@ TEST_P(PrefixCacheFixture, PreemptionAfterAHit) {
 TEST_P(PrefixCacheFixture, EvictionWhileARequestUsesThePrefix) {
   // 30 pages: a's 12 cached pages, then b (a + 1 token) holds them; c needs more pages than are free,
   // so the cached pages nobody holds are evicted under b, whose reply must still be the cold one.
-  const std::vector<int32_t> a = make_prompt(200, 7, V_), c = make_prompt(150, 8, V_);
+  const std::vector<int32_t> a = make_prompt(200, 7, V_), c = make_prompt(220, 8, V_);
   std::vector<int32_t> b = a;
   b.push_back(5);
   const Reply cold = fresh(b, greedy(30));
