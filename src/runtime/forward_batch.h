@@ -19,6 +19,8 @@ struct StateSnapshot {
 
 /// Granularity of DeltaNet state snapshots: the chunk length of the chunked delta-rule prefill.
 inline constexpr int32_t kStateSnapshotChunk = 64;
+/// Most snapshots one step may ask for (the GPU executor's snapshot table).
+inline constexpr int32_t kMaxStepSnapshots = 64;
 
 struct ForwardBatch {
   std::vector<int32_t> token_ids;     ///< [T]

@@ -43,7 +43,7 @@ ModelRunner::ModelRunner(std::unique_ptr<Executor> executor, RunnerOptions opt)
   MOEFOLD_CHECK(opt_.max_seqs + opt_.snapshot_slots <= exec_->num_state_slots(),
                 "runner wants {} sequence + {} snapshot state slots; the executor holds {}", opt_.max_seqs,
                 opt_.snapshot_slots, exec_->num_state_slots());
-  MOEFOLD_CHECK(opt_.snapshot_interval >= 0 && opt_.snapshot_interval % grid_ == 0,
+  MOEFOLD_CHECK(opt_.snapshot_interval >= 0 && (opt_.snapshot_slots == 0 || opt_.snapshot_interval % grid_ == 0),
                 "the snapshot interval {} must be a multiple of the snapshot grid ({} tokens)", opt_.snapshot_interval,
                 grid_);
   for (int32_t s = opt.max_seqs - 1; s >= 0; --s) free_slots_.push_back(s);
@@ -204,6 +204,7 @@ void ModelRunner::plan_snapshots(int32_t i, const SequenceState& s, int32_t n, F
     bool planned = false;
     for (const PendingSnapshot& p : pending_) planned = planned || p.key == key;
     if (planned) continue;  // another sequence of this step takes it
+    if (int32_t(b.snapshots.size()) >= kMaxStepSnapshots) return;
     const std::optional<int32_t> slot = cache_.reserve_snapshot();
     if (!slot) return;
     pending_.push_back({*slot, key});

@@ -272,6 +272,12 @@ SchedulerStats Scheduler::stats() const {
   s.state_slots_total = r.max_seqs;
   s.state_slots_used = r.max_seqs - runner_.free_slots();
   s.num_preemptions = num_preemptions_;
+  const PrefixCacheStats p = runner_.prefix_cache_stats();
+  s.prefix_queried_tokens = p.queried_tokens;
+  s.prefix_hit_tokens = p.hit_tokens;
+  s.prefix_cached_pages = p.cached_pages;
+  s.prefix_snapshots = p.snapshots;
+  s.prefix_snapshot_bytes = p.snapshot_bytes;
   return s;
 }
 

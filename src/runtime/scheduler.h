@@ -74,6 +74,12 @@ struct SchedulerStats {
   int32_t kv_blocks_used = 0, kv_blocks_total = 0;
   int32_t state_slots_used = 0, state_slots_total = 0;
   int64_t num_preemptions = 0;
+  // Prefix cache (all zero with caching off).
+  int64_t prefix_queried_tokens = 0;  ///< prompt tokens looked up at admissions
+  int64_t prefix_hit_tokens = 0;      ///< of which restored from the cache
+  int32_t prefix_cached_pages = 0;    ///< registered KV pages (held or evictable)
+  int32_t prefix_snapshots = 0;       ///< DeltaNet state snapshots kept
+  int64_t prefix_snapshot_bytes = 0;  ///< their memory
 };
 
 class Scheduler {

@@ -218,7 +218,7 @@ TEST_P(PrefixCacheFixture, ResumedEqualsFreshForEveryShorterPrefix) {
   for (int32_t len : {1, 63, 64, 65, 127, 128, 129, 130}) {
     const std::vector<int32_t> p(base.begin(), base.begin() + len);
     const Reply cold = fresh(p, greedy(3));
-    for (int32_t pre : {1, 15, 16, 17, 63, 64, 65, 100, 127, 128, 129}) {
+    for (int32_t pre : {1, 16, 17, 63, 64, 65, 100, 128, 129}) {
       if (pre > len) continue;
       Engine e = make_engine(*model_, true);
       run(*e.sched, {std::vector<int32_t>(base.begin(), base.begin() + pre)}, greedy(1));
@@ -246,19 +246,19 @@ TEST_P(PrefixCacheFixture, SeededSamplingResumedEqualsFresh) {
 }
 
 TEST_P(PrefixCacheFixture, LongPromptAgainstOnAndOffGridPrefixes) {
-  const std::vector<int32_t> p = make_prompt(2000, 3, V_);
+  const std::vector<int32_t> p = make_prompt(1600, 3, V_);
   const Reply cold = fresh(p, greedy(2));
   // One engine, prefixes cached one after another: each lookup finds the longest restorable one.
   Engine e = make_engine(*model_, true, 512, 4096, 8, 64, 512);
-  for (int32_t pre : {700, 1024, 1990}) {
+  for (int32_t pre : {700, 1590}) {
     run(*e.sched, {std::vector<int32_t>(p.begin(), p.begin() + pre)}, greedy(1));
     const Reply warm = run(*e.sched, {p}, greedy(2))[0];
     EXPECT_EQ(warm, cold) << "prefix " << pre;
-    EXPECT_EQ(warm.cached, expected_hit(pre, 2000)) << "prefix " << pre;
+    EXPECT_EQ(warm.cached, expected_hit(pre, 1600)) << "prefix " << pre;
     e.runner->clear_prefix_cache();
   }
   // Periodic snapshots (every 512 tokens) of a long prompt: a prompt that diverges after 1100 tokens
-  // resumes at 1024 although the cached prompt's last grid point is 1984.
+  // resumes at 1024 although the cached prompt's last grid point is 1600.
   run(*e.sched, {p}, greedy(1));
   std::vector<int32_t> q(p.begin(), p.begin() + 1100);
   const std::vector<int32_t> tail = make_prompt(50, 9, V_);
