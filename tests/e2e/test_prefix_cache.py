@@ -106,3 +106,28 @@ def test_concurrent_requests_sharing_a_prefix(cached, uncached):
     for p, g in zip(prompts, got):
         assert g[2].prompt_tokens_details.cached_tokens == 192
         assert g[:2] == complete(uncached.openai(), p)[:2]
+
+
+def test_bench_serve_prefix_repetition_reports_hit_rate(cached, model, tmp_path):
+    import json
+    import subprocess
+
+    from conftest import binary
+
+    out = tmp_path / "prefix.json"
+    # Two prefixes of 130 tokens, 8 requests one at a time: each prefix's first request misses, the
+    # other six resume at the prefix's last 64-token boundary (128).
+    args = [binary(), "bench", "serve", "--base-url", cached.url, "--disable-tqdm", "--json", out,
+            "--dataset-name", "prefix_repetition", "--tokenizer", model[0],
+            "--random-prompt-format", "token-ids", "--prefix-repetition-prefix-len", 130,
+            "--prefix-repetition-suffix-len", 10, "--prefix-repetition-num-prefixes", 2,
+            "--num-prompts", 8, "--output-len", 4, "--max-concurrency", 1, "--ignore-eos", "--seed", 11]
+    p = subprocess.run(list(map(str, args)), capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    r = json.loads(out.read_text())
+    assert r["completed"] == 8
+    assert r["total_input_tokens"] == 8 * 140
+    assert r["total_cached_tokens"] == 6 * 128
+    assert abs(r["prefix_cache_hit_rate"] - 6 * 128 / (8 * 140)) < 1e-9
+    assert sorted(q["cached_tokens"] for q in r["requests"]) == [0, 0] + [128] * 6
+    assert "Prefix cache hit rate (%):" in p.stdout
