@@ -374,6 +374,27 @@ TEST_P(PrefixCacheFixture, EvictionWhileARequestUsesThePrefix) {
   EXPECT_EQ(e.sched->stats().kv_blocks_used, 0);
 }
 
+TEST_P(PrefixCacheFixture, CancellationAfterAHitKeepsTheCacheConsistent) {
+  // A request that resumed from the cache is aborted mid-prefill (a 64-token budget) and mid-decode:
+  // its pages are released, the cached prefix stays, and the next request still gets the cold reply.
+  Engine e = make_engine(*model_, true, 64, 64, 4);
+  const std::vector<int32_t> a = make_prompt(300, 12, V_);
+  run(*e.sched, {std::vector<int32_t>(a.begin(), a.begin() + 140)}, greedy(1));
+  for (int steps : {1, 4}) {
+    const RequestId id = e.sched->add(a, greedy(8));
+    for (int i = 0; i < steps; ++i) e.sched->step();
+    // The second attempt also finds the first one's prompt pages (dense; hybrid: no snapshot at 192).
+    EXPECT_EQ(e.sched->cached_tokens(id), steps == 1 || hybrid_ ? 128 : 192);
+    EXPECT_TRUE(e.sched->abort(id));
+    EXPECT_EQ(e.sched->stats().kv_blocks_used, 0);
+  }
+  const Reply warm = run(*e.sched, {a}, greedy(3))[0];
+  EXPECT_EQ(warm, fresh(a, greedy(3)));
+  // The second attempt computed the whole prompt before its abort: its pages (288 tokens) and, for a
+  // hybrid model, the snapshot at its last 64-token boundary (256) stay cached.
+  EXPECT_EQ(warm.cached, hybrid_ ? 256 : 288);
+}
+
 TEST_P(PrefixCacheFixture, ChunkedPrefillWithCachingEqualsFresh) {
   // A 90-token budget: hybrid chunks end on the 64-grid (the last chunk of a prompt excepted).
   Engine e = make_engine(*model_, true, 512, 90, 4);
