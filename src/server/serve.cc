@@ -248,7 +248,7 @@ int run_server(const ServeOptions& o) {
     std::fprintf(stderr, "moefold serve: prefix caching on (KV pages of %d tokens)\n", o.block_size);
   else
     std::fprintf(stderr,
-                 "moefold serve: prefix caching on: %d DeltaNet state snapshots of %.2f MiB (%.2f GiB of "
+                 "moefold serve: prefix caching on: %d DeltaNet state snapshots of %.3f MiB (%.3f GiB of "
                  "--prefix-snapshot-memory %.2f GiB), at each prompt's last %d-token boundary and every %d "
                  "prompt tokens\n",
                  ro.snapshot_slots, double(slot_bytes) / 1048576.0,
