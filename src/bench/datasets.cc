@@ -81,6 +81,47 @@ std::vector<SampleRequest> sample_random_requests(const Tokenizer& tok, const Ra
   return out;
 }
 
+std::vector<SampleRequest> sample_prefix_repetition_requests(const Tokenizer& tok, const PrefixRepetitionOptions& opt) {
+  MOEFOLD_CHECK(opt.num_prompts >= 1, "--num-prompts must be >= 1 (got {})", opt.num_prompts);
+  MOEFOLD_CHECK(opt.prefix_len >= 1 && opt.suffix_len >= 0 && opt.num_prefixes >= 1 && opt.output_len >= 1,
+                "prefix_repetition: prefix length {} (>= 1), suffix length {} (>= 0), {} prefixes (>= 1), output "
+                "length {} (>= 1)",
+                opt.prefix_len, opt.suffix_len, opt.num_prefixes, opt.output_len);
+  const std::vector<int32_t> vocab = ordinary_ids(tok);
+  MOEFOLD_CHECK(!vocab.empty(), "the tokenizer has no ordinary (non-special) tokens to draw prompts from");
+  std::mt19937_64 rng(opt.seed);
+  std::uniform_int_distribution<size_t> pick(0, vocab.size() - 1);
+  auto draw = [&](int64_t n) {
+    std::vector<int32_t> ids;
+    for (int64_t i = 0; i < n; ++i) ids.push_back(vocab[pick(rng)]);
+    return ids;
+  };
+  std::vector<std::vector<int32_t>> prefixes;
+  std::vector<std::string> prefix_text;
+  for (int64_t p = 0; p < opt.num_prefixes; ++p) {
+    prefixes.push_back(draw(opt.prefix_len));
+    if (!opt.token_ids) prefix_text.push_back(tok.decode(prefixes.back()));
+  }
+  std::vector<size_t> order(size_t(opt.num_prompts));
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i % size_t(opt.num_prefixes);
+  std::shuffle(order.begin(), order.end(), rng);
+  std::vector<SampleRequest> out(order.size());
+  for (size_t i = 0; i < out.size(); ++i) {
+    SampleRequest& r = out[i];
+    std::vector<int32_t> suffix = draw(opt.suffix_len);
+    r.output_len = opt.output_len;
+    if (opt.token_ids) {
+      r.prompt_ids = prefixes[order[i]];
+      r.prompt_ids.insert(r.prompt_ids.end(), suffix.begin(), suffix.end());
+      r.prompt_len = int64_t(r.prompt_ids.size());
+    } else {
+      r.prompt = prefix_text[order[i]] + tok.decode(suffix);
+      r.prompt_len = int64_t(tok.encode(r.prompt, false).size());
+    }
+  }
+  return out;
+}
+
 std::vector<SampleRequest> sample_file_requests(const FileDatasetOptions& opt, const Tokenizer* tok) {
   MOEFOLD_CHECK(opt.num_prompts >= 1, "--num-prompts must be >= 1 (got {})", opt.num_prompts);
   MOEFOLD_CHECK(opt.output_len >= 1, "output length must be >= 1 (got {})", opt.output_len);

@@ -8,6 +8,8 @@
 // extended with more random ids up to 10 times until it re-encodes to the drawn length, as vLLM
 // does (a few prompts may stay a token or two off).
 //
+// prefix_repetition: shared prefixes with distinct suffixes (sample_prefix_repetition_requests).
+//
 // file: one prompt per line of a text file, or, for a `.jsonl` file, one JSON object per line
 // with the prompt in a string field (e.g. "question" for GSM8K). The prompts are shuffled with the
 // seed and the first num_prompts taken, repeating the file when it has fewer.
@@ -45,6 +47,25 @@ struct RandomDatasetOptions {
 /// Random-token requests (see the file comment). Deterministic for a tokenizer and options.
 /// Throws moefold::Error for invalid options or a tokenizer without ordinary tokens.
 std::vector<SampleRequest> sample_random_requests(const Tokenizer& tokenizer, const RandomDatasetOptions& opt);
+
+struct PrefixRepetitionOptions {
+  int64_t num_prompts = 1000;
+  int64_t prefix_len = 256;   ///< tokens of each shared prefix
+  int64_t suffix_len = 256;   ///< random tokens after it, distinct per request
+  int64_t num_prefixes = 10;  ///< distinct prefixes; request i uses one of them (shuffled)
+  int64_t output_len = 128;
+  uint64_t seed = 0;
+  bool token_ids = false;  ///< send token-id lists instead of decoded text
+};
+
+/// Shared-prefix requests (like vLLM's prefix_repetition dataset): num_prefixes random prefixes of
+/// prefix_len tokens, each request one of them followed by suffix_len random tokens of its own, in a
+/// seeded shuffled order; the traffic of a prefix cache (system prompts, agent tool lists). As text,
+/// prefix and suffix are decoded separately and joined, so every request of a prefix starts with the
+/// same text (its token count may differ from prefix + suffix by a token at the join).
+/// Deterministic for a tokenizer and options. Throws moefold::Error for invalid options.
+std::vector<SampleRequest> sample_prefix_repetition_requests(const Tokenizer& tokenizer,
+                                                             const PrefixRepetitionOptions& opt);
 
 struct FileDatasetOptions {
   std::string path;

@@ -80,6 +80,8 @@ BenchmarkMetrics calculate_metrics(const std::vector<RequestOutput>& outputs, do
     }
     ++m.completed;
     m.total_input += r.prompt_tokens;
+    m.total_cached += r.cached_tokens;
+    m.cached_reported = m.cached_reported || r.cached_tokens_from_usage;
     m.total_output += r.output_tokens;
     ttft.push_back(r.ttft_s * 1e3);
     e2el.push_back(r.latency_s * 1e3);
@@ -92,6 +94,7 @@ BenchmarkMetrics calculate_metrics(const std::vector<RequestOutput>& outputs, do
       ++chunks_per_second[int64_t(std::floor(t - first_start))];
     }
   }
+  m.prefix_cache_hit_rate = m.total_input > 0 ? double(m.total_cached) / double(m.total_input) : 0.0;
   m.request_throughput = double(m.completed) / duration_s;
   m.output_throughput = double(m.total_output) / duration_s;
   m.total_token_throughput = double(m.total_input + m.total_output) / duration_s;

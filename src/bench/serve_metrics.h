@@ -30,6 +30,8 @@ struct RequestOutput {
   int64_t output_tokens = 0;    ///< from the server's usage, else the number of content chunks
   bool prompt_tokens_from_usage = false;
   bool output_tokens_from_usage = false;
+  int64_t cached_tokens = 0;    ///< usage.prompt_tokens_details.cached_tokens (prefix-cache hits)
+  bool cached_tokens_from_usage = false;
 };
 
 /// Summary of one latency metric over a run, in milliseconds. All zero when `count` is 0.
@@ -43,6 +45,9 @@ struct MetricSummary {
 struct BenchmarkMetrics {
   int64_t completed = 0, failed = 0;
   int64_t total_input = 0, total_output = 0;  ///< tokens of completed requests
+  int64_t total_cached = 0;  ///< prompt tokens the server reported as served from its prefix cache
+  bool cached_reported = false;  ///< some completed request reported cached_tokens
+  double prefix_cache_hit_rate = 0;  ///< total_cached / total_input (0 when nothing was reported)
   double duration_s = 0;
   double request_throughput = 0;      ///< completed requests / s
   double output_throughput = 0;       ///< output tokens / s

@@ -117,6 +117,10 @@ std::string format_result(const BenchmarkMetrics& m, const std::vector<RequestOu
   s += row("Benchmark duration (s):", m.duration_s);
   s += row("Total input tokens:", std::to_string(m.total_input));
   s += row("Total generated tokens:", std::to_string(m.total_output));
+  if (m.cached_reported) {
+    s += row("Prefix cache hit tokens:", std::to_string(m.total_cached));
+    s += row("Prefix cache hit rate (%):", 100.0 * m.prefix_cache_hit_rate);
+  }
   s += row("Request throughput (req/s):", m.request_throughput);
   s += row("Output token throughput (tok/s):", m.output_throughput);
   s += row("Peak output token throughput (tok/s):", m.max_output_tokens_per_s);
@@ -152,6 +156,8 @@ nlohmann::ordered_json metrics_json(const BenchmarkMetrics& m, const std::vector
   j["failed"] = m.failed;
   j["total_input_tokens"] = m.total_input;
   j["total_output_tokens"] = m.total_output;
+  j["total_cached_tokens"] = m.total_cached;
+  j["prefix_cache_hit_rate"] = m.prefix_cache_hit_rate;
   j["request_throughput"] = m.request_throughput;
   j["output_throughput"] = m.output_throughput;
   j["total_token_throughput"] = m.total_token_throughput;
@@ -195,6 +201,7 @@ nlohmann::ordered_json requests_json(const std::vector<RequestOutput>& outputs) 
                  {"ttft_ms", r.ttft_s * 1e3},
                  {"latency_ms", r.latency_s * 1e3},
                  {"prompt_tokens", r.prompt_tokens},
+                 {"cached_tokens", r.cached_tokens},
                  {"output_tokens", r.output_tokens},
                  {"itl_ms", itl_ms}});
   }

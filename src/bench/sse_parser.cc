@@ -96,6 +96,8 @@ StreamChunk parse_stream_chunk(std::string_view data) {
   if (auto u = j.find("usage"); u != j.end() && u->is_object()) {
     chunk.prompt_tokens = int_field(*u, "prompt_tokens");
     chunk.completion_tokens = int_field(*u, "completion_tokens");
+    if (auto d = u->find("prompt_tokens_details"); d != u->end() && d->is_object())
+      chunk.cached_tokens = int_field(*d, "cached_tokens");
   }
   return chunk;
 }

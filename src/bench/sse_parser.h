@@ -39,6 +39,7 @@ struct StreamChunk {
   std::string text;          ///< choices[0].text (completions) or delta.content / reasoning (chat)
   std::optional<int64_t> prompt_tokens;      ///< usage.prompt_tokens, when the chunk has usage
   std::optional<int64_t> completion_tokens;  ///< usage.completion_tokens, when the chunk has usage
+  std::optional<int64_t> cached_tokens;      ///< usage.prompt_tokens_details.cached_tokens, when present
   std::string error;         ///< kError: the server's message (or the payload when it has none)
 };
 

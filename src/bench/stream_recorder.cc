@@ -20,6 +20,10 @@ void StreamRecorder::on_bytes(std::string_view bytes, double t_s) {
       out_.prompt_tokens = *c.prompt_tokens;
       out_.prompt_tokens_from_usage = true;
     }
+    if (c.cached_tokens) {
+      out_.cached_tokens = *c.cached_tokens;
+      out_.cached_tokens_from_usage = true;
+    }
     if (c.completion_tokens) {
       out_.output_tokens = *c.completion_tokens;
       out_.output_tokens_from_usage = true;

@@ -49,7 +49,15 @@ std::unique_ptr<BenchServeCommand> add_bench_serve_command(CLI::App& bench) {
       ->capture_default_str();
   c->add_option("--max-concurrency", b->max_concurrency, "most requests in flight at once (default: no limit)")
       ->check(CLI::Range(int64_t(1), int64_t(1) << 40));
-  c->add_option("--dataset-name", b->dataset_name, "random | file")->capture_default_str()->check(CLI::IsMember({"random", "file"}));
+  c->add_option("--dataset-name", b->dataset_name, "random | prefix_repetition | file")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"random", "prefix_repetition", "file"}));
+  c->add_option("--prefix-repetition-prefix-len", b->prefix_len, "prefix_repetition: tokens of each shared prefix")
+      ->capture_default_str()->check(CLI::Range(int64_t(1), int64_t(1) << 30));
+  c->add_option("--prefix-repetition-suffix-len", b->suffix_len, "prefix_repetition: distinct tokens after the prefix")
+      ->capture_default_str()->check(CLI::Range(int64_t(0), int64_t(1) << 30));
+  c->add_option("--prefix-repetition-num-prefixes", b->num_prefixes, "prefix_repetition: distinct prefixes")
+      ->capture_default_str()->check(CLI::Range(int64_t(1), int64_t(1) << 30));
   c->add_option("--dataset-path", b->dataset_path, "prompt file for --dataset-name file: one prompt per line, or .jsonl");
   c->add_option("--dataset-field", b->dataset_field, "the prompt's field in each .jsonl object (e.g. question)")
       ->capture_default_str();
@@ -169,6 +177,10 @@ int BenchServeCommand::run() {
                   "to draw prompt token ids from");
     requests = bench::sample_random_requests(*tok, {num_prompts, random_input_len, random_output_len,
                                                     random_range_ratio, seed, token_ids});
+  } else if (dataset_name == "prefix_repetition") {
+    MOEFOLD_CHECK(tok.has_value(), "--dataset-name prefix_repetition needs --tokenizer DIR to draw prompt token ids from");
+    requests = bench::sample_prefix_repetition_requests(
+        *tok, {num_prompts, prefix_len, suffix_len, num_prefixes, random_output_len, seed, token_ids});
   } else {
     requests = bench::sample_file_requests({dataset_path, dataset_field, num_prompts, random_output_len, seed},
                                            tok ? &*tok : nullptr);

@@ -25,6 +25,7 @@ struct BenchServeCommand {
   std::string dataset_name = "random", dataset_path, dataset_field = "prompt";
   int64_t random_input_len = 1024, random_output_len = 128;
   double random_range_ratio = 0.0;
+  int64_t prefix_len = 256, suffix_len = 256, num_prefixes = 10;  ///< --dataset-name prefix_repetition
   std::string random_prompt_format = "text", tokenizer;
   bool ignore_eos = false, disable_tqdm = false;
   double temperature = 0.0, request_timeout = 3600;

@@ -60,11 +60,20 @@ std::unique_ptr<ServeCommand> add_serve_command(CLI::App& app) {
       ->default_str("");
   c->add_flag("--batch-invariant,!--no-batch-invariant", o.batch_invariant,
               "--device cuda: kernels whose per-row results do not depend on the rest of the batch (default: on)");
+  c->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", o.enable_prefix_caching,
+              "reuse the KV pages (and DeltaNet state snapshots) of shared prompt prefixes (default: on)");
+  c->add_option("--prefix-snapshot-memory", cmd->prefix_snapshot_memory,
+                "hybrid models: bytes for the prefix cache's DeltaNet state snapshots, e.g. 2G (default 1G)");
+  c->add_option("--prefix-snapshot-interval", o.prefix_snapshot_interval,
+                "hybrid models: besides each prompt's last 64-token boundary, a state snapshot every this many "
+                "prompt tokens (a multiple of 64; 0: none)")
+      ->capture_default_str();
   return cmd;
 }
 
 int ServeCommand::run() {
   if (!kv_cache_memory.empty()) options.kv_cache_memory = server::parse_bytes(kv_cache_memory);
+  if (!prefix_snapshot_memory.empty()) options.prefix_snapshot_memory = server::parse_bytes(prefix_snapshot_memory);
   return server::run_server(options);
 }
 

@@ -11,6 +11,7 @@ struct ServeCommand {
   CLI::App* app = nullptr;
   server::ServeOptions options;
   std::string kv_cache_memory;  ///< as typed (bytes, or with a K/M/G suffix)
+  std::string prefix_snapshot_memory;  ///< as typed
 
   /// Runs the server with the parsed options; returns the exit code. Throws moefold::Error.
   int run();

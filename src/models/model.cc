@@ -200,7 +200,7 @@ void Model::attention(size_t l, const ForwardBatch& b, const float* x, float* ou
   // The GPU runs the tensor-core prefill kernel (bf16 P V) unless every sequence decodes one token.
   bool decode_step = true;
   for (int32_t s = 0; s < b.num_seqs(); ++s)
-    decode_step = decode_step && b.cu_seqlens[size_t(s + 1)] - b.cu_seqlens[size_t(s)] == 1 && b.context_lens[size_t(s)] > 0;
+    decode_step = decode_step && b.decode_rows(s) && b.context_lens[size_t(s)] > 0;
   for (int32_t s = 0; s < b.num_seqs(); ++s) {
     const int64_t r0 = b.cu_seqlens[size_t(s)], n = b.cu_seqlens[size_t(s + 1)] - r0, start = b.context_lens[size_t(s)];
     if (n == 0) continue;
@@ -230,7 +230,8 @@ void Model::attention(size_t l, const ForwardBatch& b, const float* x, float* ou
 //   qkv = conv1d_silu(in_proj_qkv(x)); q, k, v = split(qkv); z = in_proj_z(x);
 //   beta = sigmoid(in_proj_b(x)); g = -exp(A_log) softplus(in_proj_a(x) + dt_bias);
 //   o = delta_rule(q, k, v, g, beta; S); out = out_proj(GatedRMSNorm(o, z))
-// A decode row (one token) takes the recurrent step; a prefill chunk the chunked form.
+// A decode row (one generated token, ForwardBatch::decode_rows) takes the recurrent step; prompt rows the
+// chunked form, which also takes the step's state snapshots (ForwardBatch::snapshots).
 void Model::deltanet(size_t l, const ForwardBatch& b, const float* x, float* out, StatePool& st) const {
   const DeltaNetWeights& g = w_.layers[l].gdn;
   const int64_t T = b.num_rows(), C = cfg_.conv_dim(), K = cfg_.linear_conv_kernel_dim;
@@ -246,6 +247,7 @@ void Model::deltanet(size_t l, const ForwardBatch& b, const float* x, float* out
   timed(kGdnGating, rw(2.0 * T * Hv + 2.0 * Hv, 2.0 * T * Hv),
         [&] { gdn_gating(araw.data(), braw.data(), g.A_log.data(), g.dt_bias.data(), gl.data(), beta.data(), T, Hv); });
   std::vector<float> q, k, v;
+  std::vector<GdnStateSnapshot> snaps;
   for (int32_t s = 0; s < b.num_seqs(); ++s) {
     const int64_t r0 = b.cu_seqlens[size_t(s)], n = b.cu_seqlens[size_t(s + 1)] - r0;
     if (n == 0) continue;
@@ -275,11 +277,28 @@ void Model::deltanet(size_t l, const ForwardBatch& b, const float* x, float* out
     // form's three dk x dv products per token and value head.
     const prof::Work rule_work = rw(double(n) * (2 * kd + Hv * dv + 2 * Hv) + double(Hv * dk * dv),
                                     double(n * Hv * dv) + double(Hv * dk * dv), 6.0 * n * Hv * dk * dv);
-    if (n == 1)
+    // Snapshots of this sequence: the conv state is the K-1 inputs before the snapshot row (all inside
+    // this step, as a snapshot row is >= 64 > K-1), the recurrent state comes from the chunked rule.
+    snaps.clear();
+    for (const StateSnapshot& sn : b.snapshots) {
+      if (sn.seq != s) continue;
+      const int64_t p = int64_t(kStateSnapshotChunk) * (sn.chunk + 1);
+      MOEFOLD_CHECK(sn.chunk >= 0 && p <= n && p >= K - 1 && !b.decode_rows(s) && sn.dst_slot >= 0 &&
+                        sn.dst_slot < st.num_slots && sn.dst_slot != slot,
+                    "sequence {}: snapshot after chunk {} into slot {} does not fit its {} rows", s, sn.chunk,
+                    sn.dst_slot, n);
+      float* cs = st.conv_state(l, sn.dst_slot);
+      for (int64_t c = 0; c < C; ++c)
+        for (int64_t j = 0; j < K - 1; ++j) cs[c * (K - 1) + j] = mixed[size_t((r0 + p - (K - 1) + j) * C + c)];
+      snaps.push_back({sn.chunk, st.recurrent_state(l, sn.dst_slot)});
+    }
+    if (b.decode_rows(s))
       timed(kGdnRecurrent, rule_work,
             [&] { gated_delta_rule_recurrent(q.data(), k.data(), v.data(), gs, bs, S, os, n, shape); });
     else
-      timed(kGdnChunked, rule_work, [&] { gated_delta_rule_chunked(q.data(), k.data(), v.data(), gs, bs, S, os, n, shape); });
+      timed(kGdnChunked, rule_work, [&] {
+        gated_delta_rule_chunked(q.data(), k.data(), v.data(), gs, bs, S, os, n, shape, kStateSnapshotChunk, snaps);
+      });
   }
   round_act(o.data(), int64_t(o.size()));
   timed(kGatedNorm, rw(2.0 * o.size() + double(dv), double(o.size())),

@@ -17,6 +17,9 @@ class CpuExecutor : public Executor {
   std::string device() const override { return "cpu"; }
   int32_t num_kv_blocks() const override { return kv_.num_blocks; }
   void reset_slot(int32_t s) override { states_.reset(s); }
+  int32_t num_state_slots() const override { return states_.num_slots; }
+  void copy_slot(int32_t src, int32_t dst) override { states_.copy(src, dst); }
+  int64_t state_slot_bytes() const override { return states_.slot_bytes(); }
   void forward(const ForwardBatch& b, std::vector<float>& logits) override {
     model_.forward(b, kv_, states_, logits, routing_);
   }

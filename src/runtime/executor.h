@@ -37,6 +37,14 @@ class Executor {
   virtual int32_t num_kv_blocks() const = 0;
   /// Zeroes DeltaNet state slot `slot` (a new sequence starts from the zero state).
   virtual void reset_slot(int32_t slot) = 0;
+  /// DeltaNet state slots this executor holds (live sequences + prefix-cache snapshots).
+  virtual int32_t num_state_slots() const = 0;
+  /// Copies DeltaNet state slot `src` onto `dst` (conv + recurrent state of every linear-attention
+  /// layer, bitwise; a prefix-cache restore or snapshot). Ordered with the executor's steps. Throws
+  /// Error for a slot out of range.
+  virtual void copy_slot(int32_t src, int32_t dst) = 0;
+  /// Bytes of one DeltaNet state slot on the device (0 for a model without linear attention).
+  virtual int64_t state_slot_bytes() const = 0;
   /// One step: writes K/V of every row into the pages named by the block tables, advances each
   /// sequence's state slot, and returns fp32 logits [batch.logits_rows.size(), vocab].
   virtual void forward(const ForwardBatch& batch, std::vector<float>& logits) = 0;
@@ -58,7 +66,7 @@ class Executor {
 };
 
 /// The CPU reference executor over `model` with `num_blocks` pages of `block_size` tokens and
-/// `num_slots` DeltaNet state slots. `model` must outlive it.
+/// `num_slots` DeltaNet state slots (live sequences and snapshots). `model` must outlive it.
 std::unique_ptr<Executor> make_cpu_executor(const Model& model, int32_t num_blocks, int32_t block_size,
                                             int32_t num_slots);
 

@@ -60,4 +60,21 @@ void StatePool::reset(int32_t s) {
     }
 }
 
+void StatePool::copy(int32_t src, int32_t dst) {
+  MOEFOLD_CHECK(src >= 0 && src < num_slots && dst >= 0 && dst < num_slots,
+                "StatePool: copy of slot {} to {} outside [0, {})", src, dst, num_slots);
+  if (src == dst) return;
+  for (size_t l = 0; l < conv.size(); ++l)
+    if (!conv[l].empty()) {
+      std::copy_n(conv_state(l, src), conv_elems, conv_state(l, dst));
+      std::copy_n(recurrent_state(l, src), rec_elems, recurrent_state(l, dst));
+    }
+}
+
+int64_t StatePool::slot_bytes() const {
+  int64_t layers = 0;
+  for (const auto& c : conv) layers += c.empty() ? 0 : 1;
+  return layers * (conv_elems + rec_elems) * int64_t(sizeof(float));
+}
+
 }  // namespace moefold

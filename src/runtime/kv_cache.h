@@ -44,6 +44,10 @@ struct StatePool {
   std::vector<std::vector<float>> conv, recurrent;
   /// Zeroes slot `s` in every layer (a new sequence starts from the zero state).
   void reset(int32_t s);
+  /// Copies slot `src` onto slot `dst` in every layer (bitwise). Throws Error for a slot out of range.
+  void copy(int32_t src, int32_t dst);
+  /// Bytes of one slot over all layers.
+  int64_t slot_bytes() const;
   float* conv_state(size_t layer, int32_t s) { return conv[layer].data() + size_t(s) * size_t(conv_elems); }
   float* recurrent_state(size_t layer, int32_t s) { return recurrent[layer].data() + size_t(s) * size_t(rec_elems); }
 };

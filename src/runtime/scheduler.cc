@@ -2,6 +2,7 @@
 #include "runtime/scheduler.h"
 
 #include <cmath>
+#include <span>
 
 #include <algorithm>
 #include <limits>
@@ -62,6 +63,20 @@ int32_t Scheduler::max_tokens(RequestId id) const {
   return it->second.max_tokens;
 }
 
+int32_t Scheduler::cached_tokens(RequestId id) const {
+  auto it = requests_.find(id);
+  MOEFOLD_CHECK(it != requests_.end(), "unknown request id {}", id);
+  return it->second.cached_tokens;
+}
+
+int32_t Scheduler::aligned_chunk(int32_t computed, int32_t n, int32_t left, bool may_skip) const {
+  const int32_t a = runner_.prefill_alignment();
+  if (n >= left || a <= 1) return n;
+  const int32_t cut = ((computed + n) / a) * a - computed;
+  if (cut > 0) return cut;
+  return may_skip ? 0 : n;  // off the grid: this request takes no more snapshots
+}
+
 int32_t Scheduler::uncomputed(const Request& r) const {
   const int32_t total = int32_t(r.prompt.size() + r.output.size());
   if (r.seq < 0) return total;
@@ -109,9 +124,16 @@ void Scheduler::plan_running(std::vector<Planned>& plan, int32_t& budget, int32_
       for (RequestId id : running_) {
         if (budget == 0) break;
         const Request& r = requests_.at(id);
-        const int32_t left = uncomputed(r);
-        if (left <= 0 || (left == 1) != decode_pass) continue;
-        const int32_t n = std::min({left, budget, decode_pass ? 1 : chunk_cap});
+        const SequenceState& sq = runner_.sequence(r.seq);
+        // Decode rows: generated tokens, including those a preempted request feeds back.
+        const int32_t left = sq.num_computed >= sq.prompt_len ? int32_t(sq.tokens.size()) - sq.num_computed
+                                                              : sq.prompt_len - sq.num_computed;
+        if (left <= 0 || (sq.num_computed >= sq.prompt_len) != decode_pass) continue;
+        int32_t n = std::min({left, budget, decode_pass ? 1 : chunk_cap});
+        if (!decode_pass) {
+          n = aligned_chunk(sq.num_computed, n, left, !plan.empty());
+          if (n == 0) continue;  // runs next step, from a fresh budget
+        }
         const int32_t need = runner_.blocks_needed(r.seq, n);
         if (reserved + need > free) {
           preempt(running_.back());
@@ -133,15 +155,29 @@ void Scheduler::plan_admissions(std::vector<Planned>& plan, int32_t& budget, int
   while (!waiting_.empty() && budget > 0 && int32_t(running_.size()) < opt_.max_num_seqs &&
          runner_.free_slots() > 0) {
     Request& r = requests_.at(waiting_.front());
-    const int32_t n = std::min({uncomputed(r), budget, chunk_cap});
-    const int32_t need = (n + bs - 1) / bs;
-    if (reserved + need > runner_.free_blocks()) break;  // FIFO: later requests wait behind it
     std::vector<int32_t> tokens = r.prompt;
     tokens.insert(tokens.end(), r.output.begin(), r.output.end());
-    r.seq = runner_.add_sequence(std::move(tokens));
+    const int32_t plen = int32_t(r.prompt.size());
+    const ModelRunner::PrefixMatch hit =
+        runner_.match_prefix(std::span(tokens).first(size_t(plen)), tokens.size() > size_t(plen));
+    // The prompt's first chunk, or (its prompt all restored) the first generated token fed back.
+    const int32_t left = hit.tokens < plen ? plen - hit.tokens : 1;
+    const int32_t n = aligned_chunk(hit.tokens, std::min({left, budget, chunk_cap}), left, !plan.empty());
+    if (n == 0) break;  // FIFO: it starts next step, from a fresh budget
+    // Its first chunk's new pages, plus the cached pages it revives (they stop being free).
+    const int32_t need = (hit.tokens + n + bs - 1) / bs - hit.tokens / bs + hit.idle_pages;
+    if (reserved + need > runner_.free_blocks()) break;  // FIFO: later requests wait behind it
+    r.seq = runner_.add_sequence(std::move(tokens), plen);
+    if (!r.admitted) {
+      r.admitted = true;
+      r.cached_tokens = runner_.sequence(r.seq).num_cached;
+    }
+    MOEFOLD_CHECK(runner_.sequence(r.seq).num_computed == hit.tokens,
+                  "prefix cache: admission restored {} tokens, {} were matched", runner_.sequence(r.seq).num_computed,
+                  hit.tokens);
     running_.push_back(r.id);
     waiting_.pop_front();
-    plan.push_back({r.id, n, true});
+    plan.push_back({r.id, n, hit.tokens < plen});
     reserved += need;
     budget -= n;
   }
@@ -211,6 +247,7 @@ std::vector<TokenOutput> Scheduler::step() {
       continue;
     }
     o.token = s.token;
+    o.cached_tokens = r.cached_tokens;
     o.logprob = s.logprob;
     o.top_logprobs = std::move(s.top_logprobs);
     r.output.push_back(o.token);
@@ -235,6 +272,12 @@ SchedulerStats Scheduler::stats() const {
   s.state_slots_total = r.max_seqs;
   s.state_slots_used = r.max_seqs - runner_.free_slots();
   s.num_preemptions = num_preemptions_;
+  const PrefixCacheStats p = runner_.prefix_cache_stats();
+  s.prefix_queried_tokens = p.queried_tokens;
+  s.prefix_hit_tokens = p.hit_tokens;
+  s.prefix_cached_pages = p.cached_pages;
+  s.prefix_snapshots = p.snapshots;
+  s.prefix_snapshot_bytes = p.snapshot_bytes;
   return s;
 }
 

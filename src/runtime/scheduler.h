@@ -7,10 +7,14 @@
 //        prefill chunks of waiting requests admitted now (FIFO), while a DeltaNet state slot,
 //        a running place and the KV pages of their first chunk are free (admission control);
 //      a prompt longer than the budget or than max_prefill_chunk is split over several steps
-//      (chunked prefill);
+//      (chunked prefill); with prefix caching, an admitted request starts after the prefix the
+//      runner restores (ModelRunner::add_sequence), and for a hybrid model every chunk but a prompt's
+//      last ends on the 64-token grid, where the chunked DeltaNet prefill takes state snapshots;
 //   2. when the running requests' KV pages do not fit, preempts the youngest running request by
-//      recompute: its pages and state slot are released and it goes back to the front of the
-//      queue with prompt + generated tokens as its new prompt, so its state is rebuilt later;
+//      recompute: its pages and state slot are released (its prompt pages and snapshots stay in the
+//      prefix cache) and it goes back to the front of the queue; when readmitted its prompt is
+//      prefilled again (from the cache where it can) and its generated tokens are fed back as decode
+//      rows, one per step, unsampled, so its state is rebuilt with the bits it had;
 //   3. runs one ModelRunner::step_sample over all chunks, which samples a token inside the executor
 //      (on the GPU for a CUDA executor) for every request whose known tokens are then all computed
 //      (a partial prefill chunk samples nothing);
@@ -53,6 +57,8 @@ struct TokenOutput {
   std::vector<TokenLogprob> top_logprobs;   ///< when params.logprobs && top_logprobs > 0
   FinishReason finish = FinishReason::kNone; ///< set when the request ended at this token
   std::string error;                         ///< non-empty: the request failed and was removed
+  /// Prompt tokens the request's first admission restored from the prefix cache (0 without a hit).
+  int32_t cached_tokens = 0;
 };
 
 /// One chunk of the last step (for tests and metrics).
@@ -68,6 +74,12 @@ struct SchedulerStats {
   int32_t kv_blocks_used = 0, kv_blocks_total = 0;
   int32_t state_slots_used = 0, state_slots_total = 0;
   int64_t num_preemptions = 0;
+  // Prefix cache (all zero with caching off).
+  int64_t prefix_queried_tokens = 0;  ///< prompt tokens looked up at admissions
+  int64_t prefix_hit_tokens = 0;      ///< of which restored from the cache
+  int32_t prefix_cached_pages = 0;    ///< registered KV pages (held or evictable)
+  int32_t prefix_snapshots = 0;       ///< DeltaNet state snapshots kept
+  int64_t prefix_snapshot_bytes = 0;  ///< their memory
 };
 
 class Scheduler {
@@ -107,6 +119,9 @@ class Scheduler {
   const std::vector<int32_t>& output(RequestId id) const;
   /// The effective max_tokens of a live request after the context cap.
   int32_t max_tokens(RequestId id) const;
+  /// Prompt tokens of a live request served from the prefix cache at its first admission (0 while
+  /// it waits for the first time; throws Error for an unknown id).
+  int32_t cached_tokens(RequestId id) const;
   const SchedulerOptions& options() const { return opt_; }
 
  private:
@@ -117,6 +132,8 @@ class Scheduler {
     Sampler sampler;
     int32_t max_tokens;
     int32_t seq = -1;  ///< runner sequence while running
+    bool admitted = false;      ///< admitted at least once (cached_tokens is then set)
+    int32_t cached_tokens = 0;  ///< prompt tokens restored from the prefix cache at the first admission
   };
   struct Planned {
     RequestId id;
@@ -134,6 +151,10 @@ class Scheduler {
   void preempt(RequestId id);
   /// Releases the request's runner sequence (if any) and forgets it.
   void remove(RequestId id);
+  /// The first n of `left` uncomputed prompt tokens, after `computed`, to run in one chunk: n itself
+  /// when it finishes the prompt (n == left), else cut back to end on the runner's prefill alignment
+  /// (a hybrid model's 64-token snapshot grid); 0 when that leaves nothing and `may_skip`.
+  int32_t aligned_chunk(int32_t computed, int32_t n, int32_t left, bool may_skip) const;
   /// Finish reason after `r` produced `token`, or kNone.
   FinishReason finish_reason(const Request& r, int32_t token) const;
 

@@ -115,6 +115,7 @@ void Engine::handle(TokenOutput& o) {
   r.first = false;
   r.last_token = now;
   ev.tokens.push_back({o.token, o.logprob, std::move(o.top_logprobs)});
+  ev.cached_tokens = o.cached_tokens;
   try {
     std::string delta;
     try {

@@ -61,8 +61,10 @@ struct StreamState {
   std::vector<std::vector<GeneratedToken>> pending;  ///< tokens whose logprobs are not yet sent
   std::vector<int64_t> text_offset;
   std::vector<bool> finished;
+  std::vector<bool> seen_first;  ///< the choice's first event was seen (its cached_tokens counted)
   size_t num_finished = 0;
   int64_t completion_tokens = 0;
+  int64_t cached_tokens = 0;  ///< prefix-cache hits of the first choice of every prompt
   bool started = false, done = false;
   std::atomic<bool> accounted{false};
 };
@@ -215,12 +217,14 @@ void HttpApi::generate(Api api, const std::string& endpoint, const httplib::Requ
   if (!req->stream) {
     std::vector<ChoiceResult> results(num_choices);
     size_t finished = 0;
+    int64_t cached_tokens = 0;  // prefix-cache hits of the first choice of every prompt
     std::vector<ChoiceEvent> events;
     while (finished < num_choices) {
       events.clear();
       channel->wait_pop(events, kPoll);
       for (ChoiceEvent& e : events) {
         ChoiceResult& r = results[size_t(e.index)];
+        if (r.tokens.empty() && !e.tokens.empty() && e.index % req->n == 0) cached_tokens += e.cached_tokens;
         r.text += e.text;
         for (auto& t : e.tokens) r.tokens.push_back(std::move(t));
         if (!e.error.empty()) r.error = e.error;
@@ -240,6 +244,7 @@ void HttpApi::generate(Api api, const std::string& endpoint, const httplib::Requ
       }
     }
     ResponseBuilder builder(*req, *info_.tokenizer);
+    builder.set_cached_tokens(cached_tokens);
     res.set_content(builder.response(results).dump(-1, ' ', false, Json::error_handler_t::replace),
                     "application/json");
     t_log.prompt_tokens = req->prompt_tokens();
@@ -260,6 +265,7 @@ void HttpApi::generate(Api api, const std::string& endpoint, const httplib::Requ
   st->pending.resize(num_choices);
   st->text_offset.assign(num_choices, 0);
   st->finished.assign(num_choices, false);
+  st->seen_first.assign(num_choices, false);
   res.set_header("Cache-Control", "no-cache");
   res.set_header("X-Accel-Buffering", "no");
   res.set_chunked_content_provider(
@@ -281,6 +287,10 @@ void HttpApi::generate(Api api, const std::string& endpoint, const httplib::Requ
         st->channel->wait_pop(events, kPoll);
         for (ChoiceEvent& e : events) {
           const size_t i = size_t(e.index);
+          if (!st->seen_first[i] && !e.tokens.empty()) {
+            st->seen_first[i] = true;
+            if (int32_t(i) % st->req->n == 0) st->cached_tokens += e.cached_tokens;
+          }
           st->completion_tokens += int64_t(e.tokens.size());
           for (auto& t : e.tokens) st->pending[i].push_back(std::move(t));
           if (!e.error.empty()) {
@@ -298,6 +308,7 @@ void HttpApi::generate(Api api, const std::string& endpoint, const httplib::Requ
         if (st->num_finished == st->num_choices) {
           st->done = true;
           account(*st, metrics_);
+          st->builder->set_cached_tokens(st->cached_tokens);
           if (st->req->include_usage && !write(sse(st->builder->usage_chunk(st->completion_tokens)))) return false;
           if (!write("data: [DONE]\n\n")) return false;
           sink.done();

@@ -106,6 +106,10 @@ std::string Metrics::render() const {
   out += fmt::format("moefold_generation_tokens_total {}\n", generation_tokens_);
   header(out, "moefold_preemptions_total", "counter", "Requests preempted by recompute when KV pages ran out.");
   out += fmt::format("moefold_preemptions_total {}\n", stats_.num_preemptions);
+  header(out, "moefold_prefix_cache_queries_total", "counter", "Prompt tokens looked up in the prefix cache.");
+  out += fmt::format("moefold_prefix_cache_queries_total {}\n", stats_.prefix_queried_tokens);
+  header(out, "moefold_prefix_cache_hits_total", "counter", "Prompt tokens served from the prefix cache.");
+  out += fmt::format("moefold_prefix_cache_hits_total {}\n", stats_.prefix_hit_tokens);
 
   auto gauge = [&](const char* name, const char* help, double v) {
     header(out, name, "gauge", help);
@@ -119,6 +123,11 @@ std::string Metrics::render() const {
         stats_.kv_blocks_total ? double(stats_.kv_blocks_used) / stats_.kv_blocks_total : 0.0);
   gauge("moefold_deltanet_state_slots_used", "DeltaNet state slots in use.", stats_.state_slots_used);
   gauge("moefold_deltanet_state_slots_total", "DeltaNet state slots in the pool.", stats_.state_slots_total);
+  gauge("moefold_prefix_cache_pages", "KV pages indexed by the prefix cache (held or evictable).",
+        stats_.prefix_cached_pages);
+  gauge("moefold_prefix_cache_snapshots", "DeltaNet state snapshots kept by the prefix cache.", stats_.prefix_snapshots);
+  gauge("moefold_prefix_cache_snapshot_bytes", "Memory of the prefix cache's DeltaNet state snapshots.",
+        double(stats_.prefix_snapshot_bytes));
 
   header(out, "moefold_time_to_first_token_seconds", "histogram", "Time from arrival to the first generated token.");
   ttft_.render("moefold_time_to_first_token_seconds", out);

@@ -7,10 +7,12 @@
 //   moefold_generation_tokens_total                 generated tokens, as reported in usage (aborted
 //                                                   streams: the tokens generated before the abort)
 //   moefold_preemptions_total                       requests preempted by recompute
+//   moefold_prefix_cache_queries_total / _hits_total prompt tokens looked up in / served from the prefix cache
 // Gauges (sampled after every engine step):
 //   moefold_num_requests_running / moefold_num_requests_waiting
 //   moefold_kv_cache_blocks_used / _total, moefold_kv_cache_usage_ratio
 //   moefold_deltanet_state_slots_used / _total
+//   moefold_prefix_cache_pages, moefold_prefix_cache_snapshots, moefold_prefix_cache_snapshot_bytes
 // Histograms (seconds): moefold_time_to_first_token_seconds, moefold_inter_token_latency_seconds,
 //   moefold_e2e_request_latency_seconds.
 #pragma once

@@ -30,6 +30,7 @@ struct ChoiceEvent {
   std::vector<GeneratedToken> tokens;  ///< tokens sampled since the previous event
   FinishReason finish = FinishReason::kNone;
   std::string error;                   ///< non-empty: the choice failed (it is finished)
+  int32_t cached_tokens = 0;           ///< prompt tokens served from the prefix cache (usage)
   bool finished() const { return finish != FinishReason::kNone || !error.empty(); }
 };
 

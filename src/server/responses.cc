@@ -103,7 +103,8 @@ ResponseBuilder::Json ResponseBuilder::usage(int64_t completion_tokens) const {
   const int64_t prompt = req_.prompt_tokens();
   return Json{{"prompt_tokens", prompt},
               {"completion_tokens", completion_tokens},
-              {"total_tokens", prompt + completion_tokens}};
+              {"total_tokens", prompt + completion_tokens},
+              {"prompt_tokens_details", Json{{"cached_tokens", cached_tokens_}}}};
 }
 
 ResponseBuilder::Json ResponseBuilder::response(const std::vector<ChoiceResult>& choices) const {

@@ -40,8 +40,11 @@ class ResponseBuilder {
              int64_t& text_offset) const;
   /// The final usage chunk of a stream (stream_options.include_usage): empty choices.
   Json usage_chunk(int64_t completion_tokens) const;
-  /// {"prompt_tokens", "completion_tokens", "total_tokens"}.
+  /// {"prompt_tokens", "completion_tokens", "total_tokens",
+  ///  "prompt_tokens_details": {"cached_tokens"}} (cached_tokens: set_cached_tokens, else 0).
   Json usage(int64_t completion_tokens) const;
+  /// Prompt tokens the request's prompts got from the prefix cache (reported in usage).
+  void set_cached_tokens(int64_t n) { cached_tokens_ = n; }
 
   const std::string& id() const { return id_; }
 
@@ -56,6 +59,7 @@ class ResponseBuilder {
   const Tokenizer& tok_;
   std::string id_;
   int64_t created_;
+  int64_t cached_tokens_ = 0;
 };
 
 }  // namespace moefold::server

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <numeric>
 #include <optional>
 #include <thread>
 
@@ -149,7 +150,19 @@ int run_server(const ServeOptions& o) {
   std::fprintf(stderr, "moefold serve: loading the model from %s (%s, %s)...\n", dir.c_str(), what.c_str(),
                o.device.c_str());
   const auto load_start = std::chrono::steady_clock::now();
-  const RunnerOptions ro{pool.num_blocks, o.block_size, o.max_num_seqs};
+  RunnerOptions ro{pool.num_blocks, o.block_size, o.max_num_seqs};
+  ro.enable_prefix_caching = o.enable_prefix_caching;
+  ro.snapshot_interval = o.prefix_snapshot_interval;
+  // Snapshot slots: the budget over one slot's bytes (bf16 conv state on the GPU, fp32 on the CPU), at
+  // most one per 64 tokens the KV pool holds (more could never be used: each needs its own pages).
+  const int64_t slot_bytes = deltanet_slot_bytes(cfg, o.device == "cpu" ? 4 : 2);
+  MOEFOLD_CHECK(o.prefix_snapshot_memory >= 0, "--prefix-snapshot-memory must be >= 0");
+  MOEFOLD_CHECK(o.prefix_snapshot_interval >= 0 && o.prefix_snapshot_interval % 64 == 0,
+                "--prefix-snapshot-interval {} must be a multiple of 64", o.prefix_snapshot_interval);
+  if (o.enable_prefix_caching && slot_bytes > 0)
+    ro.snapshot_slots = int32_t(std::min<int64_t>(o.prefix_snapshot_memory / slot_bytes,
+                                                  int64_t(pool.num_blocks) * o.block_size / 64 + 1));
+
   std::unique_ptr<Model> cpu_model;
   std::unique_ptr<ModelRunner> runner;
   if (o.device == "cpu") {
@@ -161,6 +174,7 @@ int run_server(const ServeOptions& o) {
     co.num_blocks = ro.num_blocks;
     co.block_size = ro.block_size;
     co.num_slots = ro.max_seqs;
+    co.num_snapshot_slots = ro.snapshot_slots;
     co.max_rows = o.max_num_batched_tokens;
     co.max_blocks_per_seq = (pool.max_model_len + o.block_size - 1) / o.block_size;
     co.enforce_eager = o.enforce_eager;
@@ -228,6 +242,18 @@ int run_server(const ServeOptions& o) {
                "budget %d tokens/step\n",
                name.c_str(), family_name(cfg.family).c_str(), pool.max_model_len, pool.num_blocks, o.block_size,
                o.max_num_seqs, o.max_num_batched_tokens);
+  if (!o.enable_prefix_caching)
+    std::fprintf(stderr, "moefold serve: prefix caching off\n");
+  else if (slot_bytes == 0)
+    std::fprintf(stderr, "moefold serve: prefix caching on (KV pages of %d tokens)\n", o.block_size);
+  else
+    std::fprintf(stderr,
+                 "moefold serve: prefix caching on: %d DeltaNet state snapshots of %.3f MiB (%.3f GiB of "
+                 "--prefix-snapshot-memory %.2f GiB), at each prompt's last %d-token boundary and every %d "
+                 "prompt tokens\n",
+                 ro.snapshot_slots, double(slot_bytes) / 1048576.0,
+                 double(slot_bytes) * ro.snapshot_slots / 1073741824.0, double(o.prefix_snapshot_memory) / 1073741824.0,
+                 std::lcm(64, o.block_size), o.prefix_snapshot_interval);
   if (!ho.policy.api_key.empty())
     std::fprintf(stderr, "moefold serve: API key required on every endpoint except /health%s\n",
                  ho.policy.metrics_without_key ? " and /metrics" : "");

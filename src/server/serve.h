@@ -38,6 +38,9 @@ struct ServeOptions {
   bool enforce_eager = false;           ///< --device cuda: no CUDA graphs for decode steps
   std::vector<int32_t> cuda_graph_sizes;  ///< decode batch sizes captured as CUDA graphs (empty: default)
   bool batch_invariant = true;          ///< --device cuda: per-row results independent of the batch
+  bool enable_prefix_caching = true;    ///< reuse cached prompt prefixes (runtime/prefix_cache.h)
+  int64_t prefix_snapshot_memory = int64_t(1) << 30;  ///< bytes for DeltaNet state snapshots (hybrid models)
+  int32_t prefix_snapshot_interval = 4096;  ///< a snapshot every this many prompt tokens (0: only prompt ends)
 };
 
 /// Parses a byte count with an optional K/M/G/T suffix (powers of 1024), e.g. "512M".

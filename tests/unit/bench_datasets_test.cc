@@ -243,5 +243,30 @@ TEST(OpenAiClient, UnreachableServerIsAnErrorNotACrash) {
   EXPECT_NE(r.error.find("failed"), std::string::npos) << r.error;
 }
 
+TEST(PrefixRepetitionRequests, SharedPrefixesAndDistinctSuffixes) {
+  const Tokenizer tok = fixture_tokenizer("qwen35_mini");
+  const std::vector<SampleRequest> r =
+      sample_prefix_repetition_requests(tok, {12, 40, 10, 3, 7, 5, true});
+  ASSERT_EQ(r.size(), 12u);
+  std::map<std::vector<int32_t>, int> prefixes;
+  std::set<std::vector<int32_t>> prompts;
+  for (const SampleRequest& q : r) {
+    ASSERT_EQ(q.prompt_ids.size(), 50u);
+    EXPECT_EQ(q.prompt_len, 50);
+    EXPECT_EQ(q.output_len, 7);
+    ++prefixes[std::vector<int32_t>(q.prompt_ids.begin(), q.prompt_ids.begin() + 40)];
+    prompts.insert(q.prompt_ids);
+  }
+  EXPECT_EQ(prefixes.size(), 3u);
+  for (const auto& [p, n] : prefixes) EXPECT_EQ(n, 4);  // 12 requests over 3 prefixes
+  EXPECT_EQ(prompts.size(), 12u);                      // distinct suffixes
+  // Text prompts of one prefix all start with the same text; the options are deterministic.
+  const std::vector<SampleRequest> t = sample_prefix_repetition_requests(tok, {6, 30, 5, 1, 4, 9, false});
+  for (const SampleRequest& q : t) EXPECT_EQ(q.prompt.substr(0, 20), t[0].prompt.substr(0, 20));
+  EXPECT_EQ(sample_prefix_repetition_requests(tok, {6, 30, 5, 1, 4, 9, false})[3].prompt, t[3].prompt);
+  EXPECT_THROW(sample_prefix_repetition_requests(tok, {6, 0, 5, 1, 4, 9, false}), Error);
+}
+
 }  // namespace
 }  // namespace moefold::bench
+

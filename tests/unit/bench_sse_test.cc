@@ -62,6 +62,10 @@ TEST(StreamChunk, CompletionsChatUsageDoneAndErrors) {
   EXPECT_FALSE(c.has_choices);
   EXPECT_EQ(c.prompt_tokens, 12);
   EXPECT_EQ(c.completion_tokens, 5);
+  EXPECT_FALSE(c.cached_tokens.has_value());
+  c = parse_stream_chunk(
+      R"({"choices":[],"usage":{"prompt_tokens":12,"completion_tokens":5,"prompt_tokens_details":{"cached_tokens":8}}})");
+  EXPECT_EQ(c.cached_tokens, 8);
   c = parse_stream_chunk(R"({"choices":[{"text":"a"}],"usage":null})");
   EXPECT_FALSE(c.completion_tokens.has_value());
 

@@ -34,6 +34,9 @@ class TableExecutor : public Executor {
   std::string device() const override { return "table"; }
   int32_t num_kv_blocks() const override { return blocks_; }
   void reset_slot(int32_t) override {}
+  int32_t num_state_slots() const override { return 1 << 20; }
+  void copy_slot(int32_t, int32_t) override {}
+  int64_t state_slot_bytes() const override { return 0; }
   void set_routing(RoutingControl) override {}
   void forward(const ForwardBatch& b, std::vector<float>& logits) override {
     ++forward_calls;

@@ -241,11 +241,14 @@ class CudaExecutor : public Executor {
     logits_ = DeviceBuffer<float>(size_t(opt_.max_logits_rows) * size_t(c.vocab_size));
     // KV cache and state pool: the state pool first, then the KV pages, sized from free memory when
     // num_blocks <= 0 (everything else is allocated by now).
+    MOEFOLD_CHECK(opt_.num_snapshot_slots >= 0, "num_snapshot_slots must be >= 0, got {}", opt_.num_snapshot_slots);
+    const int64_t pool_slots = S + opt_.num_snapshot_slots;  // live sequences, then snapshots
+    snapshots_ = DeviceBuffer<int32_t>(size_t(3 * kMaxStepSnapshots + 1));
     for (int64_t l = 0; l < c.num_layers; ++l)
       if (c.layer_types[size_t(l)] == LayerType::LinearAttention) {
-        conv_state_.emplace_back(size_t(S) * size_t(c.conv_dim() * (c.linear_conv_kernel_dim - 1)));
-        rec_state_.emplace_back(size_t(S) * size_t(c.linear_num_value_heads * c.linear_key_head_dim *
-                                                     c.linear_value_head_dim));
+        conv_state_.emplace_back(size_t(pool_slots) * size_t(c.conv_dim() * (c.linear_conv_kernel_dim - 1)));
+        rec_state_.emplace_back(size_t(pool_slots) * size_t(c.linear_num_value_heads * c.linear_key_head_dim *
+                                                              c.linear_value_head_dim));
         conv_state_.back().fill_bytes(0);
         rec_state_.back().fill_bytes(0);
       } else {
@@ -334,13 +337,33 @@ class CudaExecutor : public Executor {
   int32_t num_kv_blocks() const override { return opt_.num_blocks; }
 
   void reset_slot(int32_t s) override {
-    MOEFOLD_CHECK(s >= 0 && s < opt_.num_slots, "state slot {} outside [0, {})", s, opt_.num_slots);
+    MOEFOLD_CHECK(s >= 0 && s < num_state_slots(), "state slot {} outside [0, {})", s, num_state_slots());
     for (size_t l = 0; l < conv_state_.size(); ++l) {
       if (conv_state_[l].empty()) continue;
-      const size_t ce = conv_state_[l].size() / size_t(opt_.num_slots), re = rec_state_[l].size() / size_t(opt_.num_slots);
+      const size_t ce = conv_elems(l), re = rec_elems(l);
       cuda::fill_device_bytes(conv_state_[l].data() + size_t(s) * ce, 0, ce * sizeof(bf16), stream_);
       cuda::fill_device_bytes(rec_state_[l].data() + size_t(s) * re, 0, re * sizeof(float), stream_);
     }
+  }
+  int32_t num_state_slots() const override { return opt_.num_slots + opt_.num_snapshot_slots; }
+  void copy_slot(int32_t src, int32_t dst) override {
+    MOEFOLD_CHECK(src >= 0 && src < num_state_slots() && dst >= 0 && dst < num_state_slots(),
+                  "state slot copy {} -> {} outside [0, {})", src, dst, num_state_slots());
+    if (src == dst) return;
+    for (size_t l = 0; l < conv_state_.size(); ++l) {
+      if (conv_state_[l].empty()) continue;
+      const size_t ce = conv_elems(l), re = rec_elems(l);
+      MOEFOLD_CUDA_CHECK(cudaMemcpyAsync(conv_state_[l].data() + size_t(dst) * ce, conv_state_[l].data() + size_t(src) * ce,
+                                         ce * sizeof(bf16), cudaMemcpyDeviceToDevice, stream_));
+      MOEFOLD_CUDA_CHECK(cudaMemcpyAsync(rec_state_[l].data() + size_t(dst) * re, rec_state_[l].data() + size_t(src) * re,
+                                         re * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
+    }
+  }
+  int64_t state_slot_bytes() const override {
+    int64_t b = 0;
+    for (size_t l = 0; l < conv_state_.size(); ++l)
+      if (!conv_state_[l].empty()) b += int64_t(conv_elems(l) * sizeof(bf16) + rec_elems(l) * sizeof(float));
+    return b;
   }
 
   void forward(const ForwardBatch& b, std::vector<float>& logits) override;
@@ -349,6 +372,11 @@ class CudaExecutor : public Executor {
   void set_routing(RoutingControl routing) override { routing_ = routing; }
 
  private:
+  size_t conv_elems(size_t l) const { return conv_state_[l].size() / size_t(num_state_slots()); }
+  size_t rec_elems(size_t l) const { return rec_state_[l].size() / size_t(num_state_slots()); }
+  /// Copies the conv inputs before each snapshot row into the snapshot slots (layer l; `mixed` rows
+  /// `stride` elements apart), as the conv prefill would leave them after that row.
+  void snapshot_conv(size_t l, const bf16* mixed, int64_t stride);
   cuda::AttentionShape attention_shape() const {
     cuda::AttentionShape sh;
     sh.num_heads = int(cfg_.num_heads);
@@ -440,6 +468,10 @@ class CudaExecutor : public Executor {
   cuda::MoeWorkspace moe_ws_;
   std::vector<DeviceBuffer<bf16>> k_cache_, v_cache_, conv_state_;
   std::vector<DeviceBuffer<float>> rec_state_;
+  DeviceBuffer<int32_t> snapshots_;   // [kMaxStepSnapshots] cuda::GdnSnapshot, then the live count
+  std::vector<StateSnapshot> step_snapshots_;  // the current step's (host), with row offsets below
+  std::vector<int32_t> step_snapshot_rows_;    // per snapshot: the step row where its state is taken
+  std::vector<int32_t> snap_host_;             // the snapshot table as uploaded
   RoutingControl routing_;
   DeviceBuffer<int32_t> replay_ids_;  // [MoE layers, T, k] of the current step when replaying
   // CUDA graphs of decode steps, by (bucket rows, block-table stride); padded host copies of the batch.
@@ -457,7 +489,7 @@ StepDims CudaExecutor::eager_dims(const ForwardBatch& b) const {
   for (int32_t s = 0; s < d.seqs; ++s) {
     const int n = b.cu_seqlens[size_t(s + 1)] - b.cu_seqlens[size_t(s)];
     d.max_q_len = std::max(d.max_q_len, n);
-    d.decode = d.decode && n == 1 && b.context_lens[size_t(s)] > 0;
+    d.decode = d.decode && b.decode_rows(s) && b.context_lens[size_t(s)] > 0;
   }
   d.table_stride = b.max_blocks_per_seq;
   d.logits_rows = std::min<int64_t>(int64_t(b.logits_rows.size()), opt_.max_logits_rows);
@@ -557,9 +589,34 @@ bool CudaExecutor::run_step(const ForwardBatch& b) {
   MOEFOLD_CHECK(b.max_blocks_per_seq <= opt_.max_blocks_per_seq, "block table of {} pages exceeds the limit {}",
                 b.max_blocks_per_seq, opt_.max_blocks_per_seq);
   for (int32_t r : b.logits_rows) MOEFOLD_CHECK(r >= 0 && r < T, "logits row {} outside the step's {} rows", r, T);
+  step_snapshots_.clear();  // (a graph captured below must see none)
+  step_snapshot_rows_.clear();
   StepDims d = eager_dims(b);
   cuda::CapturedGraph* graph = graph_for(b, d);
   upload_batch(b, d);
+  if (!b.snapshots.empty()) {
+    MOEFOLD_CHECK(!d.decode && !graph, "DeltaNet snapshots requested in a decode step");
+    MOEFOLD_CHECK(int32_t(b.snapshots.size()) <= kMaxStepSnapshots, "step asks for {} DeltaNet snapshots; at most {}",
+                  b.snapshots.size(), kMaxStepSnapshots);
+    snap_host_.assign(size_t(3 * kMaxStepSnapshots + 1), 0);
+    for (size_t i = 0; i < b.snapshots.size(); ++i) {
+      const StateSnapshot& sn = b.snapshots[i];
+      MOEFOLD_CHECK(sn.seq >= 0 && sn.seq < S && sn.chunk >= 0 && sn.dst_slot >= opt_.num_slots &&
+                        sn.dst_slot < num_state_slots(),
+                    "snapshot {} (sequence {}, chunk {}, slot {}) is out of range", i, sn.seq, sn.chunk, sn.dst_slot);
+      const int32_t r0 = b.cu_seqlens[size_t(sn.seq)], n = b.cu_seqlens[size_t(sn.seq + 1)] - r0;
+      const int32_t p = kStateSnapshotChunk * (sn.chunk + 1);
+      MOEFOLD_CHECK(p <= n && p >= c.linear_conv_kernel_dim - 1, "snapshot after chunk {} past sequence {}'s {} rows",
+                    sn.chunk, sn.seq, n);
+      step_snapshots_.push_back(sn);
+      step_snapshot_rows_.push_back(r0 + p);
+      snap_host_[3 * i] = sn.seq;
+      snap_host_[3 * i + 1] = sn.chunk;
+      snap_host_[3 * i + 2] = sn.dst_slot;
+    }
+    snap_host_[size_t(3 * kMaxStepSnapshots)] = int32_t(b.snapshots.size());
+    snapshots_.upload(snap_host_.data(), snap_host_.size(), 0, stream_, true);
+  }
   // Checked on the host: the top-k kernel would keep an id outside [0, E) and moe_plan drop its pair
   // silently (ws.status is not read back).
   prepare_routing(routing_, c, T);
@@ -710,6 +767,22 @@ void CudaExecutor::attention(size_t l, const StepDims& d) {
   gemm(a.o_proj, o_.data(), y_.data(), T);
 }
 
+static_assert(sizeof(cuda::GdnSnapshot) == 3 * sizeof(int32_t), "the snapshot table is uploaded as int32 triples");
+
+void CudaExecutor::snapshot_conv(size_t l, const bf16* mixed, int64_t stride) {
+  const int64_t C = cfg_.conv_dim(), K1 = cfg_.linear_conv_kernel_dim - 1;
+  const size_t ce = conv_elems(l);
+  for (size_t i = 0; i < step_snapshots_.size(); ++i) {
+    // Slot layout [C, K-1]: column j holds row (r - K + 1 + j), a strided copy of C elements.
+    bf16* dst = conv_state_[l].data() + size_t(step_snapshots_[i].dst_slot) * ce;
+    for (int64_t j = 0; j < K1; ++j) {
+      const bf16* src = mixed + (int64_t(step_snapshot_rows_[i]) - K1 + j) * stride;
+      MOEFOLD_CUDA_CHECK(cudaMemcpy2DAsync(dst + j, size_t(K1) * sizeof(bf16), src, sizeof(bf16), sizeof(bf16),
+                                           size_t(C), cudaMemcpyDeviceToDevice, stream_));
+    }
+  }
+}
+
 // Gated DeltaNet, as Model::deltanet: conv1d_silu(in_proj_qkv(x)) with the carried conv state;
 // gating, q/k L2 norm and the delta rule (chunked for prefill, recurrent for decode) over the
 // sequence's state slot; GatedRMSNorm(o, z); out_proj.
@@ -742,12 +815,17 @@ void CudaExecutor::deltanet(size_t l, const StepDims& d) {
   else
     cuda::causal_conv1d_silu_prefill(mixed, dev(g.conv1d), cu_seqlens_.data(), state_slots_.data(), num_seqs,
                                      int(T), conv_state_[l].data(), conv_.data(), int(C), int(K), stream_, W);
+  if (!d.decode && !step_snapshots_.empty()) snapshot_conv(l, mixed, W ? W : C);
   cuda::GdnArgs args{conv_.data(), conv_.data() + kd, conv_.data() + 2 * kd, C, ga, gb, W ? W : Hv,
                      a_log_[l], dt_bias_[l], rec_state_[l].data(), state_slots_.data(), num_seqs, go_.data()};
   const cuda::GdnDims dims{int(c.linear_num_key_heads), int(Hv), int(c.linear_key_head_dim),
                            int(c.linear_value_head_dim)};
   if (d.decode) cuda::gdn_recurrent_decode(args, d.seqs, dims, stream_);
-  else cuda::gdn_chunked_prefill(args, cu_seqlens_.data(), d.seqs, nullptr, nullptr, 0, dims, stream_);
+  else if (step_snapshots_.empty())
+    cuda::gdn_chunked_prefill(args, cu_seqlens_.data(), d.seqs, nullptr, nullptr, 0, dims, stream_);
+  else
+    cuda::gdn_chunked_prefill(args, cu_seqlens_.data(), d.seqs, reinterpret_cast<const cuda::GdnSnapshot*>(snapshots_.data()),
+                              snapshots_.data() + 3 * kMaxStepSnapshots, kMaxStepSnapshots, dims, stream_);
   cuda::gated_rms_norm(go_.data(), z, dev(g.norm), go_.data(), T, Hv, c.linear_value_head_dim,
                        float(c.rms_norm_eps), counts_.data(), stream_, W);
   gemm(g.out_proj, go_.data(), y_.data(), T);

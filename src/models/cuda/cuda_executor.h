@@ -18,6 +18,7 @@ struct CudaExecutorOptions {
   double gpu_memory_utilization = 0.9;  ///< share of total GPU memory the process may use (auto sizing)
   int32_t block_size = 16;    ///< tokens per page
   int32_t num_slots = 8;      ///< DeltaNet state slots = most sequences per step
+  int32_t num_snapshot_slots = 0;  ///< more state slots (after those) for prefix-cache snapshots
   int32_t max_rows = 8192;    ///< most token rows per step (activation buffers are sized for it)
   int32_t max_blocks_per_seq = 0;  ///< 0 = num_blocks
   int32_t max_logits_rows = 256;   ///< logits computed per lm_head pass (larger requests loop)

@@ -13,7 +13,7 @@ void kv_cache_write(const float* k, const float* v, float* k_cache, float* v_cac
 
 /// out[i, h, :] = softmax_j(scale * q[i, h] . K[j, h / (Hq / Hkv)]) V[j, ...] over cached positions
 /// j <= start + i (causal), for n query rows of one sequence at positions start .. start+n-1
-/// (per KV head: Q K^T and P V through OpenBLAS sgemm).
+/// (fixed-order loops: a row gives the same bits whatever chunk it is computed in).
 /// q, out: [n, Hq, D]. Softmax in fp32 with max subtraction, scores accumulated in fp32.
 /// round_p_bf16: round the unnormalised probabilities exp(s - max) to bf16 before P V (the sum stays
 /// fp32), as tensor-core prefill kernels do (the ideal bf16 chain of the GPU prefill kernel).

@@ -90,7 +90,8 @@ void gated_delta_rule_recurrent(const float* q, const float* k, const float* v, 
 }
 
 void gated_delta_rule_chunked(const float* q, const float* k, const float* v, const float* g, const float* beta,
-                              float* state, float* out, int64_t T, const GdnShape& s, int64_t chunk) {
+                              float* state, float* out, int64_t T, const GdnShape& s, int64_t chunk,
+                              std::span<const GdnStateSnapshot> snapshots) {
   std::vector<float> qn, kn;
   normalise_qk(q, k, qn, kn, T, s);
   const int64_t dk = s.k_dim, dv = s.v_dim, Hv = s.num_v_heads, ratio = s.num_v_heads / s.num_k_heads;
@@ -158,6 +159,8 @@ void gated_delta_rule_chunked(const float* q, const float* k, const float* v, co
           for (int64_t x = 0; x < dv; ++x) S[y * dv + x] += ky * Vp[size_t(j * dv + x)];
         }
       }
+      for (const GdnStateSnapshot& snap : snapshots)
+        if (snap.chunk == c0 / C) std::memcpy(snap.dst + h * dk * dv, S, size_t(dk * dv) * sizeof(float));
     }
   }
 }

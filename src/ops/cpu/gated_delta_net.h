@@ -5,6 +5,7 @@
 // ../shared/design/qwen3_5_moe.md sections 4.4 and 5.
 #pragma once
 #include <cstdint>
+#include <span>
 
 namespace moefold::cpu {
 
@@ -33,7 +34,15 @@ void gated_delta_rule_recurrent(const float* q, const float* k, const float* v, 
 /// within a chunk A = strictly-lower (beta k k^T) * decay, T = (I + A)^-1, U = T (beta v),
 /// W = T (beta k exp(G)); across chunks V' = U - W S, O = (q exp(G)) S + (q k^T * decay) V',
 /// S = exp(G_last) S + (k exp(G_last - G))^T V'. Equal to gated_delta_rule_recurrent up to rounding.
+/// snapshots: (c, dst) pairs: the state as it is after chunk c (rows [0, chunk * (c + 1)); c < the
+/// number of chunks) is copied to dst ([Hv, dk, dv]); bitwise the state a call over only those rows
+/// leaves behind.
+struct GdnStateSnapshot {
+  int64_t chunk;
+  float* dst;
+};
 void gated_delta_rule_chunked(const float* q, const float* k, const float* v, const float* g, const float* beta,
-                              float* state, float* out, int64_t T, const GdnShape& s, int64_t chunk = 64);
+                              float* state, float* out, int64_t T, const GdnShape& s, int64_t chunk = 64,
+                              std::span<const GdnStateSnapshot> snapshots = {});
 
 }  // namespace moefold::cpu

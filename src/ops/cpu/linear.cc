@@ -2,14 +2,33 @@
 
 #include <cblas.h>
 
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 namespace moefold::cpu {
 
+namespace {
+// Rows per sgemm call. OpenBLAS picks its kernels (and so a row's rounding) from the matrix shape, so
+// every call gets the same shape: a row's result is then independent of how many rows come with it.
+constexpr int64_t kRowTile = 16;
+}  // namespace
+
 void linear(const float* x, const float* w, const float* b, float* y, int64_t T, int64_t in, int64_t out) {
   if (T == 0 || out == 0) return;
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(T), int(out), int(in), 1.0f, x, int(in), w, int(in), 0.0f,
-              y, int(out));
+  const int64_t full = (T / kRowTile) * kRowTile;
+  for (int64_t r = 0; r < full; r += kRowTile)
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(kRowTile), int(out), int(in), 1.0f, x + r * in, int(in), w,
+                int(in), 0.0f, y + r * out, int(out));
+  if (full < T) {  // the tail, zero-padded to a whole tile
+    thread_local std::vector<float> xt, yt;
+    xt.assign(size_t(kRowTile * in), 0.0f);
+    yt.resize(size_t(kRowTile * out));
+    std::copy(x + full * in, x + T * in, xt.begin());
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(kRowTile), int(out), int(in), 1.0f, xt.data(), int(in), w,
+                int(in), 0.0f, yt.data(), int(out));
+    std::copy(yt.begin(), yt.begin() + (T - full) * out, y + full * out);
+  }
   if (b)
     for (int64_t t = 0; t < T; ++t)
       for (int64_t o = 0; o < out; ++o) y[t * out + o] += b[o];

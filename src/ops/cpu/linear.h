@@ -4,7 +4,9 @@
 
 namespace moefold::cpu {
 
-/// y[T, out] = x[T, in] . W[out, in]^T (+ b[out] if b != nullptr). Row-major, fp32, sgemm.
+/// y[T, out] = x[T, in] . W[out, in]^T (+ b[out] if b != nullptr). Row-major, fp32, sgemm over fixed
+/// 16-row tiles: each row's bits are independent of T and of the other rows (batch invariance, which
+/// the prefix cache's resumed == cold guarantee needs).
 void linear(const float* x, const float* w, const float* b, float* y, int64_t T, int64_t in, int64_t out);
 
 /// SwiGLU on a fused [T, 2I] row of [gate | up]: y[T, I] = silu(gate) * up.
