@@ -19,6 +19,15 @@ class DeepseekV4Executor : public Executor {
   std::string device() const override { return "cpu"; }
   int32_t num_kv_blocks() const override { return nb_; }
   void reset_slot(int32_t s) override { caches_.at(size_t(s)) = model_->new_cache(); }
+  int32_t num_state_slots() const override { return int32_t(caches_.size()); }
+  void copy_slot(int32_t src, int32_t dst) override {
+    if (src < 0 || dst < 0 || src >= num_state_slots() || dst >= num_state_slots())
+      fail("deepseek_v4: copy_slot({}, {}) is out of range (slots: {})", src, dst, num_state_slots());
+    caches_[size_t(dst)] = caches_[size_t(src)];
+  }
+  // The per-sequence caches grow with the sequence; this family does not take prefix-cache snapshots
+  // (its runner keeps prefix caching off), so it reports no fixed slot size.
+  int64_t state_slot_bytes() const override { return 0; }
   void set_routing(RoutingControl r) override {
     if (r.replay || r.capture) fail("deepseek_v4: routing capture / replay is not implemented for this family");
   }

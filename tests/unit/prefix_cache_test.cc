@@ -192,7 +192,7 @@ class PrefixCacheFixture : public ::testing::TestWithParam<std::string> {
     if (!m) m = load_model((test::kFixtures / GetParam()).string(), LoadFormat::Safetensors);
     model_ = m.get();
     V_ = model_->config().vocab_size;
-    hybrid_ = GetParam() != "qwen3";
+    hybrid_ = model_->config().num_layers_of(LayerType::LinearAttention) > 0;
   }
   /// The cached_tokens a prompt of `len` tokens gets after a lone prompt of `prefix` tokens (a prefix
   /// of it) ran: the whole pages of that prefix, or for a hybrid model its last 64-token grid point;
@@ -424,7 +424,7 @@ TEST_P(PrefixCacheFixture, SnapshotMemoryStaysWithinItsBudget) {
   EXPECT_GT(st.cached_pages, 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, PrefixCacheFixture, ::testing::Values("qwen3_5_moe", "qwen3_next", "qwen3"),
+INSTANTIATE_TEST_SUITE_P(Fixtures, PrefixCacheFixture, ::testing::Values("qwen3_5_moe", "qwen3_next", "qwen3", "deepseek_v32"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace
