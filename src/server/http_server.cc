@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "server/api_error.h"
+#include "server/chat_output.h"
 #include "server/http_connection.h"
 #include "server/responses.h"
 
@@ -61,6 +62,7 @@ struct StreamState {
   std::vector<std::vector<GeneratedToken>> pending;  ///< tokens whose logprobs are not yet sent
   std::vector<int64_t> text_offset;
   std::vector<bool> finished;
+  std::vector<std::unique_ptr<ChatOutputParser>> parsers;  ///< per choice, when the output is parsed
   size_t num_finished = 0;
   int64_t completion_tokens = 0;
   bool started = false, done = false;
@@ -239,6 +241,10 @@ void HttpApi::generate(Api api, const std::string& endpoint, const httplib::Requ
         return;
       }
     }
+    if (req->parses_output()) {
+      const ChatOutputOptions po = chat_output_options(*req);
+      for (ChoiceResult& r : results) r.message = ChatOutputParser(po).parse(r.text);
+    }
     ResponseBuilder builder(*req, *info_.tokenizer);
     res.set_content(builder.response(results).dump(-1, ' ', false, Json::error_handler_t::replace),
                     "application/json");
@@ -260,6 +266,10 @@ void HttpApi::generate(Api api, const std::string& endpoint, const httplib::Requ
   st->pending.resize(num_choices);
   st->text_offset.assign(num_choices, 0);
   st->finished.assign(num_choices, false);
+  if (req->parses_output()) {
+    const ChatOutputOptions po = chat_output_options(*req);
+    for (size_t i = 0; i < num_choices; ++i) st->parsers.push_back(std::make_unique<ChatOutputParser>(po));
+  }
   res.set_header("Cache-Control", "no-cache");
   res.set_header("X-Accel-Buffering", "no");
   res.set_chunked_content_provider(
@@ -285,6 +295,15 @@ void HttpApi::generate(Api api, const std::string& endpoint, const httplib::Requ
           for (auto& t : e.tokens) st->pending[i].push_back(std::move(t));
           if (!e.error.empty()) {
             if (!write(sse(ApiError::error_body(e.error, "internal_server_error", "", "")))) return false;
+          } else if (!st->parsers.empty()) {
+            ChatOutputParser& p = *st->parsers[i];
+            OutputDelta d = p.feed(e.text);
+            if (e.finished()) d.append(p.finish());
+            if (!d.empty() || e.finish != FinishReason::kNone) {
+              Json c = st->builder->delta_chunk(int32_t(i), d, st->pending[i], e.finish, p.num_tool_calls() > 0);
+              st->pending[i].clear();
+              if (!write(sse(c))) return false;
+            }
           } else if (!e.text.empty() || e.finish != FinishReason::kNone) {
             Json c = st->builder->chunk(int32_t(i), e.text, st->pending[i], e.finish, st->text_offset[i]);
             st->pending[i].clear();

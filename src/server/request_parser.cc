@@ -138,8 +138,9 @@ std::vector<std::vector<int32_t>> completion_prompts(const Json& body, const Mod
   return out;
 }
 
-/// Chat: validates "messages", flattens text-part lists to strings, renders the chat template.
-std::vector<int32_t> chat_prompt(const Json& body, const ModelInfo& info) {
+/// Chat: validates "messages", flattens text-part lists to strings, parses the tool fields into
+/// r.tools, renders the chat template (the text goes to r.prompt_text).
+std::vector<int32_t> chat_prompt(const Json& body, const ModelInfo& info, ParsedRequest& r) {
   const Json* m = field(body, "messages");
   if (!m) bad_request("messages", "'messages' is required.");
   if (!m->is_array()) bad_request("messages", "'messages' must be an array, got {}.", type_name(*m));
@@ -173,11 +174,10 @@ std::vector<int32_t> chat_prompt(const Json& body, const ModelInfo& info) {
   }
   if (!info.chat_template)
     bad_request("messages", "This model has no chat template; use /v1/completions with a prompt instead.");
+  r.tools = parse_tool_request(body, info.tool_serving);
+  prepare_tool_messages(messages);
   Json tools = nullptr;
-  if (const Json* t = field(body, "tools")) {
-    if (!t->is_array()) bad_request("tools", "'tools' must be an array, got {}.", type_name(*t));
-    tools = *t;
-  }
+  if (const Json* t = field(body, "tools")) tools = *t;
   Json kwargs = Json::object();
   if (const Json* k = field(body, "chat_template_kwargs")) {
     if (!k->is_object()) bad_request("chat_template_kwargs", "'chat_template_kwargs' must be an object.");
@@ -192,6 +192,8 @@ std::vector<int32_t> chat_prompt(const Json& body, const ModelInfo& info) {
   }
   std::vector<int32_t> ids = encode(info, text, get_bool(body, "add_special_tokens", false), "messages");
   if (ids.empty()) bad_request("messages", "The prompt is empty.");
+  r.reasoning_parser = info.reasoning_parser;
+  r.prompt_text = std::move(text);
   return ids;
 }
 
@@ -341,7 +343,7 @@ ParsedRequest parse_request(Api api, const std::string& raw, const ModelInfo& in
   if (max_tokens && *max_tokens <= 0)
     bad_request(max_name, "'{}' must be at least 1, got {}.", max_name, *max_tokens);
 
-  if (api == Api::kChat) r.prompts.push_back(chat_prompt(body, info));
+  if (api == Api::kChat) r.prompts.push_back(chat_prompt(body, info, r));
   else r.prompts = completion_prompts(body, info, get_bool(body, "add_special_tokens", true));
 
   for (const auto& p : r.prompts) {

@@ -38,6 +38,10 @@ struct ServeOptions {
   bool enforce_eager = false;           ///< --device cuda: no CUDA graphs for decode steps
   std::vector<int32_t> cuda_graph_sizes;  ///< decode batch sizes captured as CUDA graphs (empty: default)
   bool batch_invariant = true;          ///< --device cuda: per-row results independent of the batch
+  /// --tool-call-parser: qwen3_coder | hermes; "" = the format the chat template shows (if any).
+  std::string tool_call_parser;
+  bool enable_auto_tool_choice = false;  ///< --enable-auto-tool-choice: tool_choice "auto" is parsed
+  std::string reasoning_parser;          ///< --reasoning-parser: qwen3 | deepseek_r1 ("" = none)
 };
 
 /// Parses a byte count with an optional K/M/G/T suffix (powers of 1024), e.g. "512M".
