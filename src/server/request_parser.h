@@ -8,7 +8,9 @@
 // seed, stop (string or list), stop_token_ids, n, stream, stream_options.include_usage,
 // logprobs (chat: bool; completions: int = number of alternatives) and top_logprobs (chat),
 // ignore_eos, skip_special_tokens, return_tokens_as_token_ids, chat_template_kwargs and tools
-// (chat), add_generation_prompt (chat), add_special_tokens.
+// (chat), add_generation_prompt (chat), add_special_tokens; structured output: response_format,
+// structured_outputs and guided_* (server/structured_output.h), compiled with ModelInfo::grammar into
+// SamplingParams::constraint (a spec the grammar engine cannot compile is a 400 naming the problem).
 #pragma once
 #include <cstdint>
 #include <nlohmann/json.hpp>
@@ -16,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/grammar_constraint.h"
 #include "runtime/sampling_params.h"
 #include "server/engine.h"
 #include "server/generation_config.h"
@@ -33,6 +36,7 @@ struct ModelInfo {
   const Tokenizer* tokenizer = nullptr;
   const ChatTemplate* chat_template = nullptr;  ///< null: /v1/chat/completions answers 400
   SamplingDefaults sampling_defaults;            ///< generation_config.json; request fields override
+  const GrammarCompiler* grammar = nullptr;      ///< null: structured-output requests answer 400
 };
 
 enum class Api { kChat, kCompletions };

@@ -22,6 +22,7 @@
 #include "server/http_server.h"
 #include "server/metrics.h"
 #include "text/chat_template.h"
+#include "runtime/grammar_constraint.h"
 #include "text/tokenizer.h"
 #ifdef MOEFOLD_HAVE_CUDA
 #include "models/cuda/cuda_executor.h"
@@ -190,6 +191,9 @@ int run_server(const ServeOptions& o) {
   info.tokenizer = &tokenizer;
   info.chat_template = chat_template ? &*chat_template : nullptr;
   info.sampling_defaults = sampling_defaults;
+  // Structured output: the grammar engine's view of the vocabulary (decoded bytes per id) and EOS.
+  const GrammarCompiler grammar(tokenizer, cfg.vocab_size, cfg.eos_token_ids);
+  info.grammar = &grammar;
 
   EngineOptions eo;
   eo.scheduler = {o.max_num_seqs, o.max_num_batched_tokens, o.max_prefill_chunk, pool.max_model_len};
