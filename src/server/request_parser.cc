@@ -7,6 +7,8 @@
 #include "core/error.h"
 #include "server/api_error.h"
 #include "server/json_depth.h"
+#include "server/structured_output.h"
+#include "server/tool_constraint.h"
 #include "text/unicode.h"
 
 namespace moefold::server {
@@ -361,6 +363,31 @@ ParsedRequest parse_request(Api api, const std::string& raw, const ModelInfo& in
                   info.max_model_len, len + *max_tokens, len, *max_tokens);
     const int64_t def = api == Api::kChat ? room : std::min<int64_t>(16, room);
     r.max_tokens.push_back(int32_t(max_tokens.value_or(def)));
+  }
+
+  // Structured output last: compiling a grammar is the most expensive check.
+  std::string so_param;
+  if (std::optional<ConstraintSpec> spec = parse_structured_output(body, so_param)) {
+    if (!info.grammar) bad_request(so_param, "Structured output ('{}') is not available on this server.", so_param);
+    try {
+      r.params.constraint = info.grammar->compile(*spec);
+    } catch (const ConstraintError& e) {
+      throw ApiError(400, fmt::format("'{}' cannot be enforced: {}", so_param, clip(e.what(), 8 * kMaxEchoedChars)),
+                     "invalid_request_error", so_param, std::string("invalid_") + spec->kind_name());
+    }
+  }
+  // tool_choice "required" / named: the output is tool calls, enforced by the grammar.
+  if (r.tools.forced()) {
+    if (r.params.constraint)
+      bad_request("tool_choice", "'tool_choice' \"required\" or a named function cannot be combined with '{}'.",
+                  so_param);
+    if (!info.grammar) bad_request("tool_choice", "Forced tool calls are not available on this server (no grammar engine).");
+    try {
+      r.params.constraint = info.grammar->compile(tool_call_constraint(r.tools));
+    } catch (const ConstraintError& e) {
+      throw ApiError(400, fmt::format("The tools' parameters cannot be enforced: {}", clip(e.what(), 8 * kMaxEchoedChars)),
+                     "invalid_request_error", "tools", "invalid_tool_schema");
+    }
   }
   return r;
 }

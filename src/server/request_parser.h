@@ -9,7 +9,9 @@
 // logprobs (chat: bool; completions: int = number of alternatives) and top_logprobs (chat),
 // ignore_eos, skip_special_tokens, return_tokens_as_token_ids, chat_template_kwargs, tools,
 // tool_choice and parallel_tool_calls (chat: tool_request.h), add_generation_prompt (chat),
-// add_special_tokens.
+// add_special_tokens; structured output: response_format,
+// structured_outputs and guided_* (server/structured_output.h), compiled with ModelInfo::grammar into
+// SamplingParams::constraint (a spec the grammar engine cannot compile is a 400 naming the problem).
 #pragma once
 #include <cstdint>
 #include <nlohmann/json.hpp>
@@ -17,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/grammar_constraint.h"
 #include "runtime/sampling_params.h"
 #include "server/engine.h"
 #include "server/generation_config.h"
@@ -37,6 +40,7 @@ struct ModelInfo {
   SamplingDefaults sampling_defaults;            ///< generation_config.json; request fields override
   ToolServing tool_serving;                      ///< --tool-call-parser, --enable-auto-tool-choice
   std::string reasoning_parser;                  ///< --reasoning-parser ("" = none)
+  const GrammarCompiler* grammar = nullptr;      ///< null: structured-output requests answer 400
 };
 
 enum class Api { kChat, kCompletions };

@@ -25,6 +25,7 @@
 #include "server/reasoning_parser.h"
 #include "server/tool_parsers/tool_parser.h"
 #include "text/chat_template.h"
+#include "runtime/grammar_constraint.h"
 #include "text/tokenizer.h"
 #ifdef MOEFOLD_HAVE_CUDA
 #include "models/cuda/cuda_executor.h"
@@ -227,6 +228,9 @@ int run_server(const ServeOptions& o) {
   info.sampling_defaults = sampling_defaults;
   info.tool_serving = tool_serving;
   info.reasoning_parser = o.reasoning_parser;
+  // Structured output: the grammar engine's view of the vocabulary (decoded bytes per id) and EOS.
+  const GrammarCompiler grammar(tokenizer, cfg.vocab_size, cfg.eos_token_ids);
+  info.grammar = &grammar;
 
   EngineOptions eo;
   eo.scheduler = {o.max_num_seqs, o.max_num_batched_tokens, o.max_prefill_chunk, pool.max_model_len};
