@@ -389,6 +389,9 @@ ParsedRequest parse_request(Api api, const std::string& raw, const ModelInfo& in
                      "invalid_request_error", "tools", "invalid_tool_schema");
     }
   }
+  // A constraint holds from the first generated token, so a constrained output has no think
+  // block: it is not split (else the whole output would land in reasoning_content).
+  if (r.params.constraint) r.reasoning_parser.clear();
   return r;
 }
 

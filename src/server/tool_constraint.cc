@@ -11,6 +11,12 @@ using Json = nlohmann::ordered_json;
 
 namespace {
 
+/// Whitespace runs between JSON tokens and around XML parameter values: enough for ": ", ", " and
+/// the newline around a value (which the qwen3_coder parser drops), and a bound, so that a model
+/// that keeps sampling whitespace still has to finish the call.
+constexpr int kMaxJsonWhitespace = 1;
+constexpr int kMaxXmlWhitespace = 1;
+
 Json schema_of(const ToolSpec& t) {
   if (t.parameters.is_object()) return t.parameters;
   return Json{{"type", "object"}};
@@ -21,12 +27,12 @@ Json tag_for(const ToolSpec& t, const std::string& parser) {
   if (parser == "qwen3_coder")
     return Json{{"type", "tag"},
                 {"begin", "<tool_call>\n<function=" + name + ">\n"},
-                {"content", {{"type", "qwen_xml_parameter"}, {"json_schema", schema_of(t)}}},
+                {"content", {{"type", "qwen_xml_parameter"}, {"json_schema", schema_of(t)}, {"max_whitespace_cnt", kMaxXmlWhitespace}}},
                 {"end", "</function>\n</tool_call>"}};
   if (parser == "hermes")
     return Json{{"type", "tag"},
                 {"begin", "<tool_call>\n{\"name\": " + Json(name).dump() + ", \"arguments\": "},
-                {"content", {{"type", "json_schema"}, {"json_schema", schema_of(t)}}},
+                {"content", {{"type", "json_schema"}, {"json_schema", schema_of(t)}, {"max_whitespace_cnt", kMaxJsonWhitespace}}},
                 {"end", "}\n</tool_call>"}};
   fail("no tool-call grammar for the '{}' format", parser);
 }

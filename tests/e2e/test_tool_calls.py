@@ -82,10 +82,11 @@ def qwen_plain(qwen_dir):
 
 
 @pytest.fixture(scope="module")
-def smollm2():
+def smollm2(tmp_path_factory):
     if not (SMOLLM2 / "model.safetensors").exists():
         pytest.skip(f"converted SmolLM2 not found at {SMOLLM2} (scripts/test.sh makes it)")
-    s = Server(SMOLLM2, "--load-format", "auto", "--max-num-seqs", "2", "--max-model-len", "2048")
+    s = Server(SMOLLM2, "--max-num-seqs", "2", "--max-model-len", "2048", load_format="auto",
+               log_dir=str(tmp_path_factory.mktemp("smollm2-logs")))
     yield s
     s.stop()
 
@@ -201,3 +202,76 @@ def test_multi_turn_with_a_tool_result(qwen):
                                   max_tokens=4, temperature=0)
     assert r.choices[0].finish_reason == "length"
     assert r.usage.prompt_tokens > first.usage.prompt_tokens + 20
+
+
+# --- forced tool calls (grammar) --------------------------------------------------------------
+
+
+def check_calls(message, finish_reason, names=None, single=False):
+    """Well-formed tool calls whose arguments validate against their tool's parameters."""
+    assert finish_reason == "tool_calls", finish_reason
+    assert message.content is None
+    assert message.tool_calls, message
+    if single:
+        assert len(message.tool_calls) == 1
+    for call in message.tool_calls:
+        assert call.type == "function" and call.id.startswith("call_")
+        assert call.function.name in (names or PARAMS)
+        jsonschema.validate(json.loads(call.function.arguments), PARAMS[call.function.name])
+    return message.tool_calls
+
+
+@pytest.fixture(scope="module", params=["qwen", "smollm2"])
+def forced(request):
+    """(server, model name, max_tokens, cases) for the forced-call tests, on both models; SmolLM2 runs
+    one case per test (it is ~100x slower per token on the CPU)."""
+    if request.param == "qwen":
+        return request.getfixturevalue("qwen"), "tiny-qwen36", 300, 2
+    return request.getfixturevalue("smollm2"), "smollm2-135m-instruct", 160, 1
+
+
+def test_required_returns_valid_calls(forced):
+    server, name, max_tokens, cases = forced
+    c = server.openai()
+    for seed in range(cases):
+        r = c.chat.completions.create(model=name, messages=ASK, tools=TOOLS, tool_choice="required",
+                                      parallel_tool_calls=False, max_tokens=max_tokens, temperature=1.0, seed=seed)
+        check_calls(r.choices[0].message, r.choices[0].finish_reason, single=True)
+
+
+def test_named_returns_that_function(forced):
+    server, name, max_tokens, cases = forced
+    c = server.openai()
+    for fn in ["get_time", "get_weather"][:cases]:
+        r = c.chat.completions.create(model=name, messages=ASK, tools=TOOLS, max_tokens=max_tokens, temperature=0,
+                                      tool_choice={"type": "function", "function": {"name": fn}})
+        check_calls(r.choices[0].message, r.choices[0].finish_reason, names=[fn], single=True)
+
+
+def test_streamed_tool_call_deltas_concatenate_to_the_non_streamed_call(forced):
+    server, name, max_tokens, _ = forced
+    c = server.openai()
+    kw = dict(model=name, messages=ASK, tools=TOOLS, tool_choice="required", parallel_tool_calls=False,
+              max_tokens=max_tokens, temperature=0)
+    whole = c.chat.completions.create(**kw)
+    calls = check_calls(whole.choices[0].message, whole.choices[0].finish_reason)
+    reasoning, content, streamed, finish = collect_stream(c.chat.completions.create(stream=True, **kw))
+    assert finish == "tool_calls" and content == "" and reasoning == ""
+    assert [(s["name"], s["arguments"]) for _, s in sorted(streamed.items())] == \
+        [(t.function.name, t.function.arguments) for t in calls]
+
+
+def test_multi_turn_after_a_forced_call(forced):
+    """The call the model made goes back with the tool's result; the next turn answers in text."""
+    server, name, max_tokens, _ = forced
+    c = server.openai()
+    r = c.chat.completions.create(model=name, messages=ASK, tools=TOOLS, max_tokens=max_tokens, temperature=0,
+                                  tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    msg = r.choices[0].message
+    call = check_calls(msg, r.choices[0].finish_reason, single=True)[0]
+    history = ASK + [msg.model_dump(exclude_none=True),
+                     {"role": "tool", "tool_call_id": call.id, "content": '{"temperature": 18}'}]
+    again = c.chat.completions.create(model=name, messages=history, tools=TOOLS, tool_choice="none", max_tokens=8,
+                                      temperature=0)
+    assert again.choices[0].finish_reason in ("stop", "length")
+    assert again.usage.prompt_tokens > r.usage.prompt_tokens

@@ -212,6 +212,12 @@ TEST(HermesParser, BracesAndQuotesInsideStrings) {
                  {"", {{"get_weather", R"({"city": "a } b \" { [", "hours": [1, [2]], "opts": {"x": {}}})"}}});
 }
 
+TEST(HermesParser, RawControlCharactersInStringsAreEscaped) {
+  expect_message(options("hermes"),
+                 "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"a\tb\nc\"}}\n</tool_call>",
+                 {"", {{"get_weather", R"({"city": "a\u0009b\u000ac"})"}}});
+}
+
 TEST(HermesParser, OtherKeyOrdersAndStringArguments) {
   expect_message(options("hermes"),
                  "<tool_call>\n{\"arguments\": {\"city\": \"Lima\"}, \"name\": \"get_weather\"}\n</tool_call>",

@@ -1,6 +1,8 @@
 // hermes tool calls (contract: hermes_parser.h).
 #include "server/tool_parsers/hermes_parser.h"
 
+#include <fmt/format.h>
+
 #include <nlohmann/json.hpp>
 
 namespace moefold::server {
@@ -82,16 +84,16 @@ bool HermesToolParser::read_header(std::string_view s, bool closed, OutputDelta&
 }
 
 void HermesToolParser::stream_arguments(std::string_view s, OutputDelta& out) {
-  const size_t from = pos_;
-  const bool was_started = started_;
+  std::string frag;
   size_t i = pos_;
   for (; i < s.size(); ++i) {
     const char c = s[i];
     if (!started_) {
-      if (is_ws(c)) continue;
+      if (is_ws(c)) continue;  // whitespace before the value is not part of it
       if (c != '{') {  // arguments that are not an object: parse the whole block at its end
         mode_ = Mode::kWhole;
         pos_ = i;
+        arguments(frag, out);
         return;
       }
       started_ = true;
@@ -100,8 +102,15 @@ void HermesToolParser::stream_arguments(std::string_view s, OutputDelta& out) {
       if (escape_) escape_ = false;
       else if (c == '\\') escape_ = true;
       else if (c == '"') in_string_ = false;
+      else if (static_cast<unsigned char>(c) < 0x20) {
+        // A raw control character inside a string is not JSON: write it escaped.
+        frag += fmt::format("\\u{:04x}", int(c));
+        continue;
+      }
+      frag += c;
       continue;
     }
+    frag += c;
     if (c == '"') in_string_ = true;
     else if (c == '{' || c == '[') ++depth_;
     else if (c == '}' || c == ']') {
@@ -112,9 +121,7 @@ void HermesToolParser::stream_arguments(std::string_view s, OutputDelta& out) {
       }
     }
   }
-  size_t b = from;
-  while (!was_started && b < i && is_ws(s[b])) ++b;  // whitespace before the value is not part of it
-  if (b < i) arguments(std::string(s.substr(b, i - b)), out);
+  arguments(frag, out);
   pos_ = i;
 }
 

@@ -109,8 +109,8 @@ void Qwen3CoderToolParser::begin_call() {
 }
 
 void Qwen3CoderToolParser::parameter(const std::string& name, std::string value, OutputDelta& out) {
-  if (!value.empty() && value.front() == '\n') value.erase(0, 1);
-  if (!value.empty() && value.back() == '\n') value.pop_back();
+  if (!value.empty() && is_ws(value.front())) value.erase(0, 1);
+  if (!value.empty() && is_ws(value.back())) value.pop_back();
   const Json& params = parameters_of(function_);
   Json schema;
   if (params.is_object())

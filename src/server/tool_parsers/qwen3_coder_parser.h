@@ -1,8 +1,9 @@
 // The qwen3_coder tool-call format (Qwen3.5/3.6, Qwen3-Coder), vLLM's `qwen3_coder` parser:
 //   <tool_call>\n<function=NAME>\n<parameter=P>\nVALUE\n</parameter>\n...</function>\n</tool_call>
 // The name is sent as soon as <function=NAME> is complete, then one argument fragment per
-// finished parameter ('{"P": VALUE', ', "Q": VALUE', ... and '}' at </function>). One newline
-// right after <parameter=P> and one right before </parameter> belong to the markup.
+// finished parameter ('{"P": VALUE', ', "Q": VALUE', ... and '}' at </function>). One whitespace
+// character (the model's newline; a space or tab under the tool-call grammar) right after
+// <parameter=P> and one right before </parameter> belong to the markup.
 #pragma once
 #include <nlohmann/json.hpp>
 #include <string>
