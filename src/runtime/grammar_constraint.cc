@@ -9,6 +9,7 @@
 #include <cstring>
 #include <limits>
 #include <mutex>
+#include <thread>
 #include <unordered_map>
 
 #include "text/tokenizer.h"
@@ -271,12 +272,55 @@ bool GrammarMatcher::fill_next_token_bitmask(std::span<uint32_t> mask) {
   }
   int64_t shape = 0;
   DLTensor t = bitmask_tensor(mask, shape);
-  bool restricted = impl_->m.FillNextTokenBitmask(&t, 0, false);
-  if (const auto& also = compiled_->and_mask) {
+  const bool restricted = impl_->m.FillNextTokenBitmask(&t, 0, false);
+  finish_mask(mask);
+  return restricted || compiled_->and_mask != nullptr;
+}
+
+void GrammarMatcher::finish_mask(std::span<uint32_t> mask) const {
+  if (const auto& also = compiled_->and_mask)
     for (size_t w = 0; w < mask.size(); ++w) mask[w] &= (*also)[w];
-    restricted = true;
+}
+
+int default_mask_threads() {
+  return std::clamp(int(std::thread::hardware_concurrency() / 2), 1, 8);
+}
+
+void fill_next_token_bitmasks(std::span<GrammarMatcher* const> matchers, std::span<uint32_t> masks, int threads) {
+  if (matchers.empty()) return;
+  const int64_t V = matchers[0]->vocab_size();
+  const size_t W = size_t(bitmask_words(V));
+  MOEFOLD_CHECK(masks.size() == matchers.size() * W, "fill_next_token_bitmasks: {} words for {} rows of {}",
+                masks.size(), matchers.size(), W);
+  for (GrammarMatcher* m : matchers)
+    MOEFOLD_CHECK(m->vocab_size() == V, "fill_next_token_bitmasks: matchers over {} and {} token ids", V, m->vocab_size());
+  auto row = [&](size_t i) { return masks.subspan(i * W, W); };
+  // Parallel only where it pays for the thread start-up (a few rows of ~0.1-1 ms each).
+  if (threads <= 1 || matchers.size() < 4) {
+    for (size_t i = 0; i < matchers.size(); ++i) matchers[i]->fill_next_token_bitmask(row(i));
+    return;
   }
-  return restricted;
+  std::vector<xgrammar::GrammarMatcher> live;  // handles sharing the matchers' state
+  std::vector<int32_t> index;
+  for (size_t i = 0; i < matchers.size(); ++i) {
+    if (matchers[i]->is_terminated()) {
+      matchers[i]->fill_next_token_bitmask(row(i));
+    } else {
+      live.push_back(matchers[i]->impl_->m);
+      index.push_back(int32_t(i));
+    }
+  }
+  if (live.empty()) return;
+  int64_t shape[2] = {int64_t(matchers.size()), int64_t(W)};
+  DLTensor t{};
+  t.data = masks.data();
+  t.device = DLDevice{kDLCPU, 0};
+  t.ndim = 2;
+  t.dtype = xgrammar::GetBitmaskDLType();
+  t.shape = shape;
+  xgrammar::BatchGrammarMatcher batch(int32_t(std::min<size_t>(size_t(threads), live.size())));
+  batch.BatchFillNextTokenBitmask(&live, &t, index, false);
+  for (int32_t i : index) matchers[size_t(i)]->finish_mask(row(size_t(i)));
 }
 
 bool GrammarMatcher::is_terminated() const { return impl_->m.IsTerminated(); }

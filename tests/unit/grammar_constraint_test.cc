@@ -274,3 +274,27 @@ TEST(TokenBitmask, ApplyMasksExactlyTheClearBits) {
   std::vector<uint32_t> short_mask(2);
   EXPECT_THROW(apply_token_bitmask(logits, short_mask), Error);
 }
+
+TEST(GrammarConstraint, BatchFillEqualsOneByOne) {
+  const int64_t W = bitmask_words(kModelVocab);
+  std::vector<GrammarMatcher> ms;
+  const auto schema = compiler().compile(ConstraintSpec::json_schema(kPerson));
+  const auto regex = compiler().compile(ConstraintSpec::regex("[0-9]{3}-[a-c]+"));
+  for (int i = 0; i < 9; ++i) ms.emplace_back(i % 2 ? schema : regex);
+  // Different states: row i advanced by i tokens of a valid document; row 8 terminated.
+  const auto doc = tok().encode(R"({"name": "Bob", "age": 42, "role": "admin"})"), num = tok().encode("123-abc");
+  for (int i = 0; i < 8; ++i) {
+    const auto& src = i % 2 ? doc : num;
+    for (size_t k = 0; k < std::min(size_t(i), src.size()); ++k) ASSERT_TRUE(ms[size_t(i)].accept_token(src[k]));
+  }
+  for (int32_t t : num) ms[8].accept_token(t);
+  ASSERT_TRUE(ms[8].accept_token(kEos));
+  std::vector<GrammarMatcher*> ptrs;
+  for (auto& m : ms) ptrs.push_back(&m);
+  std::vector<uint32_t> batched(ms.size() * size_t(W)), single(ms.size() * size_t(W));
+  fill_next_token_bitmasks(ptrs, batched, 4);
+  for (size_t i = 0; i < ms.size(); ++i) ms[i].fill_next_token_bitmask({single.data() + i * size_t(W), size_t(W)});
+  EXPECT_EQ(batched, single);
+  std::vector<uint32_t> wrong(3);
+  EXPECT_THROW(fill_next_token_bitmasks(ptrs, wrong, 4), Error);
+}
