@@ -9,6 +9,7 @@
 #include <cstring>
 #include <limits>
 #include <mutex>
+#include <thread>
 #include <unordered_map>
 
 #include "text/tokenizer.h"
@@ -18,11 +19,14 @@ namespace moefold {
 // The compiled grammar plus the vocabulary facts the matcher needs.
 class CompiledConstraint {
  public:
-  CompiledConstraint(xgrammar::CompiledGrammar g, int64_t vocab, std::string kind)
-      : grammar(std::move(g)), vocab_size(vocab), kind_name(std::move(kind)) {}
+  CompiledConstraint(xgrammar::CompiledGrammar g, int64_t vocab, std::string kind,
+                     std::shared_ptr<const std::vector<uint32_t>> also)
+      : grammar(std::move(g)), vocab_size(vocab), kind_name(std::move(kind)), and_mask(std::move(also)) {}
   xgrammar::CompiledGrammar grammar;
   int64_t vocab_size;
   std::string kind_name;
+  /// ANDed into every mask when set (JSON kinds: tokens without raw control bytes, see below).
+  std::shared_ptr<const std::vector<uint32_t>> and_mask;
 };
 
 namespace {
@@ -123,6 +127,11 @@ struct GrammarCompiler::Impl {
   int64_t vocab;
   std::vector<int32_t> stop_ids;
   xgrammar::GrammarCompiler compiler;
+  // xgrammar's JSON string rule admits raw control characters (U+0000..U+001F), which JSON forbids
+  // inside strings (a strict parser such as Python's json rejects them). Compact JSON needs no raw
+  // control byte anywhere, so JSON constraints also mask every token containing one.
+  // With any_whitespace, tab / LF / CR stay allowed (they are JSON whitespace), the rest is masked.
+  std::shared_ptr<const std::vector<uint32_t>> json_safe, json_ws_safe;
   // Our own cache of wrappers (xgrammar caches the compiled grammars; this keeps one shared
   // CompiledConstraint per spec). Bounded: cleared when it grows past kMaxCached entries.
   static constexpr size_t kMaxCached = 256;
@@ -147,10 +156,25 @@ GrammarCompiler::GrammarCompiler(const Tokenizer& tokenizer, int64_t model_vocab
   }
   try {
     xgrammar::TokenizerInfo info(vocab, xgrammar::VocabType::RAW, int(model_vocab_size), stop_token_ids, false);
-    impl_ = std::make_unique<Impl>(std::move(info), model_vocab_size, std::move(stop_token_ids));
+    impl_ = std::make_unique<Impl>(std::move(info), model_vocab_size, stop_token_ids);
   } catch (const std::exception& e) {
     fail("cannot build the grammar vocabulary: {}", e.what());
   }
+  auto safe = std::make_shared<std::vector<uint32_t>>(size_t(bitmask_words(model_vocab_size)), ~0u);
+  auto ws_safe = std::make_shared<std::vector<uint32_t>>(*safe);
+  for (int64_t id = 0; id < n; ++id) {
+    const std::string& b = vocab[size_t(id)];
+    const uint32_t bit = ~(1u << (id % 32));
+    if (std::any_of(b.begin(), b.end(), [](char c) { return static_cast<unsigned char>(c) < 0x20; }))
+      (*safe)[size_t(id / 32)] &= bit;
+    if (std::any_of(b.begin(), b.end(), [](char c) {
+          const auto u = static_cast<unsigned char>(c);
+          return u < 0x20 && u != '\t' && u != '\n' && u != '\r';
+        }))
+      (*ws_safe)[size_t(id / 32)] &= bit;
+  }
+  impl_->json_safe = std::move(safe);
+  impl_->json_ws_safe = std::move(ws_safe);
 }
 
 GrammarCompiler::~GrammarCompiler() = default;
@@ -200,7 +224,11 @@ std::shared_ptr<const CompiledConstraint> GrammarCompiler::compile(const Constra
     while (!msg.empty() && (msg.back() == '\n' || msg.back() == ' ')) msg.pop_back();
     throw ConstraintError(fmt::format("invalid {}: {}", spec.kind_name(), msg));
   }
-  auto compiled = std::make_shared<const CompiledConstraint>(std::move(*g), impl_->vocab, spec.kind_name());
+  const bool json = spec.kind == ConstraintSpec::Kind::kJsonSchema || spec.kind == ConstraintSpec::Kind::kJsonObject;
+  auto compiled = std::make_shared<const CompiledConstraint>(std::move(*g), impl_->vocab, spec.kind_name(),
+                                                             !json                 ? nullptr
+                                                             : spec.any_whitespace ? impl_->json_ws_safe
+                                                                                   : impl_->json_safe);
   std::lock_guard<std::mutex> lock(impl_->mu);
   if (impl_->cache.size() >= Impl::kMaxCached) impl_->cache.clear();
   impl_->cache.emplace(key, compiled);
@@ -244,7 +272,55 @@ bool GrammarMatcher::fill_next_token_bitmask(std::span<uint32_t> mask) {
   }
   int64_t shape = 0;
   DLTensor t = bitmask_tensor(mask, shape);
-  return impl_->m.FillNextTokenBitmask(&t, 0, false);
+  const bool restricted = impl_->m.FillNextTokenBitmask(&t, 0, false);
+  finish_mask(mask);
+  return restricted || compiled_->and_mask != nullptr;
+}
+
+void GrammarMatcher::finish_mask(std::span<uint32_t> mask) const {
+  if (const auto& also = compiled_->and_mask)
+    for (size_t w = 0; w < mask.size(); ++w) mask[w] &= (*also)[w];
+}
+
+int default_mask_threads() {
+  return std::clamp(int(std::thread::hardware_concurrency() / 2), 1, 8);
+}
+
+void fill_next_token_bitmasks(std::span<GrammarMatcher* const> matchers, std::span<uint32_t> masks, int threads) {
+  if (matchers.empty()) return;
+  const int64_t V = matchers[0]->vocab_size();
+  const size_t W = size_t(bitmask_words(V));
+  MOEFOLD_CHECK(masks.size() == matchers.size() * W, "fill_next_token_bitmasks: {} words for {} rows of {}",
+                masks.size(), matchers.size(), W);
+  for (GrammarMatcher* m : matchers)
+    MOEFOLD_CHECK(m->vocab_size() == V, "fill_next_token_bitmasks: matchers over {} and {} token ids", V, m->vocab_size());
+  auto row = [&](size_t i) { return masks.subspan(i * W, W); };
+  // Parallel only where it pays for the thread start-up (a few rows of ~0.1-1 ms each).
+  if (threads <= 1 || matchers.size() < 4) {
+    for (size_t i = 0; i < matchers.size(); ++i) matchers[i]->fill_next_token_bitmask(row(i));
+    return;
+  }
+  std::vector<xgrammar::GrammarMatcher> live;  // handles sharing the matchers' state
+  std::vector<int32_t> index;
+  for (size_t i = 0; i < matchers.size(); ++i) {
+    if (matchers[i]->is_terminated()) {
+      matchers[i]->fill_next_token_bitmask(row(i));
+    } else {
+      live.push_back(matchers[i]->impl_->m);
+      index.push_back(int32_t(i));
+    }
+  }
+  if (live.empty()) return;
+  int64_t shape[2] = {int64_t(matchers.size()), int64_t(W)};
+  DLTensor t{};
+  t.data = masks.data();
+  t.device = DLDevice{kDLCPU, 0};
+  t.ndim = 2;
+  t.dtype = xgrammar::GetBitmaskDLType();
+  t.shape = shape;
+  xgrammar::BatchGrammarMatcher batch(int32_t(std::min<size_t>(size_t(threads), live.size())));
+  batch.BatchFillNextTokenBitmask(&live, &t, index, false);
+  for (int32_t i : index) matchers[size_t(i)]->finish_mask(row(size_t(i)));
 }
 
 bool GrammarMatcher::is_terminated() const { return impl_->m.IsTerminated(); }

@@ -100,6 +100,17 @@ class GrammarCompiler {
   std::unique_ptr<Impl> impl_;
 };
 
+class GrammarMatcher;
+
+/// Fills the next-token bitmasks of several matchers (one step of a batch): row i of `masks`
+/// (bitmask_words(V) words each, V = the matchers' common vocab_size(), else Error) for matchers[i],
+/// exactly as matchers[i]->fill_next_token_bitmask would. With threads > 1 and enough rows the rows
+/// are filled in parallel (xgrammar's batch matcher); threads <= 1 fills them one by one.
+void fill_next_token_bitmasks(std::span<GrammarMatcher* const> matchers, std::span<uint32_t> masks, int threads);
+
+/// Threads fill_next_token_bitmasks uses by default: half the hardware threads, 1..8.
+int default_mask_threads();
+
 /// The per-request matching state of one CompiledConstraint. Not thread-safe; movable.
 class GrammarMatcher {
  public:
@@ -136,6 +147,9 @@ class GrammarMatcher {
   const char* compiled_kind() const;
 
  private:
+  friend void fill_next_token_bitmasks(std::span<GrammarMatcher* const>, std::span<uint32_t>, int);
+  /// ANDs the constraint's extra mask (if any) into one filled row.
+  void finish_mask(std::span<uint32_t> mask) const;
   struct Impl;
   std::shared_ptr<const CompiledConstraint> compiled_;
   std::unique_ptr<Impl> impl_;

@@ -237,8 +237,12 @@ void apply_token_bitmask(std::span<float> logits, std::span<const uint32_t> mask
     const uint32_t bits = mask[size_t(w)];
     if (bits == ~0u) continue;
     const int64_t base = w * 32, end = std::min<int64_t>(base + 32, V);
-    for (int64_t t = base; t < end; ++t)
-      if (!((bits >> (t - base)) & 1u)) logits[size_t(t)] = ninf;
+    if (bits == 0u) {
+      std::fill(logits.begin() + base, logits.begin() + end, ninf);
+      continue;
+    }
+    float* x = logits.data() + base;
+    for (int64_t b = 0; b < end - base; ++b) x[b] = ((bits >> b) & 1u) ? x[b] : ninf;  // branch-free select
   }
 }
 

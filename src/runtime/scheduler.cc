@@ -213,8 +213,9 @@ std::vector<TokenOutput> Scheduler::step() {
       sampling[constrained[k].first].token_bitmask = std::span<const uint32_t>(masks_.data() + k * W, W);
     fill = std::async(std::launch::async, [this, &constrained, W] {
              const auto t0 = clock::now();
-             for (size_t k = 0; k < constrained.size(); ++k)
-               constrained[k].second->fill_next_token_bitmask(std::span<uint32_t>(masks_.data() + k * W, W));
+             std::vector<GrammarMatcher*> ms;
+             for (const auto& c : constrained) ms.push_back(c.second);
+             fill_next_token_bitmasks(ms, std::span<uint32_t>(masks_.data(), constrained.size() * W), mask_threads_);
              return std::chrono::duration<double, std::milli>(clock::now() - t0).count();
            }).share();
     mask_ready = [this, fill] {

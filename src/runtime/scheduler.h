@@ -161,6 +161,7 @@ class Scheduler {
   RequestId next_id_ = 0;
   int64_t num_preemptions_ = 0;
   std::vector<uint32_t> masks_;  ///< grammar bitmasks of the step's constrained rows
+  int mask_threads_ = default_mask_threads();
   double last_mask_fill_ms_ = 0, last_mask_wait_ms_ = 0;
 };
 

@@ -214,8 +214,8 @@ def start_server():
     """Factory: start_server(model_dir, *extra_args) -> Server; all are stopped at session end."""
     servers = []
 
-    def start(model_dir, *args):
-        s = Server(model_dir, *args)
+    def start(model_dir, *args, **kw):
+        s = Server(model_dir, *args, **kw)
         servers.append(s)
         return s
 
