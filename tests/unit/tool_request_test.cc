@@ -26,6 +26,11 @@ const ChatTemplate& qwen36() {
   return t;
 }
 
+const GrammarCompiler& grammar() {
+  static const GrammarCompiler g(tokenizer(), 3000, {tokenizer().token_to_id("<|im_end|>").value()});
+  return g;
+}
+
 ModelInfo info(bool auto_tools) {
   ModelInfo i;
   i.name = "tiny";
@@ -34,6 +39,8 @@ ModelInfo info(bool auto_tools) {
   i.tokenizer = &tokenizer();
   i.chat_template = &qwen36();
   i.tool_serving = {"qwen3_coder", auto_tools};
+  i.grammar = &grammar();
+  i.reasoning_parser = "qwen3";
   return i;
 }
 
@@ -45,15 +52,17 @@ std::string body(const std::string& extra) {
          "}";
 }
 
-ApiError error_of(const std::string& b, bool auto_tools = true) {
+ApiError error_of(const std::string& b, const ModelInfo& mi) {
   try {
-    parse_request(Api::kChat, b, info(auto_tools));
+    parse_request(Api::kChat, b, mi);
   } catch (const ApiError& e) {
     return e;
   }
   ADD_FAILURE() << "no error for " << b;
   return ApiError(0, "", "");
 }
+
+ApiError error_of(const std::string& b, bool auto_tools = true) { return error_of(b, info(auto_tools)); }
 
 TEST(ToolRequest, ChoicesAndTheirParser) {
   ParsedRequest r = parse_request(Api::kChat, body(""), info(true));
@@ -72,6 +81,9 @@ TEST(ToolRequest, ChoicesAndTheirParser) {
   r = parse_request(Api::kChat, body(R"(, "tool_choice": "required", "parallel_tool_calls": false)"), info(false));
   EXPECT_TRUE(r.tools.forced());
   EXPECT_FALSE(r.tools.parallel_tool_calls);
+  EXPECT_NE(r.params.constraint, nullptr) << "forced calls are enforced by the grammar";
+  EXPECT_EQ(r.reasoning_parser, "") << "a constrained output has no think block";
+  EXPECT_EQ(parse_request(Api::kChat, body(""), info(true)).reasoning_parser, "qwen3");
   // A server without a parser still forces calls, in the hermes format.
   ModelInfo bare = info(false);
   bare.tool_serving = {};
@@ -84,6 +96,11 @@ TEST(ToolRequest, BadFieldsAre400NamingThem) {
   EXPECT_EQ(error_of(body(R"(, "tool_choice": {"type": "function", "function": {"name": "other"}})")).param(),
             "tool_choice");
   EXPECT_EQ(error_of(body(R"(, "parallel_tool_calls": 1)")).param(), "parallel_tool_calls");
+  EXPECT_EQ(error_of(body(R"(, "tool_choice": "required", "response_format": {"type": "json_object"})")).param(),
+            "tool_choice");
+  ModelInfo no_grammar = info(true);
+  no_grammar.grammar = nullptr;
+  EXPECT_EQ(error_of(body(R"(, "tool_choice": "required")"), no_grammar).status(), 400);
   EXPECT_EQ(error_of(R"({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"})").param(),
             "tool_choice");
   EXPECT_EQ(error_of(R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function",
