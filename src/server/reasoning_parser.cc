@@ -27,6 +27,8 @@ size_t partial_suffix(std::string_view s, std::string_view tag) {
 
 }  // namespace
 
+bool prompt_opens_think(std::string_view prompt) { return ends_with(rstrip(prompt), kThink); }
+
 const std::vector<std::string>& reasoning_parser_names() {
   static const std::vector<std::string> names = {"qwen3", "deepseek_r1"};
   return names;

@@ -43,6 +43,9 @@ class ReasoningParser {
   std::string buf_;
 };
 
+/// True when the rendered prompt ends with an open think block (<think> and whitespace).
+bool prompt_opens_think(std::string_view prompt);
+
 /// Names accepted by --reasoning-parser.
 const std::vector<std::string>& reasoning_parser_names();
 

@@ -8,6 +8,7 @@
 #include "server/api_error.h"
 #include "server/json_depth.h"
 #include "server/structured_output.h"
+#include "server/reasoning_parser.h"
 #include "server/tool_constraint.h"
 #include "text/unicode.h"
 
@@ -382,16 +383,21 @@ ParsedRequest parse_request(Api api, const std::string& raw, const ModelInfo& in
       bad_request("tool_choice", "'tool_choice' \"required\" or a named function cannot be combined with '{}'.",
                   so_param);
     if (!info.grammar) bad_request("tool_choice", "Forced tool calls are not available on this server (no grammar engine).");
+    // With reasoning split, an open think block is closed first (empty), so that the calls come
+    // after it as the template expects and the split stays right; else the output starts constrained.
+    const bool close_think = !r.reasoning_parser.empty() && prompt_opens_think(r.prompt_text);
     try {
-      r.params.constraint = info.grammar->compile(tool_call_constraint(r.tools));
+      r.params.constraint = info.grammar->compile(tool_call_constraint(r.tools, close_think ? "</think>\n\n" : ""));
     } catch (const ConstraintError& e) {
       throw ApiError(400, fmt::format("The tools' parameters cannot be enforced: {}", clip(e.what(), 8 * kMaxEchoedChars)),
                      "invalid_request_error", "tools", "invalid_tool_schema");
     }
+    if (!close_think) r.reasoning_parser.clear();
+  } else if (r.params.constraint) {
+    // Any other constraint holds from the first generated token, so the output has no think
+    // block: it is not split (else the whole output would land in reasoning_content).
+    r.reasoning_parser.clear();
   }
-  // A constraint holds from the first generated token, so a constrained output has no think
-  // block: it is not split (else the whole output would land in reasoning_content).
-  if (r.params.constraint) r.reasoning_parser.clear();
   return r;
 }
 

@@ -39,7 +39,7 @@ Json tag_for(const ToolSpec& t, const std::string& parser) {
 
 }  // namespace
 
-std::string tool_call_structural_tag(const ToolRequest& req) {
+std::string tool_call_structural_tag(const ToolRequest& req, const std::string& prefix) {
   MOEFOLD_CHECK(req.forced(), "tool_call_structural_tag: tool_choice is neither \"required\" nor named");
   Json format;
   if (req.choice == ToolChoice::kNamed) {
@@ -55,11 +55,14 @@ std::string tool_call_structural_tag(const ToolRequest& req) {
                   {"at_least_one", true},
                   {"stop_after_first", !req.parallel_tool_calls}};
   }
+  if (!prefix.empty())
+    format = Json{{"type", "sequence"},
+                  {"elements", Json::array({Json{{"type", "const_string"}, {"value", prefix}}, std::move(format)})}};
   return Json{{"type", "structural_tag"}, {"format", std::move(format)}}.dump();
 }
 
-ConstraintSpec tool_call_constraint(const ToolRequest& req) {
-  return ConstraintSpec::structural_tag(tool_call_structural_tag(req));
+ConstraintSpec tool_call_constraint(const ToolRequest& req, const std::string& prefix) {
+  return ConstraintSpec::structural_tag(tool_call_structural_tag(req, prefix));
 }
 
 }  // namespace moefold::server

@@ -65,10 +65,10 @@ std::string random_walk(const std::shared_ptr<const CompiledConstraint>& c, uint
   return tokenizer().decode(ids, true);
 }
 
-void check_format(const std::string& parser, const ToolRequest& base) {
+void check_format(const std::string& parser, const ToolRequest& base, bool close_think = false) {
   ToolRequest req = base;
   req.parser = parser;
-  const auto c = compiler().compile(tool_call_constraint(req));
+  const auto c = compiler().compile(tool_call_constraint(req, close_think ? "</think>\n\n" : ""));
   for (uint64_t seed = 1; seed <= 12; ++seed) {
     bool done = false;
     const std::string text = random_walk(c, seed, 3000, done);
@@ -77,8 +77,14 @@ void check_format(const std::string& parser, const ToolRequest& base) {
     ChatOutputOptions o;
     o.tool_parser = parser;
     o.tools = req.tools;
+    if (close_think) {
+      EXPECT_EQ(text.rfind("</think>\n\n<tool_call>", 0), 0u);
+      o.reasoning_parser = "qwen3";
+      o.prompt = "<|im_start|>assistant\n<think>\n";
+    }
     const ChatMessage msg = ChatOutputParser(o).parse(text);
     EXPECT_EQ(msg.content, "");
+    EXPECT_FALSE(msg.has_reasoning);
     ASSERT_GE(msg.tool_calls.size(), 1u);
     if (!req.parallel_tool_calls || req.choice == ToolChoice::kNamed) EXPECT_EQ(msg.tool_calls.size(), 1u);
     for (const ToolCall& call : msg.tool_calls) {
@@ -112,6 +118,14 @@ TEST(ToolConstraint, NamedWalksCallThatFunction) {
   req.choice = ToolChoice::kNamed;
   req.named = "get_time";
   for (const std::string& p : tool_parser_names()) check_format(p, req);
+}
+
+TEST(ToolConstraint, AnOpenThinkBlockIsClosedFirst) {
+  ToolRequest req;
+  req.tools = tools();
+  req.choice = ToolChoice::kNamed;
+  req.named = "get_weather";
+  for (const std::string& p : tool_parser_names()) check_format(p, req, true);
 }
 
 TEST(ToolConstraint, TheTagNamesEachToolInItsFormat) {

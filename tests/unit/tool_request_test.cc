@@ -82,7 +82,12 @@ TEST(ToolRequest, ChoicesAndTheirParser) {
   EXPECT_TRUE(r.tools.forced());
   EXPECT_FALSE(r.tools.parallel_tool_calls);
   EXPECT_NE(r.params.constraint, nullptr) << "forced calls are enforced by the grammar";
-  EXPECT_EQ(r.reasoning_parser, "") << "a constrained output has no think block";
+  EXPECT_EQ(r.reasoning_parser, "qwen3") << "the grammar closes the think block the template opened";
+  r = parse_request(Api::kChat, body(R"(, "tool_choice": "required", "chat_template_kwargs": {"enable_thinking": false})"),
+                    info(false));
+  EXPECT_EQ(r.reasoning_parser, "") << "no think block open: the constrained output is not split";
+  r = parse_request(Api::kChat, body(R"(, "tool_choice": "none", "response_format": {"type": "json_object"})"), info(false));
+  EXPECT_EQ(r.reasoning_parser, "") << "a JSON constraint starts at the first token";
   EXPECT_EQ(parse_request(Api::kChat, body(""), info(true)).reasoning_parser, "qwen3");
   // A server without a parser still forces calls, in the hermes format.
   ModelInfo bare = info(false);
