@@ -90,8 +90,8 @@ TEST(TokenBitmask, DeviceSamplerMatchesCpu) {
   for (int64_t V : {int64_t(50), int64_t(4099), int64_t(248320)}) {
     const int64_t R = 12, W = bitmask_words(V);
     const auto x = make_logits(R, V, 77 + uint64_t(V));
-    std::vector<std::vector<uint32_t>> masks(size_t(R));
-    std::vector<SamplingParams> params(size_t(R));
+    std::vector<std::vector<uint32_t>> masks(static_cast<size_t>(R));
+    std::vector<SamplingParams> params(static_cast<size_t>(R));
     const std::vector<int32_t> prompt = {1, 2, 3, int32_t(V - 1)}, output = {4, 5, 4};
     for (int64_t r = 0; r < R; ++r) {
       SamplingParams& p = params[size_t(r)];
@@ -107,7 +107,7 @@ TEST(TokenBitmask, DeviceSamplerMatchesCpu) {
     for (const auto& p : params) samplers.emplace_back(p);
     int ready_calls = 0;
     const std::function<void()> ready = [&] { ++ready_calls; };
-    std::vector<RowSampling> rows(size_t(R));
+    std::vector<RowSampling> rows(static_cast<size_t>(R));
     for (int64_t r = 0; r < R; ++r) {
       rows[size_t(r)].sampler = &samplers[size_t(r)];
       rows[size_t(r)].prompt = prompt;
@@ -148,7 +148,7 @@ TEST(TokenBitmask, FailedMaskFailsOnlyConstrainedRows) {
   const Sampler s(p);
   const auto m = make_bitmask(V, 9, 4);
   const std::function<void()> ready = [] { throw Error("matcher exploded"); };
-  std::vector<RowSampling> rows(size_t(R));
+  std::vector<RowSampling> rows(static_cast<size_t>(R));
   for (auto& r : rows) r.sampler = &s;
   rows[1].token_bitmask = m;
   rows[1].mask_ready = &ready;
@@ -170,7 +170,7 @@ TEST(TokenBitmaskPerf, DISABLED_Timing) {
   for (int64_t R : {1, 64}) {
     auto dx = cuda::to_device(make_logits(R, V, 31));
     std::vector<uint32_t> masks;
-    std::vector<int32_t> mask_row(size_t(R));
+    std::vector<int32_t> mask_row(static_cast<size_t>(R));
     for (int64_t r = 0; r < R; ++r) {
       const auto m = make_bitmask(V, uint64_t(r), 4);
       masks.insert(masks.end(), m.begin(), m.end());
@@ -183,7 +183,7 @@ TEST(TokenBitmaskPerf, DISABLED_Timing) {
     SamplingParams greedy;
     greedy.temperature = 0;
     const Sampler s(greedy);
-    std::vector<RowSampling> plain(size_t(R)), masked(size_t(R));
+    std::vector<RowSampling> plain(static_cast<size_t>(R)), masked(static_cast<size_t>(R));
     for (int64_t r = 0; r < R; ++r) {
       plain[size_t(r)].sampler = masked[size_t(r)].sampler = &s;
       masked[size_t(r)].token_bitmask = std::span<const uint32_t>(masks.data() + size_t(r * W), size_t(W));
