@@ -68,6 +68,14 @@ std::unique_ptr<ServeCommand> add_serve_command(CLI::App& app) {
                 "hybrid models: besides each prompt's last 64-token boundary, a state snapshot every this many "
                 "prompt tokens (a multiple of 64; 0: none)")
       ->capture_default_str();
+  c->add_option("--tool-call-parser", o.tool_call_parser,
+                "tool-call format of the model's output: qwen3_coder | hermes (default: the one its chat template shows)")
+      ->check(CLI::IsMember({"qwen3_coder", "hermes"}));
+  c->add_flag("--enable-auto-tool-choice", o.enable_auto_tool_choice,
+              "parse tool calls when a request's tool_choice is \"auto\" (the default with tools)");
+  c->add_option("--reasoning-parser", o.reasoning_parser,
+                "split thinking into reasoning_content: qwen3 | deepseek_r1 (default: none)")
+      ->check(CLI::IsMember({"qwen3", "deepseek_r1"}));
   return cmd;
 }
 

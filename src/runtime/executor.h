@@ -3,6 +3,7 @@
 // (src/models/cuda/) computes the same function in bf16 on a GPU.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -25,6 +26,15 @@ struct RowSampling {
   const Sampler* sampler = nullptr;
   std::span<const int32_t> prompt;
   std::span<const int32_t> output;
+  /// Grammar bitmask of the row (runtime/grammar_constraint.h layout: bitmask_words(vocab) words,
+  /// bit set = allowed); empty = unconstrained. Disallowed ids become -inf after masked_tokens and
+  /// before the sampler (penalties, logprobs and sampling then see the masked row). The words may
+  /// still be being written when forward_sample starts: it calls mask_ready (when set) after the
+  /// forward and before reading them, so the host fills masks while the device runs the step.
+  std::span<const uint32_t> token_bitmask = {};
+  /// Blocks until token_bitmask is final (the same callable for every row of a step; idempotent).
+  /// Throws what the mask computation threw; the executor then fails the rows with a bitmask.
+  const std::function<void()>* mask_ready = nullptr;
 };
 
 class Executor {

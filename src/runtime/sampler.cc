@@ -228,6 +228,24 @@ void mask_tokens(std::span<float> logits, std::span<const int32_t> ids) {
     if (id >= 0 && size_t(id) < logits.size()) logits[size_t(id)] = -std::numeric_limits<float>::infinity();
 }
 
+void apply_token_bitmask(std::span<float> logits, std::span<const uint32_t> mask) {
+  const int64_t V = int64_t(logits.size());
+  MOEFOLD_CHECK(int64_t(mask.size()) == bitmask_words(V), "token bitmask has {} words for a vocabulary of {} ({} expected)",
+                mask.size(), V, bitmask_words(V));
+  const float ninf = -std::numeric_limits<float>::infinity();
+  for (int64_t w = 0; w < int64_t(mask.size()); ++w) {
+    const uint32_t bits = mask[size_t(w)];
+    if (bits == ~0u) continue;
+    const int64_t base = w * 32, end = std::min<int64_t>(base + 32, V);
+    if (bits == 0u) {
+      std::fill(logits.begin() + base, logits.begin() + end, ninf);
+      continue;
+    }
+    float* x = logits.data() + base;
+    for (int64_t b = 0; b < end - base; ++b) x[b] = ((bits >> b) & 1u) ? x[b] : ninf;  // branch-free select
+  }
+}
+
 uint64_t splitmix64_at(uint64_t seed, uint64_t step) {
   uint64_t z = seed + (step + 1) * 0x9E3779B97F4A7C15ull;
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;

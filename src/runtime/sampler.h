@@ -80,6 +80,21 @@ struct SampleResult {
 /// tokens can then never be sampled (sampler step 0: -inf means "never"). O(ids.size()).
 void mask_tokens(std::span<float> logits, std::span<const int32_t> ids);
 
+/// Number of uint32 words of a token bitmask over `vocab_size` ids: ceil(vocab_size / 32). Token id t
+/// is allowed iff bit (t % 32) of word (t / 32) is set (xgrammar's layout; runtime/grammar_constraint.h).
+inline int64_t bitmask_words(int64_t vocab_size) { return (vocab_size + 31) / 32; }
+
+/// True iff bit `token` of `mask` is set (false for a token outside [0, 32 * mask.size())).
+inline bool bitmask_allows(std::span<const uint32_t> mask, int32_t token) {
+  if (token < 0 || size_t(token) / 32 >= mask.size()) return false;
+  return (mask[size_t(token) / 32] >> (uint32_t(token) % 32)) & 1u;
+}
+
+/// Grammar-constrained decoding's masked-logits step: logits[t] = -inf for every t whose bit in
+/// `mask` is clear (applied after mask_tokens, before step 0). mask must have
+/// bitmask_words(logits.size()) words, else moefold::Error. O(V / 32) for all-ones words.
+void apply_token_bitmask(std::span<float> logits, std::span<const uint32_t> mask);
+
 /// The step-th output of a SplitMix64 generator seeded with `seed`, as a double in [0, 1)
 /// (its top 53 bits times 2^-53). Pure function; this is the sampler's only source of randomness.
 double sampling_uniform(uint64_t seed, uint64_t step);

@@ -5,6 +5,7 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -12,6 +13,8 @@
 #include "core/error.h"
 
 namespace moefold {
+
+class CompiledConstraint;  // runtime/grammar_constraint.h
 
 /// Sampling and stop-condition settings of one request (one choice, if the server fans out n > 1).
 ///
@@ -57,6 +60,11 @@ struct SamplingParams {
   std::vector<int32_t> stop_token_ids;
   /// Keep generating after the model's EOS token(s); stop_token_ids still apply.
   bool ignore_eos = false;
+  /// Structured output (response_format json_schema / json_object, vLLM's structured_outputs /
+  /// guided_*): the output must match this compiled constraint (runtime/grammar_constraint.h). The
+  /// scheduler keeps a GrammarMatcher per request and masks every sampled row with its bitmask; the
+  /// request ends (finish "stop") when the matcher terminates on a stop id. null = unconstrained.
+  std::shared_ptr<const CompiledConstraint> constraint;
 
   /// Largest top_logprobs value accepted (OpenAI's chat API limit; vLLM's default max_logprobs).
   static constexpr int32_t kMaxTopLogprobs = 20;

@@ -5,7 +5,11 @@
 #include <span>
 
 #include <algorithm>
+#include <chrono>
+#include <future>
 #include <limits>
+
+#include <fmt/format.h>
 
 #include "core/error.h"
 
@@ -39,8 +43,14 @@ RequestId Scheduler::add(std::vector<int32_t> prompt, const SamplingParams& para
   const int32_t room = opt_.max_model_len - int32_t(prompt.size());
   p.max_tokens = std::min(p.max_tokens.value_or(room), room);
   Sampler sampler(p);  // validates
+  std::optional<GrammarMatcher> matcher;
+  if (p.constraint) {
+    matcher.emplace(p.constraint);
+    MOEFOLD_CHECK(matcher->vocab_size() == vocab_, "the request's constraint was compiled for {} token ids, the model has {}",
+                  matcher->vocab_size(), vocab_);
+  }
   const RequestId id = next_id_++;
-  requests_.emplace(id, Request{id, std::move(prompt), {}, std::move(sampler), *p.max_tokens});
+  requests_.emplace(id, Request{id, std::move(prompt), {}, std::move(sampler), *p.max_tokens, -1, std::move(matcher)});
   waiting_.push_back(id);
   return id;
 }
@@ -214,15 +224,57 @@ std::vector<TokenOutput> Scheduler::step() {
     last_step_.push_back({p.id, p.num_tokens, p.prefill});
     RowSampling rs;
     if (uncomputed(r) == p.num_tokens) {
-      rs = {&r.sampler, r.prompt, r.output};
+      rs.sampler = &r.sampler;
+      rs.prompt = r.prompt;
+      rs.output = r.output;
       rows.push_back(i);
     }
     sampling.push_back(rs);
   }
+  // Grammar bitmasks of the constrained rows, filled on a worker thread while the forward runs; the
+  // executor waits for them (mask_ready) just before it samples.
+  using clock = std::chrono::steady_clock;
+  std::vector<std::pair<size_t, GrammarMatcher*>> constrained;  // (plan index, matcher)
+  for (size_t i : rows) {
+    Request& r = requests_.at(plan[i].id);
+    if (r.matcher) constrained.push_back({i, &*r.matcher});
+  }
+  const size_t W = size_t(bitmask_words(vocab_));
+  std::shared_future<double> fill;
+  std::function<void()> mask_ready;
+  last_mask_fill_ms_ = last_mask_wait_ms_ = 0;
+  if (!constrained.empty()) {
+    masks_.resize(constrained.size() * W);
+    for (size_t k = 0; k < constrained.size(); ++k)
+      sampling[constrained[k].first].token_bitmask = std::span<const uint32_t>(masks_.data() + k * W, W);
+    fill = std::async(std::launch::async, [this, &constrained, W] {
+             const auto t0 = clock::now();
+             std::vector<GrammarMatcher*> ms;
+             for (const auto& c : constrained) ms.push_back(c.second);
+             fill_next_token_bitmasks(ms, std::span<uint32_t>(masks_.data(), constrained.size() * W), mask_threads_);
+             return std::chrono::duration<double, std::milli>(clock::now() - t0).count();
+           }).share();
+    mask_ready = [this, fill] {
+      const auto t0 = clock::now();
+      fill.get();  // rethrows a fill failure
+      last_mask_wait_ms_ += std::chrono::duration<double, std::milli>(clock::now() - t0).count();
+    };
+    for (size_t k = 0; k < constrained.size(); ++k) sampling[constrained[k].first].mask_ready = &mask_ready;
+  }
+  // The worker reads the matchers and writes masks_: it must be done before either changes again.
+  auto join_fill = [&] {
+    if (!fill.valid()) return;
+    fill.wait();
+    try {
+      last_mask_fill_ms_ = fill.get();
+    } catch (const std::exception&) {
+    }
+  };
   std::vector<SampleResult> results;
   try {
     runner_.step_sample(work, sampling, masked_tokens_, results);
   } catch (const std::exception& e) {
+    join_fill();
     // Fail the requests of this batch so that the rest can go on (their pages are released).
     for (const Planned& p : plan) {
       TokenOutput o;
@@ -233,6 +285,7 @@ std::vector<TokenOutput> Scheduler::step() {
     }
     return outs;
   }
+  join_fill();
 
   // Apply the sampled tokens in plan order.
   for (size_t j = 0; j < rows.size(); ++j) {
@@ -246,12 +299,20 @@ std::vector<TokenOutput> Scheduler::step() {
       remove(r.id);
       continue;
     }
+    if (r.matcher && !r.matcher->accept_token(s.token)) {
+      o.error = fmt::format("sampling failed: token {} violates the request's {} constraint", s.token,
+                            r.matcher->compiled_kind());
+      outs.push_back(std::move(o));
+      remove(r.id);
+      continue;
+    }
     o.token = s.token;
     o.cached_tokens = r.cached_tokens;
     o.logprob = s.logprob;
     o.top_logprobs = std::move(s.top_logprobs);
     r.output.push_back(o.token);
     o.finish = finish_reason(r, o.token);
+    if (o.finish == FinishReason::kNone && r.matcher && r.matcher->is_terminated()) o.finish = FinishReason::kStop;
     if (o.finish == FinishReason::kNone) {
       runner_.append_token(r.seq, o.token);
     } else {

@@ -20,6 +20,10 @@
 //      (a partial prefill chunk samples nothing);
 //   4. ends requests on EOS (unless ignore_eos), a stop_token_ids entry, max_tokens or the
 //      context limit (max_model_len), releasing their pages and slot at once.
+// Structured output: a request whose params carry a constraint has a GrammarMatcher. For each step
+// its next-token bitmask is filled on a host worker thread while the executor runs the forward
+// (RowSampling::token_bitmask / mask_ready), the sampled token is fed to the matcher, and the
+// request ends with finish "stop" once the matcher terminates (a stop id after a complete match).
 //
 // A request's tokens never depend on the rest of the batch: every token is fed exactly once per
 // residency, the sampler draws from (seed, position) only, and the model computes each sequence
@@ -30,9 +34,11 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "runtime/grammar_constraint.h"
 #include "runtime/model_runner.h"
 #include "runtime/sampler.h"
 #include "runtime/sampling_params.h"
@@ -96,7 +102,8 @@ class Scheduler {
 
   /// Queues a request. `params.max_tokens` is capped by the context (max_model_len - prompt).
   /// Throws Error (nothing queued) for an empty prompt, a prompt of max_model_len tokens or more,
-  /// a token id outside the vocabulary, or invalid sampling parameters.
+  /// a token id outside the vocabulary, invalid sampling parameters, or a params.constraint
+  /// compiled for another vocabulary size.
   RequestId add(std::vector<int32_t> prompt, const SamplingParams& params);
 
   /// Removes a waiting or running request (client gone, or a stop string found above) and frees
@@ -123,6 +130,10 @@ class Scheduler {
   /// it waits for the first time; throws Error for an unknown id).
   int32_t cached_tokens(RequestId id) const;
   const SchedulerOptions& options() const { return opt_; }
+  /// Host time spent filling grammar bitmasks in the last step (0 when no row was constrained),
+  /// and how much of it the forward did not hide (the executor waited for the masks).
+  double last_mask_fill_ms() const { return last_mask_fill_ms_; }
+  double last_mask_wait_ms() const { return last_mask_wait_ms_; }
 
  private:
   struct Request {
@@ -134,6 +145,7 @@ class Scheduler {
     int32_t seq = -1;  ///< runner sequence while running
     bool admitted = false;      ///< admitted at least once (cached_tokens is then set)
     int32_t cached_tokens = 0;  ///< prompt tokens restored from the prefix cache at the first admission
+    std::optional<GrammarMatcher> matcher;  ///< when params.constraint is set
   };
   struct Planned {
     RequestId id;
@@ -169,6 +181,9 @@ class Scheduler {
   std::vector<ScheduledChunk> last_step_;
   RequestId next_id_ = 0;
   int64_t num_preemptions_ = 0;
+  std::vector<uint32_t> masks_;  ///< grammar bitmasks of the step's constrained rows
+  int mask_threads_ = default_mask_threads();
+  double last_mask_fill_ms_ = 0, last_mask_wait_ms_ = 0;
 };
 
 }  // namespace moefold

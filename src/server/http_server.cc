@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "server/api_error.h"
+#include "server/chat_output.h"
 #include "server/http_connection.h"
 #include "server/responses.h"
 
@@ -62,6 +63,7 @@ struct StreamState {
   std::vector<int64_t> text_offset;
   std::vector<bool> finished;
   std::vector<bool> seen_first;  ///< the choice's first event was seen (its cached_tokens counted)
+  std::vector<std::unique_ptr<ChatOutputParser>> parsers;  ///< per choice, when the output is parsed
   size_t num_finished = 0;
   int64_t completion_tokens = 0;
   int64_t cached_tokens = 0;  ///< prefix-cache hits of the first choice of every prompt
@@ -243,6 +245,10 @@ void HttpApi::generate(Api api, const std::string& endpoint, const httplib::Requ
         return;
       }
     }
+    if (req->parses_output()) {
+      const ChatOutputOptions po = chat_output_options(*req);
+      for (ChoiceResult& r : results) r.message = ChatOutputParser(po).parse(r.text);
+    }
     ResponseBuilder builder(*req, *info_.tokenizer);
     builder.set_cached_tokens(cached_tokens);
     res.set_content(builder.response(results).dump(-1, ' ', false, Json::error_handler_t::replace),
@@ -266,6 +272,10 @@ void HttpApi::generate(Api api, const std::string& endpoint, const httplib::Requ
   st->text_offset.assign(num_choices, 0);
   st->finished.assign(num_choices, false);
   st->seen_first.assign(num_choices, false);
+  if (req->parses_output()) {
+    const ChatOutputOptions po = chat_output_options(*req);
+    for (size_t i = 0; i < num_choices; ++i) st->parsers.push_back(std::make_unique<ChatOutputParser>(po));
+  }
   res.set_header("Cache-Control", "no-cache");
   res.set_header("X-Accel-Buffering", "no");
   res.set_chunked_content_provider(
@@ -295,6 +305,15 @@ void HttpApi::generate(Api api, const std::string& endpoint, const httplib::Requ
           for (auto& t : e.tokens) st->pending[i].push_back(std::move(t));
           if (!e.error.empty()) {
             if (!write(sse(ApiError::error_body(e.error, "internal_server_error", "", "")))) return false;
+          } else if (!st->parsers.empty()) {
+            ChatOutputParser& p = *st->parsers[i];
+            OutputDelta d = p.feed(e.text);
+            if (e.finished()) d.append(p.finish());
+            if (!d.empty() || e.finish != FinishReason::kNone) {
+              Json c = st->builder->delta_chunk(int32_t(i), d, st->pending[i], e.finish, p.num_tool_calls() > 0);
+              st->pending[i].clear();
+              if (!write(sse(c))) return false;
+            }
           } else if (!e.text.empty() || e.finish != FinishReason::kNone) {
             Json c = st->builder->chunk(int32_t(i), e.text, st->pending[i], e.finish, st->text_offset[i]);
             st->pending[i].clear();

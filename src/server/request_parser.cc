@@ -7,6 +7,9 @@
 #include "core/error.h"
 #include "server/api_error.h"
 #include "server/json_depth.h"
+#include "server/structured_output.h"
+#include "server/reasoning_parser.h"
+#include "server/tool_constraint.h"
 #include "text/unicode.h"
 
 namespace moefold::server {
@@ -138,8 +141,9 @@ std::vector<std::vector<int32_t>> completion_prompts(const Json& body, const Mod
   return out;
 }
 
-/// Chat: validates "messages", flattens text-part lists to strings, renders the chat template.
-std::vector<int32_t> chat_prompt(const Json& body, const ModelInfo& info) {
+/// Chat: validates "messages", flattens text-part lists to strings, parses the tool fields into
+/// r.tools, renders the chat template (the text goes to r.prompt_text).
+std::vector<int32_t> chat_prompt(const Json& body, const ModelInfo& info, ParsedRequest& r) {
   const Json* m = field(body, "messages");
   if (!m) bad_request("messages", "'messages' is required.");
   if (!m->is_array()) bad_request("messages", "'messages' must be an array, got {}.", type_name(*m));
@@ -173,11 +177,10 @@ std::vector<int32_t> chat_prompt(const Json& body, const ModelInfo& info) {
   }
   if (!info.chat_template)
     bad_request("messages", "This model has no chat template; use /v1/completions with a prompt instead.");
+  r.tools = parse_tool_request(body, info.tool_serving);
+  prepare_tool_messages(messages);
   Json tools = nullptr;
-  if (const Json* t = field(body, "tools")) {
-    if (!t->is_array()) bad_request("tools", "'tools' must be an array, got {}.", type_name(*t));
-    tools = *t;
-  }
+  if (const Json* t = field(body, "tools")) tools = *t;
   Json kwargs = Json::object();
   if (const Json* k = field(body, "chat_template_kwargs")) {
     if (!k->is_object()) bad_request("chat_template_kwargs", "'chat_template_kwargs' must be an object.");
@@ -192,6 +195,8 @@ std::vector<int32_t> chat_prompt(const Json& body, const ModelInfo& info) {
   }
   std::vector<int32_t> ids = encode(info, text, get_bool(body, "add_special_tokens", false), "messages");
   if (ids.empty()) bad_request("messages", "The prompt is empty.");
+  r.reasoning_parser = info.reasoning_parser;
+  r.prompt_text = std::move(text);
   return ids;
 }
 
@@ -341,7 +346,7 @@ ParsedRequest parse_request(Api api, const std::string& raw, const ModelInfo& in
   if (max_tokens && *max_tokens <= 0)
     bad_request(max_name, "'{}' must be at least 1, got {}.", max_name, *max_tokens);
 
-  if (api == Api::kChat) r.prompts.push_back(chat_prompt(body, info));
+  if (api == Api::kChat) r.prompts.push_back(chat_prompt(body, info, r));
   else r.prompts = completion_prompts(body, info, get_bool(body, "add_special_tokens", true));
 
   for (const auto& p : r.prompts) {
@@ -359,6 +364,39 @@ ParsedRequest parse_request(Api api, const std::string& raw, const ModelInfo& in
                   info.max_model_len, len + *max_tokens, len, *max_tokens);
     const int64_t def = api == Api::kChat ? room : std::min<int64_t>(16, room);
     r.max_tokens.push_back(int32_t(max_tokens.value_or(def)));
+  }
+
+  // Structured output last: compiling a grammar is the most expensive check.
+  std::string so_param;
+  if (std::optional<ConstraintSpec> spec = parse_structured_output(body, so_param)) {
+    if (!info.grammar) bad_request(so_param, "Structured output ('{}') is not available on this server.", so_param);
+    try {
+      r.params.constraint = info.grammar->compile(*spec);
+    } catch (const ConstraintError& e) {
+      throw ApiError(400, fmt::format("'{}' cannot be enforced: {}", so_param, clip(e.what(), 8 * kMaxEchoedChars)),
+                     "invalid_request_error", so_param, std::string("invalid_") + spec->kind_name());
+    }
+  }
+  // tool_choice "required" / named: the output is tool calls, enforced by the grammar.
+  if (r.tools.forced()) {
+    if (r.params.constraint)
+      bad_request("tool_choice", "'tool_choice' \"required\" or a named function cannot be combined with '{}'.",
+                  so_param);
+    if (!info.grammar) bad_request("tool_choice", "Forced tool calls are not available on this server (no grammar engine).");
+    // With reasoning split, an open think block is closed first (empty), so that the calls come
+    // after it as the template expects and the split stays right; else the output starts constrained.
+    const bool close_think = !r.reasoning_parser.empty() && prompt_opens_think(r.prompt_text);
+    try {
+      r.params.constraint = info.grammar->compile(tool_call_constraint(r.tools, close_think ? "</think>\n\n" : ""));
+    } catch (const ConstraintError& e) {
+      throw ApiError(400, fmt::format("The tools' parameters cannot be enforced: {}", clip(e.what(), 8 * kMaxEchoedChars)),
+                     "invalid_request_error", "tools", "invalid_tool_schema");
+    }
+    if (!close_think) r.reasoning_parser.clear();
+  } else if (r.params.constraint) {
+    // Any other constraint holds from the first generated token, so the output has no think
+    // block: it is not split (else the whole output would land in reasoning_content).
+    r.reasoning_parser.clear();
   }
   return r;
 }

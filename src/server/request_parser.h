@@ -7,8 +7,11 @@
 // temperature, top_p, top_k, min_p, presence_penalty, frequency_penalty, repetition_penalty,
 // seed, stop (string or list), stop_token_ids, n, stream, stream_options.include_usage,
 // logprobs (chat: bool; completions: int = number of alternatives) and top_logprobs (chat),
-// ignore_eos, skip_special_tokens, return_tokens_as_token_ids, chat_template_kwargs and tools
-// (chat), add_generation_prompt (chat), add_special_tokens.
+// ignore_eos, skip_special_tokens, return_tokens_as_token_ids, chat_template_kwargs, tools,
+// tool_choice and parallel_tool_calls (chat: tool_request.h), add_generation_prompt (chat),
+// add_special_tokens; structured output: response_format,
+// structured_outputs and guided_* (server/structured_output.h), compiled with ModelInfo::grammar into
+// SamplingParams::constraint (a spec the grammar engine cannot compile is a 400 naming the problem).
 #pragma once
 #include <cstdint>
 #include <nlohmann/json.hpp>
@@ -16,9 +19,11 @@
 #include <string>
 #include <vector>
 
+#include "runtime/grammar_constraint.h"
 #include "runtime/sampling_params.h"
 #include "server/engine.h"
 #include "server/generation_config.h"
+#include "server/tool_request.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
 
@@ -33,6 +38,9 @@ struct ModelInfo {
   const Tokenizer* tokenizer = nullptr;
   const ChatTemplate* chat_template = nullptr;  ///< null: /v1/chat/completions answers 400
   SamplingDefaults sampling_defaults;            ///< generation_config.json; request fields override
+  ToolServing tool_serving;                      ///< --tool-call-parser, --enable-auto-tool-choice
+  std::string reasoning_parser;                  ///< --reasoning-parser ("" = none)
+  const GrammarCompiler* grammar = nullptr;      ///< null: structured-output requests answer 400
 };
 
 enum class Api { kChat, kCompletions };
@@ -51,6 +59,13 @@ struct ParsedRequest {
   bool tokens_as_ids = false;  ///< return_tokens_as_token_ids: tokens spelled "token_id:<id>"
   bool skip_special_tokens = true;
   int64_t created = 0;  ///< Unix seconds when the request arrived (the responses' `created`); 0: now
+  // Chat only:
+  ToolRequest tools;             ///< tools, tool_choice, the output's tool-call format
+  std::string reasoning_parser;  ///< the server's --reasoning-parser ("" = none)
+  std::string prompt_text;       ///< the rendered prompt (decides where reasoning starts)
+
+  /// True when choices' text goes through ChatOutputParser (reasoning split or tool calls).
+  bool parses_output() const { return api == Api::kChat && (!reasoning_parser.empty() || !tools.parser.empty()); }
 
   /// Sum of the prompt lengths (usage.prompt_tokens).
   int64_t prompt_tokens() const;

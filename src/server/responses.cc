@@ -107,6 +107,57 @@ ResponseBuilder::Json ResponseBuilder::usage(int64_t completion_tokens) const {
               {"prompt_tokens_details", Json{{"cached_tokens", cached_tokens_}}}};
 }
 
+ResponseBuilder::Json ResponseBuilder::message(const ChoiceResult& c) const {
+  if (!req_.parses_output()) return Json{{"role", "assistant"}, {"content", c.text}};
+  const ChatMessage& m = c.message;
+  Json out = {{"role", "assistant"}};
+  if (m.content.empty() && !m.tool_calls.empty()) out["content"] = nullptr;
+  else out["content"] = m.content;
+  if (!req_.reasoning_parser.empty()) out["reasoning_content"] = m.has_reasoning ? Json(m.reasoning) : Json(nullptr);
+  if (!m.tool_calls.empty()) {
+    Json calls = Json::array();
+    for (const ToolCall& t : m.tool_calls)
+      calls.push_back(Json{{"id", t.id}, {"type", "function"}, {"function", {{"name", t.name}, {"arguments", t.arguments}}}});
+    out["tool_calls"] = std::move(calls);
+  }
+  return out;
+}
+
+ResponseBuilder::Json ResponseBuilder::delta_chunk(int32_t index, const OutputDelta& d,
+                                                  const std::vector<GeneratedToken>& tokens, FinishReason finish,
+                                                  bool called_tools) const {
+  Json out = base("chat.completion.chunk");
+  Json delta = Json::object();
+  if (!d.reasoning.empty()) delta["reasoning_content"] = d.reasoning;
+  if (!d.content.empty() || (d.reasoning.empty() && d.tool_calls.empty() && finish == FinishReason::kNone))
+    delta["content"] = d.content;
+  if (!d.tool_calls.empty()) {
+    Json calls = Json::array();
+    for (const ToolCallDelta& t : d.tool_calls) {
+      Json c = {{"index", t.index}};
+      Json f = Json::object();
+      if (!t.id.empty()) {
+        c["id"] = t.id;
+        c["type"] = "function";
+        f["name"] = t.name;
+      }
+      f["arguments"] = t.arguments;
+      c["function"] = std::move(f);
+      calls.push_back(std::move(c));
+    }
+    delta["tool_calls"] = std::move(calls);
+  }
+  Json ch = {{"index", index}, {"delta", std::move(delta)}};
+  int64_t unused_offset = 0;
+  ch["logprobs"] = logprobs(tokens, unused_offset);
+  if (finish == FinishReason::kNone) ch["finish_reason"] = nullptr;
+  else if (called_tools && finish == FinishReason::kStop) ch["finish_reason"] = "tool_calls";
+  else ch["finish_reason"] = std::string(finish_reason_name(finish));
+  out["choices"] = Json::array({std::move(ch)});
+  if (req_.include_usage) out["usage"] = nullptr;
+  return out;
+}
+
 ResponseBuilder::Json ResponseBuilder::response(const std::vector<ChoiceResult>& choices) const {
   const bool chat = req_.api == Api::kChat;
   Json out = base(chat ? "chat.completion" : "text_completion");
@@ -117,10 +168,12 @@ ResponseBuilder::Json ResponseBuilder::response(const std::vector<ChoiceResult>&
     completion_tokens += int64_t(c.tokens.size());
     int64_t offset = 0;
     Json ch = {{"index", i}};
-    if (chat) ch["message"] = Json{{"role", "assistant"}, {"content", c.text}};
+    if (chat) ch["message"] = message(c);
     else ch["text"] = c.text;
     ch["logprobs"] = logprobs(c.tokens, offset);
-    ch["finish_reason"] = std::string(finish_reason_name(c.finish));
+    const bool called = chat && req_.parses_output() && !c.message.tool_calls.empty();
+    ch["finish_reason"] = called && c.finish == FinishReason::kStop ? std::string("tool_calls")
+                                                                    : std::string(finish_reason_name(c.finish));
     arr.push_back(std::move(ch));
   }
   out["choices"] = std::move(arr);

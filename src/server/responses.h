@@ -1,7 +1,8 @@
 // JSON bodies of OpenAI responses: whole responses (chat.completion, text_completion), stream
 // chunks (chat.completion.chunk, text_completion), usage, and logprobs in the chat format
 // ({"content": [{token, logprob, bytes, top_logprobs}]}) and the completions format
-// ({tokens, token_logprobs, top_logprobs, text_offset}).
+// ({tokens, token_logprobs, top_logprobs, text_offset}). Chat messages and deltas carry
+// reasoning_content and tool_calls (vLLM's field names) when the output is parsed.
 #pragma once
 #include <cstdint>
 #include <nlohmann/json.hpp>
@@ -10,6 +11,7 @@
 
 #include "server/request_channel.h"
 #include "server/request_parser.h"
+#include "server/tool_parsers/output_delta.h"
 #include "text/tokenizer.h"
 
 namespace moefold::server {
@@ -20,6 +22,7 @@ struct ChoiceResult {
   std::vector<GeneratedToken> tokens;
   FinishReason finish = FinishReason::kNone;
   std::string error;
+  ChatMessage message;  ///< chat with ParsedRequest::parses_output(): the parsed text
 };
 
 class ResponseBuilder {
@@ -38,6 +41,11 @@ class ResponseBuilder {
   /// offset so far (completions logprobs), advanced past `tokens`.
   Json chunk(int32_t index, const std::string& text, const std::vector<GeneratedToken>& tokens, FinishReason finish,
              int64_t& text_offset) const;
+  /// Chat with ParsedRequest::parses_output(): a stream chunk for choice `index` carrying the
+  /// parsed delta (reasoning_content, content, tool_calls fragments), the logprobs of `tokens`
+  /// and the finish reason ("tool_calls" instead of "stop" when `called_tools`).
+  Json delta_chunk(int32_t index, const OutputDelta& delta, const std::vector<GeneratedToken>& tokens,
+                   FinishReason finish, bool called_tools) const;
   /// The final usage chunk of a stream (stream_options.include_usage): empty choices.
   Json usage_chunk(int64_t completion_tokens) const;
   /// {"prompt_tokens", "completion_tokens", "total_tokens",
@@ -54,6 +62,7 @@ class ResponseBuilder {
   Json chat_logprobs(const std::vector<GeneratedToken>& tokens) const;
   Json completion_logprobs(const std::vector<GeneratedToken>& tokens, int64_t& text_offset) const;
   Json logprobs(const std::vector<GeneratedToken>& tokens, int64_t& text_offset) const;
+  Json message(const ChoiceResult& c) const;
 
   const ParsedRequest& req_;
   const Tokenizer& tok_;

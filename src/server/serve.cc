@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <algorithm>
 #include <filesystem>
 #include <numeric>
 #include <optional>
@@ -22,7 +23,10 @@
 #include "server/generation_config.h"
 #include "server/http_server.h"
 #include "server/metrics.h"
+#include "server/reasoning_parser.h"
+#include "server/tool_parsers/tool_parser.h"
 #include "text/chat_template.h"
+#include "runtime/grammar_constraint.h"
 #include "text/tokenizer.h"
 #ifdef MOEFOLD_HAVE_CUDA
 #include "models/cuda/cuda_executor.h"
@@ -95,6 +99,32 @@ PoolPlan plan_pool(const ServeOptions& o, const ModelConfig& cfg) {
   return {int32_t(blocks), int32_t(len)};
 }
 
+/// The tool-call parser: --tool-call-parser, else the format the chat template shows.
+ToolServing resolve_tool_serving(const ServeOptions& o, const ChatTemplate* tmpl) {
+  ToolServing ts;
+  ts.enable_auto_tool_choice = o.enable_auto_tool_choice;
+  std::string from = "--tool-call-parser";
+  if (!o.tool_call_parser.empty()) {
+    const auto& names = tool_parser_names();
+    if (std::find(names.begin(), names.end(), o.tool_call_parser) == names.end())
+      fail("--tool-call-parser {}: expected qwen3_coder or hermes", o.tool_call_parser);
+    ts.tool_parser = o.tool_call_parser;
+  } else if (tmpl) {
+    const std::string* src = tmpl->source("tool_use");
+    if (!src) src = tmpl->source("default");
+    if (src) ts.tool_parser = tool_parser_for_template(*src);
+    from = "the chat template";
+  }
+  if (ts.enable_auto_tool_choice && ts.tool_parser.empty())
+    fail("--enable-auto-tool-choice needs --tool-call-parser (qwen3_coder or hermes): the chat template shows no "
+         "tool-call format");
+  if (!ts.tool_parser.empty())
+    std::fprintf(stderr, "moefold serve: tool calls in the %s format (%s); tool_choice \"auto\" %s\n",
+                 ts.tool_parser.c_str(), from.c_str(),
+                 ts.enable_auto_tool_choice ? "on" : "off (--enable-auto-tool-choice)");
+  return ts;
+}
+
 }  // namespace
 
 int run_server(const ServeOptions& o) {
@@ -128,6 +158,12 @@ int run_server(const ServeOptions& o) {
     chat_template = ChatTemplate::from_model_dir(dir);
   } catch (const Error& e) {
     std::fprintf(stderr, "moefold serve: no chat template (%s); /v1/chat/completions will answer 400\n", e.what());
+  }
+  const ToolServing tool_serving = resolve_tool_serving(o, chat_template ? &*chat_template : nullptr);
+  if (!o.reasoning_parser.empty()) {
+    const auto& names = reasoning_parser_names();
+    if (std::find(names.begin(), names.end(), o.reasoning_parser) == names.end())
+      fail("--reasoning-parser {}: expected qwen3 or deepseek_r1", o.reasoning_parser);
   }
   const SamplingDefaults sampling_defaults =
       o.generation_config == "auto" ? load_generation_config(dir) : SamplingDefaults{};
@@ -204,6 +240,11 @@ int run_server(const ServeOptions& o) {
   info.tokenizer = &tokenizer;
   info.chat_template = chat_template ? &*chat_template : nullptr;
   info.sampling_defaults = sampling_defaults;
+  info.tool_serving = tool_serving;
+  info.reasoning_parser = o.reasoning_parser;
+  // Structured output: the grammar engine's view of the vocabulary (decoded bytes per id) and EOS.
+  const GrammarCompiler grammar(tokenizer, cfg.vocab_size, cfg.eos_token_ids);
+  info.grammar = &grammar;
 
   EngineOptions eo;
   eo.scheduler = {o.max_num_seqs, o.max_num_batched_tokens, o.max_prefill_chunk, pool.max_model_len};

@@ -41,6 +41,10 @@ struct ServeOptions {
   bool enable_prefix_caching = true;    ///< reuse cached prompt prefixes (runtime/prefix_cache.h)
   int64_t prefix_snapshot_memory = int64_t(1) << 30;  ///< bytes for DeltaNet state snapshots (hybrid models)
   int32_t prefix_snapshot_interval = 4096;  ///< a snapshot every this many prompt tokens (0: only prompt ends)
+  /// --tool-call-parser: qwen3_coder | hermes; "" = the format the chat template shows (if any).
+  std::string tool_call_parser;
+  bool enable_auto_tool_choice = false;  ///< --enable-auto-tool-choice: tool_choice "auto" is parsed
+  std::string reasoning_parser;          ///< --reasoning-parser: qwen3 | deepseek_r1 ("" = none)
 };
 
 /// Parses a byte count with an optional K/M/G/T suffix (powers of 1024), e.g. "512M".

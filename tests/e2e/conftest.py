@@ -150,8 +150,8 @@ def byte_model(tmp_path_factory):
 class Server:
     """A running `moefold serve` process."""
 
-    def __init__(self, model_dir, *args, log_dir=None):
-        cmd = [binary(), "serve", "--model", str(model_dir), "--load-format", "dummy", "--seed", "7",
+    def __init__(self, model_dir, *args, log_dir=None, load_format="dummy"):
+        cmd = [binary(), "serve", "--model", str(model_dir), "--load-format", load_format, "--seed", "7",
                "--host", "127.0.0.1", "--port", "0", *map(str, args)]
         self.log = open(os.path.join(log_dir or str(model_dir), f"server-{time.time_ns()}.log"), "w+")
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log, text=True)
@@ -214,8 +214,8 @@ def start_server():
     """Factory: start_server(model_dir, *extra_args) -> Server; all are stopped at session end."""
     servers = []
 
-    def start(model_dir, *args):
-        s = Server(model_dir, *args)
+    def start(model_dir, *args, **kw):
+        s = Server(model_dir, *args, **kw)
         servers.append(s)
         return s
 

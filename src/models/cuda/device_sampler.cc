@@ -64,6 +64,7 @@ DeviceSampler::DeviceSampler(int64_t max_rows, int64_t vocab) : max_rows_(max_ro
   off_top_n_ = seg(M * sizeof(int32_t));
   off_offsets_ = seg((M + 1) * sizeof(int32_t));
   off_counts_ = seg(2 * sizeof(int32_t));  // live rows, masked ids
+  off_bm_row_ = seg(M * sizeof(int32_t));  // grammar bitmask row per row, -1 = none
   blob_bytes_ = o;
   blob_host_.reserve(blob_bytes_);
   blob_ = cuda::DeviceBuffer<uint8_t>(blob_bytes_);
@@ -142,6 +143,46 @@ std::string DeviceSampler::prepare_row(size_t i, const RowSampling& r, int32_t& 
   return {};
 }
 
+bool DeviceSampler::stage_bitmasks(std::span<const RowSampling> rows, std::vector<std::string>& errors,
+                                   cudaStream_t stream) {
+  int32_t* bm_row = at<int32_t>(blob_host_.ptr, off_bm_row_);
+  std::vector<size_t> constrained;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    bm_row[i] = -1;
+    if (rows[i].sampler && errors[i].empty() && !rows[i].token_bitmask.empty()) constrained.push_back(i);
+  }
+  if (constrained.empty()) return false;
+  std::string mask_error;
+  for (size_t i : constrained) {
+    if (!rows[i].mask_ready) continue;
+    try {
+      (*rows[i].mask_ready)();
+    } catch (const std::exception& e) {
+      mask_error = e.what();
+    }
+    break;
+  }
+  const size_t W = size_t((vocab_ + 31) / 32);
+  bm_host_.reserve(constrained.size() * W * sizeof(uint32_t));  // the last call synchronised: no copy in flight
+  uint32_t* host = static_cast<uint32_t*>(bm_host_.ptr);
+  size_t k = 0;
+  for (size_t i : constrained) {
+    if (!mask_error.empty()) {
+      errors[i] = "the grammar mask failed: " + mask_error;
+    } else if (rows[i].token_bitmask.size() != W) {
+      errors[i] = fmt::format("token bitmask has {} words for a vocabulary of {} ({} expected)",
+                              rows[i].token_bitmask.size(), vocab_, W);
+    } else {
+      std::memcpy(host + k * W, rows[i].token_bitmask.data(), W * sizeof(uint32_t));
+      bm_row[i] = int32_t(k++);
+    }
+  }
+  if (k == 0) return false;
+  if (bm_.size() < k * W) bm_ = cuda::DeviceBuffer<uint32_t>(std::max(k, size_t(8)) * W);
+  bm_.upload(host, k * W, 0, stream, true);
+  return true;
+}
+
 void DeviceSampler::sample(float* logits, std::span<const RowSampling> rows, std::span<const int32_t> masked_tokens,
                            std::vector<SampleResult>& out, cudaStream_t stream) {
   const int64_t R = int64_t(rows.size());
@@ -168,6 +209,7 @@ void DeviceSampler::sample(float* logits, std::span<const RowSampling> rows, std
   at<int32_t>(blob_host_.ptr, off_counts_)[0] = int32_t(R);
   at<int32_t>(blob_host_.ptr, off_counts_)[1] = int32_t(masked_tokens.size());
   const size_t E = hist_tokens_.size();
+  const bool any_bitmask = stage_bitmasks(rows, errors, stream);
 
   // Uploads: the parameter blob, the histories (when any row is penalized), the mask (when changed).
   blob_.upload(static_cast<const uint8_t*>(blob_host_.ptr), blob_bytes_, 0, stream, true);
@@ -195,6 +237,7 @@ void DeviceSampler::sample(float* logits, std::span<const RowSampling> rows, std
   if (!masked_tokens.empty())
     cuda::mask_logits_rows(logits, R, V, 0, mask_.data(), at<int32_t>(d, off_counts_) + 1, int64_t(masked_tokens.size()),
                            live, stream);
+  if (any_bitmask) cuda::apply_token_bitmask_rows(logits, R, V, 0, bm_.data(), at<int32_t>(d, off_bm_row_), live, stream);
   const int32_t* top_n = at<int32_t>(d, off_top_n_);
   if (any_logprobs) cuda::raw_logprobs_rows(logits, R, V, 0, top_n, lse_.data(), top_ids_.data(), top_lp_.data(), live, stream);
   if (E > 0) cuda::apply_penalties_rows(logits, R, V, 0, pen, live, stream);

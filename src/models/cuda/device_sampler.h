@@ -7,7 +7,9 @@
 // same tokens whatever else is in the batch), the distinct penalty histories of the rows with a
 // penalty on, and (only when it changed) the mask list; uploads them in a few async copies; launches
 // on the stream, in the CPU sampler's order (ops/cuda/sampling.h):
-//   mask -> raw log-softmax + top_logprobs (rows with logprobs) -> penalties (rows with penalties)
+//   mask -> grammar bitmask (rows with RowSampling::token_bitmask; waits for mask_ready first, after the
+//   host work above, so the host-side mask fill overlaps the forward already queued on the stream)
+//   -> raw log-softmax + top_logprobs (rows with logprobs) -> penalties (rows with penalties)
 //   -> argmax (greedy-only batch) or sample -> the sampled token's raw logprob (rows with logprobs);
 // downloads tokens + flags (+ logprobs, + top_logprobs when requested) and synchronises the stream
 // ONCE. Every kernel reads the live row count from device memory.
@@ -68,7 +70,7 @@ class DeviceSampler {
   int64_t max_rows_, vocab_;
   // Per-row parameter blob (SoA at fixed offsets), staged in pinned memory, uploaded in one copy.
   size_t off_uniform_, off_temp_, off_top_p_, off_min_p_, off_rep_, off_freq_, off_pres_, off_top_k_, off_top_n_,
-      off_offsets_, off_counts_, blob_bytes_;
+      off_offsets_, off_counts_, off_bm_row_, blob_bytes_;
   Pinned blob_host_;
   cuda::DeviceBuffer<uint8_t> blob_;
   // Device results and scratch.
@@ -84,6 +86,12 @@ class DeviceSampler {
   cuda::DeviceBuffer<int32_t> hist_;
   cuda::DeviceBuffer<float> saved_;
   std::vector<int32_t> entry_of_;  // [vocab] token -> entry of the row being prepared, -1 = none
+  // Grammar bitmasks of the constrained rows of a call, staged in pinned memory ([k, words] uint32).
+  Pinned bm_host_;
+  cuda::DeviceBuffer<uint32_t> bm_;
+  /// Waits for the rows' grammar bitmasks, stages and uploads them, and fills the blob's mask-row
+  /// index (-1 = none); a row whose mask is unusable gets its error. Returns whether any row is masked.
+  bool stage_bitmasks(std::span<const RowSampling> rows, std::vector<std::string>& errors, cudaStream_t stream);
   // The mask on the device.
   std::vector<int32_t> mask_host_;
   bool mask_valid_ = false;

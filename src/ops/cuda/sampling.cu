@@ -374,6 +374,22 @@ __global__ void mask_logits_kernel(float* logits, int64_t max_rows, int64_t voca
   }
 }
 
+/// One thread per logit of a constrained row: -inf where the row's grammar bitmask bit is clear.
+/// grid (rows, ceil(vocab / blockDim)); the bitmask word is a broadcast load within each warp.
+__global__ void token_bitmask_kernel(float* logits, int64_t max_rows, int64_t vocab, int64_t ld,
+                                     const uint32_t* bitmask, const int32_t* mask_row, const int32_t* live) {
+  pdl_begin();
+  const int64_t row = blockIdx.x;
+  if (row >= live_count(live, max_rows)) return;
+  const int32_t m = mask_row[row];
+  if (m < 0) return;
+  const int64_t t = int64_t(blockIdx.y) * blockDim.x + threadIdx.x;
+  if (t >= vocab) return;
+  const int64_t words = (vocab + 31) / 32;
+  const uint32_t bits = bitmask[int64_t(m) * words + t / 32];
+  if (!((bits >> (t % 32)) & 1u)) logits[row * ld + t] = -INFINITY;
+}
+
 /// Raw log-softmax of a row (CPU: log_sum_exp and top_n): lse in double, then, for n > 0, the n best
 /// (logit desc, id asc) entries by a count-mode radix select for the n-th key and one collection pass.
 __global__ void __launch_bounds__(kThreads) raw_logprobs_kernel(const float* logits, int64_t max_rows, int64_t vocab,
@@ -501,6 +517,7 @@ void check_args(int64_t max_rows, int64_t vocab, int64_t& ld, const char* what) 
 const prof::Kernel kArgmax{"argmax_kernel", prof::Category::Sampling};
 const prof::Kernel kSample{"sample_kernel", prof::Category::Sampling};
 const prof::Kernel kMask{"mask_logits_kernel", prof::Category::Sampling};
+const prof::Kernel kTokenBitmask{"token_bitmask_kernel", prof::Category::Sampling};
 const prof::Kernel kRawLogprobs{"raw_logprobs_kernel", prof::Category::Sampling};
 const prof::Kernel kPenalties{"penalties_kernel", prof::Category::Sampling};
 const prof::Kernel kTokenLogprob{"token_logprob_kernel", prof::Category::Sampling};
@@ -535,6 +552,20 @@ void mask_logits_rows(float* logits, int64_t max_rows, int64_t vocab, int64_t ld
   if (max_rows == 0 || max_ids == 0) return;
   LaunchScope launch(kMask, stream, prof::Work{double(max_rows) * double(max_ids) * 8, 0});
   launch_pdl(mask_logits_kernel, dim3(unsigned(max_rows)), dim3(256), 0, stream, logits, max_rows, vocab, ld, ids, num_ids, live_rows);
+  MOEFOLD_CUDA_CHECK_LAUNCH();
+}
+
+void apply_token_bitmask_rows(float* logits, int64_t max_rows, int64_t vocab, int64_t ld, const uint32_t* bitmask,
+                              const int32_t* mask_row, const int32_t* live_rows, cudaStream_t stream) {
+  check_args(max_rows, vocab, ld, "apply_token_bitmask_rows");
+  MOEFOLD_CHECK(bitmask && mask_row, "apply_token_bitmask_rows: bitmask and mask_row are required");
+  if (max_rows == 0) return;
+  constexpr unsigned kBlock = 512;
+  const int64_t blocks_y = (vocab + kBlock - 1) / kBlock;
+  MOEFOLD_CHECK(blocks_y <= 65535, "apply_token_bitmask_rows: vocabulary {} is too large", vocab);
+  LaunchScope launch(kTokenBitmask, stream, prof::Work{double(max_rows) * double(vocab) * 4.5, 0});
+  launch_pdl(token_bitmask_kernel, dim3(unsigned(max_rows), unsigned(blocks_y)), dim3(kBlock), 0, stream, logits, max_rows,
+             vocab, ld, bitmask, mask_row, live_rows);
   MOEFOLD_CUDA_CHECK_LAUNCH();
 }
 

@@ -8,6 +8,7 @@
 //             returning the first token whose running weight exceeds u * Z.
 // Around the selection, in the CPU sampler's order (the caller, models/cuda/device_sampler, launches):
 //   mask_logits_rows    : the never-sampled ids -> -inf (mask_tokens);
+//   apply_token_bitmask_rows: a grammar's disallowed ids -> -inf (apply_token_bitmask);
 //   raw_logprobs_rows   : log-sum-exp of the raw (masked, unpenalized) row in double, and its
 //                         top_logprobs (<= kMaxTopLogprobs, logit desc, id asc) (sampler step 1);
 //   apply_penalties_rows: repetition / frequency / presence on each row's distinct history tokens,
@@ -62,6 +63,13 @@ void sample_rows(const float* logits, int64_t max_rows, int64_t vocab, int64_t l
 /// which only sizes the profiler's work); ids outside [0, vocab) are ignored (CPU mask_tokens).
 void mask_logits_rows(float* logits, int64_t max_rows, int64_t vocab, int64_t ld, const int32_t* ids,
                       const int32_t* num_ids, int64_t max_ids, const int32_t* live_rows, cudaStream_t stream);
+
+/// Grammar-constrained decoding (runtime/sampler.h apply_token_bitmask): for rows r < live with
+/// mask_row[r] >= 0, logits[r * ld + t] = -inf for every t < vocab whose bit (t % 32) of word
+/// bitmask[mask_row[r] * words + t / 32] is clear. words = ceil(vocab / 32); mask_row has max_rows
+/// entries (-1 = unconstrained row, untouched). One thread per logit (coalesced writes).
+void apply_token_bitmask_rows(float* logits, int64_t max_rows, int64_t vocab, int64_t ld, const uint32_t* bitmask,
+                              const int32_t* mask_row, const int32_t* live_rows, cudaStream_t stream);
 
 /// Raw log-probabilities (sampler step 1) of rows r < live with top_n[r] >= 0 (device int32 per row;
 /// -1 = logprobs off for the row, nothing written): lse[r] = log(sum_i exp(x_i)) in double over the
