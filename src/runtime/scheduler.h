@@ -143,9 +143,9 @@ class Scheduler {
     Sampler sampler;
     int32_t max_tokens;
     int32_t seq = -1;  ///< runner sequence while running
+    std::optional<GrammarMatcher> matcher;  ///< when params.constraint is set
     bool admitted = false;      ///< admitted at least once (cached_tokens is then set)
     int32_t cached_tokens = 0;  ///< prompt tokens restored from the prefix cache at the first admission
-    std::optional<GrammarMatcher> matcher;  ///< when params.constraint is set
   };
   struct Planned {
     RequestId id;
