@@ -35,6 +35,7 @@ constexpr double kTolBf16 = 1e-2;   // bf16 outputs
 constexpr int kConvK = 4;
 constexpr GdnDims kSmall{2, 4, 32, 32};
 constexpr GdnDims kReal{16, 32, 128, 128};
+constexpr GdnDims kTc{1, 2, 128, 32};  // smallest shape on the tensor-core prefill path (dk 128, dv 32)
 
 template <class T>
 struct Dev {
@@ -630,6 +631,31 @@ TEST(GdnDecode, Batches) {
     decode_case(kSmall, b, 611 + uint64_t(b));
     decode_case(kReal, b, 621 + uint64_t(b));
   }
+}
+
+// The tensor-core prefill path (dk 128) on a small shape: batches with 0/1-token sequences, a split, snapshots
+// and chunked == recurrent (the compute-sanitizer pass of that kernel).
+TEST(GdnPrefill, TensorCoreSmall) {
+  MOEFOLD_REQUIRE_GPU();
+  prefill_case(kTc, {65, 1, 0, 17, 130, 64, 3}, 251);
+  split_case(kTc, 130, 65, 451);
+  snapshot_case(kTc, 200, 130, 551);
+  chunked_vs_recurrent_case(kTc, 130, 331);
+}
+
+/// Sets MOEFOLD_GDN_TC=0 (the scalar prefill kernel) for its lifetime.
+struct ScalarPrefill {
+  ScalarPrefill() { setenv("MOEFOLD_GDN_TC", "0", 1); }
+  ~ScalarPrefill() { unsetenv("MOEFOLD_GDN_TC"); }
+};
+
+// The scalar prefill kernel stays the path for shapes the tensor-core one does not cover; keep it tested on
+// the real shape too.
+TEST(GdnPrefill, ScalarKernelReal) {
+  MOEFOLD_REQUIRE_GPU();
+  ScalarPrefill scalar;
+  prefill_case(kReal, {65, 1, 0, 130}, 261);
+  prefill_case(kTc, {65, 1, 0, 130}, 271);
 }
 
 // Timings of the real shape (not a contract; run with --gtest_also_run_disabled_tests): median of 20
