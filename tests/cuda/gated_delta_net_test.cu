@@ -553,6 +553,12 @@ TEST(GdnConv, Prefill) {
   conv_prefill_case(int(conv_dim(kReal)), lens, 121);
 }
 
+// C not a multiple of 8: the scalar prefill kernel (the others take the vectorised one).
+TEST(GdnConv, PrefillScalarSmall) {
+  MOEFOLD_REQUIRE_GPU();
+  conv_prefill_case(100, {1, 0, 2, 3, 17, 64, 65, 130}, 131);
+}
+
 TEST(GdnConv, DecodeSmall) {
   MOEFOLD_REQUIRE_GPU();
   for (int b : {1, 17}) conv_decode_case(int(conv_dim(kSmall)), b, 131 + uint64_t(b));

@@ -2,7 +2,8 @@
 // block products in tf32 m16n8k8), the gated WY / UT form with chunk C = 64, dk = 128.
 //
 // One block of 4 warps per (32 value columns, value head, sequence) walks its sequence chunk by chunk;
-// the next chunk's raw q, k, v rows stream into a second shared-memory stage (cp.async) meanwhile. Warp w
+// for grids of at most one block per SM the next chunk's raw q, k, v rows stream into a second
+// shared-memory stage (cp.async) meanwhile, larger grids run two blocks per SM with one stage each. Warp w
 // owns chunk rows R_w = [16w, 16w + 16) unless said otherwise. Per chunk (G = cumulative log-decay):
 //   0. inverse norms 1/|q|, 1/|k| (the raw bf16 q, k feed the tensor cores exactly; the norms scale the
 //      products), gates g / beta (warp 0) and the scan G.
@@ -10,14 +11,16 @@
 //      triangle) into shared fp32; M = tril(q_i.k_j exp(G_i - G_j)) kept in registers as bf16 fragments.
 //   2. T = (I + A)^-1: each warp inverts its 16x16 diagonal block by forward substitution (fp32), then
 //      warp j fills column block j: T_ij = -T_ii sum_{k=j}^{i-1} A_ik T_kj (tf32 tensor cores).
-//   3. W = T diag(beta exp G) K (registers, bf16), U = T diag(beta) V, V' = U - W S, O = exp(G) Q S.
+//   3. KS = K S (each warp its rows, to shared memory) and O = exp(G) Q S; then
+//      V' = T diag(beta) V - T diag(beta exp G) KS (W = T diag(beta exp G) K is never formed: the block
+//      products of the triangular T stay with their row owner, the dense K S is spread evenly).
 //   4. O += M V' (rows < chunk length stored), S = exp(G_last) S + K^T diag(exp(G_last - G)) V'.
 // The state S (dk x 32, fp32) lives in registers, warp w holding rows [32w, 32w + 32); a bf16 copy in
 // shared memory feeds the S products. Rows past the chunk's end are zero (k = q = v = beta = g = 0), which
 // makes them no-ops. Precision: every product accumulates in fp32; the two operands whose bf16 rounding
 // would move the state by ~2e-3 (an emulation against an fp64 recurrence showed these two dominate) carry
-// a bf16 residual term: T diag(beta) in U, and e^{G_L - G} V' in the state update. W, M, V' in O and the
-// bf16 copy of S are single bf16 (their rounding moves the state by < 1e-4).
+// a bf16 residual term: T diag(beta) in U, and e^{G_L - G} V' in the state update. T diag(beta e^G), K S,
+// M, V' in O and the bf16 copy of S are single bf16 (their rounding moves the state by < 1e-4).
 // Math: src/ops/cpu/gated_delta_net.cc.
 #include "ops/cuda/gated_delta_net_tc.h"
 
@@ -41,20 +44,26 @@ constexpr int kVLD = kBV + 8;  // bf16 row pitch of v, V', S tiles (80 B)
 constexpr int kFLD = kC + 4;   // fp32 row pitch of A and T
 constexpr int kXLD = 24;       // fp32 row pitch of the per-warp 16x16 scratch
 
-// Shared memory map (bytes).
+// Shared memory map (bytes): kStages input stages, then the rest. A and the solve's scratch (live from
+// step 1 to 2) share a region with V' and its scaled copies (live in steps 3 and 4).
 constexpr int kStageQ = 0;
 constexpr int kStageK = kStageQ + kC * kQLD * 2;
 constexpr int kStageV = kStageK + kC * kQLD * 2;
 constexpr int kStageBytes = kStageV + kC * kVLD * 2;
-constexpr int kOffS = 2 * kStageBytes;              // bf16 [kDK][kVLD]
-constexpr int kOffVN = kOffS + kDK * kVLD * 2;      // bf16 [kC][kVLD]: V'
-constexpr int kOffVE = kOffVN + kC * kVLD * 2;      // bf16 [kC][kVLD]: V' exp(G_last - G)
-constexpr int kOffVL = kOffVE + kC * kVLD * 2;      // bf16 [kC][kVLD]: its bf16 rounding residual
-constexpr int kOffA = kOffVL + kC * kVLD * 2;       // fp32 [kC][kFLD]
-constexpr int kOffT = kOffA + kC * kFLD * 4;        // fp32 [kC][kFLD]
-constexpr int kOffX = kOffT + kC * kFLD * 4;        // fp32 [4][16][kXLD]
-constexpr int kOffVec = kOffX + 4 * 16 * kXLD * 4;  // fp32 [7][kC]: G, beta, beta e^G, e^G, e^(G_L - G), 1/|q|, 1/|k|
-constexpr int kSmemBytes = kOffVec + 7 * kC * 4;
+constexpr int kOffS = 0;                            // bf16 [kDK][kVLD]   (offsets from the end of the stages)
+constexpr int kOffReg = kOffS + kDK * kVLD * 2;     // shared region:
+constexpr int kOffA = kOffReg;                      //   fp32 [kC][kFLD]: A
+constexpr int kOffX = kOffA + kC * kFLD * 4;        //   fp32 [4][16][kXLD]: per-warp scratch of the solve
+constexpr int kOffVN = kOffReg;                     //   bf16 [kC][kVLD]: V'
+constexpr int kOffVE = kOffVN + kC * kVLD * 2;      //   bf16 [kC][kVLD]: V' e^(G_L - G) / |k|
+constexpr int kOffVL = kOffVE + kC * kVLD * 2;      //   bf16 [kC][kVLD]: its bf16 rounding residual
+constexpr int kOffKS = kOffVL + kC * kVLD * 2;      //   bf16 [kC][kVLD]: K S (raw k)
+constexpr int kRegBytes = kC * kFLD * 4 + 4 * 16 * kXLD * 4;
+static_assert(kRegBytes >= 4 * kC * kVLD * 2, "V' and K S buffers must fit the region");
+constexpr int kOffT = kOffReg + kRegBytes;          // fp32 [kC][kFLD]: T
+constexpr int kOffVec = kOffT + kC * kFLD * 4;      // fp32 [7][kC]: G, beta, beta e^G, e^G, e^(G_L - G), 1/|q|, 1/|k|
+constexpr int kRestBytes = kOffVec + 7 * kC * 4;
+constexpr int smem_bytes(int stages) { return stages * kStageBytes + kRestBytes; }
 
 __device__ __forceinline__ uint32_t su32(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
 
@@ -126,6 +135,9 @@ __device__ __forceinline__ void load_chunk(const GdnArgs& p, char* stage, int64_
   cp_async_commit();
 }
 
+// kStages = 2: the next chunk's rows stream in during this chunk (for grids of at most one block per SM);
+// kStages = 1: ~93 KB of shared memory, two blocks per SM hide each other's loads (larger grids).
+template <int kStages>
 __global__ void __launch_bounds__(kThreads, 1)
     gdn_prefill_tc_kernel(GdnArgs p, const int32_t* __restrict__ cu_seqlens, const GdnSnapshot* __restrict__ snaps,
                           const int32_t* __restrict__ num_snaps_p, int max_snaps, int Hk, int Hv, int dv) {
@@ -144,11 +156,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   const float qscale = rsqrtf(float(kDK));
   const float A_log = p.A_log[h], dt_bias = p.dt_bias[h];
 
-  extern __shared__ __align__(16) char smem[];
+  extern __shared__ __align__(16) char smem_all[];
+  char* smem = smem_all + kStages * kStageBytes;  // everything past the stages
   __nv_bfloat16* Ss = reinterpret_cast<__nv_bfloat16*>(smem + kOffS);
   __nv_bfloat16* VN = reinterpret_cast<__nv_bfloat16*>(smem + kOffVN);
   __nv_bfloat16* VE = reinterpret_cast<__nv_bfloat16*>(smem + kOffVE);
   __nv_bfloat16* VL = reinterpret_cast<__nv_bfloat16*>(smem + kOffVL);
+  __nv_bfloat16* KSs = reinterpret_cast<__nv_bfloat16*>(smem + kOffKS);
   float* Af = reinterpret_cast<float*>(smem + kOffA);
   float* Tf = reinterpret_cast<float*>(smem + kOffT);
   float* Xs = reinterpret_cast<float*>(smem + kOffX) + warp * 16 * kXLD;
@@ -179,7 +193,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
 
   const int nchunks = (len + kC - 1) / kC;
-  load_chunk(p, smem, bos, min(kC, len), kh, vcol, tid);
+  if constexpr (kStages == 2) load_chunk(p, smem_all, bos, min(kC, len), kh, vcol, tid);
   // Raw gate logits of the next chunk's rows lane and lane + 32 (warp 0), prefetched a chunk ahead.
   float ra0 = 0.f, rb0 = 0.f, ra1 = 0.f, rb1 = 0.f;
   if (warp == 0) {
@@ -192,14 +206,19 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int chunk = 0; chunk < nchunks; ++chunk) {
     const int c0 = chunk * kC, Lc = min(kC, len - c0);
     const int64_t row0 = int64_t(bos) + c0;
-    char* stage = smem + (chunk & 1) * kStageBytes;
+    char* stage = smem_all + (kStages == 2 ? (chunk & 1) * kStageBytes : 0);
     __nv_bfloat16* Qs = reinterpret_cast<__nv_bfloat16*>(stage + kStageQ);
     __nv_bfloat16* Ks = reinterpret_cast<__nv_bfloat16*>(stage + kStageK);
     __nv_bfloat16* Vs = reinterpret_cast<__nv_bfloat16*>(stage + kStageV);
+    if constexpr (kStages == 1) {
+      __syncthreads();  // every warp is done with the previous chunk's stage
+      load_chunk(p, smem_all, row0, Lc, kh, vcol, tid);
+    }
     cp_async_wait_all();
     __syncthreads();  // S0: this chunk's rows landed; every warp is done with the previous chunk
-    if (chunk + 1 < nchunks)
-      load_chunk(p, smem + ((chunk + 1) & 1) * kStageBytes, row0 + kC, min(kC, len - c0 - kC), kh, vcol, tid);
+    if constexpr (kStages == 2)
+      if (chunk + 1 < nchunks)
+        load_chunk(p, smem_all + ((chunk + 1) & 1) * kStageBytes, row0 + kC, min(kC, len - c0 - kC), kh, vcol, tid);
 
     // ---- 0. Inverse norms of q, k (a half-warp per row, 8 values per lane); gates and the scan G.
 #pragma unroll 2
@@ -379,14 +398,45 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     __syncthreads();  // S4
 
-    // ---- 3. W = T diag(beta e^G) K, U = T diag(beta) V, V' = U - W S, O = e^G Q S.
+    // ---- 3a. KS = K S (raw k rows R_w; shared bf16, for every warp) and O = e^G Q S (raw q).
     float accU[4][4], accO[4][4];
 #pragma unroll
     for (int n = 0; n < 4; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) accU[n][e] = accO[n][e] = 0.f;
     {
-      uint32_t Tw[4][4], Tu[4][4], Tl[4][4];  // T diag(beta e^G / |k|); T diag(beta) as bf16 + residual
+      float accK[4][4];
+#pragma unroll
+      for (int n = 0; n < 4; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) accK[n][e] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < kDK / 16; ++kk) {
+        uint32_t ka[4], qa[4];
+        ldsm_x4(ka, Ks + (16 * warp + lrow) * kQLD + kk * 16 + lcol);
+        ldsm_x4(qa, Qs + (16 * warp + lrow) * kQLD + kk * 16 + lcol);
+#pragma unroll
+        for (int np = 0; np < 2; ++np) {
+          uint32_t b[4];
+          ldsm_x4_t(b, Ss + (16 * kk + (bm & 1) * 8 + (lane & 7)) * kVLD + 16 * np + (bm >> 1) * 8);
+          mma_bf16(accK[2 * np], ka, b[0], b[1]);
+          mma_bf16(accK[2 * np + 1], ka, b[2], b[3]);
+          mma_bf16(accO[2 * np], qa, b[0], b[1]);
+          mma_bf16(accO[2 * np + 1], qa, b[2], b[3]);
+        }
+      }
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int i = 16 * warp + g8 + 8 * hf;
+#pragma unroll
+        for (int n = 0; n < 4; ++n)
+          *reinterpret_cast<uint32_t*>(KSs + i * kVLD + 8 * n + 2 * t4) = pack_bf16(accK[n][2 * hf], accK[n][2 * hf + 1]);
+      }
+    }
+    __syncthreads();  // S4b
+    // ---- 3b. V' = T diag(beta) V - T diag(beta e^G / |k|) KS (rows R_w; T diag(beta) as bf16 + residual).
+    {
+      uint32_t Tw[4][4], Tu[4][4], Tl[4][4];
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks) {
 #pragma unroll
@@ -394,7 +444,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           const int i = 16 * warp + g8 + 8 * (e & 1), j = 16 * ks + 2 * t4 + 8 * (e >> 1);
           float2 tv = make_float2(0.f, 0.f);
           if (ks <= warp) tv = *reinterpret_cast<const float2*>(Tf + i * kFLD + j);
-          Tw[ks][e] = pack_bf16(tv.x * BG[j] * RK[j], tv.y * BG[j + 1] * RK[j + 1]);
+          Tw[ks][e] = pack_bf16(-tv.x * BG[j] * RK[j], -tv.y * BG[j + 1] * RK[j + 1]);
           const float u0 = tv.x * Bs[j], u1 = tv.y * Bs[j + 1];
           const __nv_bfloat162 uh = __floats2bfloat162_rn(u0, u1);
           Tu[ks][e] = *reinterpret_cast<const uint32_t*>(&uh);
@@ -406,43 +456,15 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (ks > warp) continue;
 #pragma unroll
         for (int np = 0; np < 2; ++np) {
-          uint32_t b[4];
+          uint32_t b[4], bk[4];
           ldsm_x4_t(b, Vs + (16 * ks + (bm & 1) * 8 + (lane & 7)) * kVLD + 16 * np + (bm >> 1) * 8);
+          ldsm_x4_t(bk, KSs + (16 * ks + (bm & 1) * 8 + (lane & 7)) * kVLD + 16 * np + (bm >> 1) * 8);
           mma_bf16(accU[2 * np], Tu[ks], b[0], b[1]);
           mma_bf16(accU[2 * np + 1], Tu[ks], b[2], b[3]);
           mma_bf16(accU[2 * np], Tl[ks], b[0], b[1]);
           mma_bf16(accU[2 * np + 1], Tl[ks], b[2], b[3]);
-        }
-      }
-      uint32_t Wf[kDK / 16][4];  // -W as bf16 A fragments (k = key dim)
-#pragma unroll
-      for (int np = 0; np < kDK / 16; ++np) {
-        float acc[2][4] = {};
-#pragma unroll
-        for (int ks = 0; ks < 4; ++ks) {
-          if (ks > warp) continue;
-          uint32_t b[4];
-          ldsm_x4_t(b, Ks + (16 * ks + (bm & 1) * 8 + (lane & 7)) * kQLD + 16 * np + (bm >> 1) * 8);
-          mma_bf16(acc[0], Tw[ks], b[0], b[1]);
-          mma_bf16(acc[1], Tw[ks], b[2], b[3]);
-        }
-        Wf[np][0] = pack_bf16(-acc[0][0], -acc[0][1]);
-        Wf[np][1] = pack_bf16(-acc[0][2], -acc[0][3]);
-        Wf[np][2] = pack_bf16(-acc[1][0], -acc[1][1]);
-        Wf[np][3] = pack_bf16(-acc[1][2], -acc[1][3]);
-      }
-#pragma unroll
-      for (int kk = 0; kk < kDK / 16; ++kk) {
-        uint32_t qa[4];
-        ldsm_x4(qa, Qs + (16 * warp + lrow) * kQLD + kk * 16 + lcol);
-#pragma unroll
-        for (int np = 0; np < 2; ++np) {
-          uint32_t b[4];
-          ldsm_x4_t(b, Ss + (16 * kk + (bm & 1) * 8 + (lane & 7)) * kVLD + 16 * np + (bm >> 1) * 8);
-          mma_bf16(accU[2 * np], Wf[kk], b[0], b[1]);
-          mma_bf16(accU[2 * np + 1], Wf[kk], b[2], b[3]);
-          mma_bf16(accO[2 * np], qa, b[0], b[1]);
-          mma_bf16(accO[2 * np + 1], qa, b[2], b[3]);
+          mma_bf16(accU[2 * np], Tw[ks], bk[0], bk[1]);
+          mma_bf16(accU[2 * np + 1], Tw[ks], bk[2], bk[3]);
         }
       }
     }
@@ -563,7 +585,7 @@ bool gdn_prefill_tc_supported(const GdnArgs& a, const GdnDims& d) {
   int dev = 0, max_smem = 0;
   if (cudaGetDevice(&dev) != cudaSuccess ||
       cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
-      max_smem < kSmemBytes)
+      max_smem < smem_bytes(2))
     return false;
   return d.k_dim == kDK && d.v_dim % kBV == 0 && a.row_stride % 8 == 0 && aligned(a.q) && aligned(a.k) &&
          aligned(a.v) && (reinterpret_cast<uintptr_t>(a.state_pool) & 7u) == 0 &&
@@ -572,13 +594,20 @@ bool gdn_prefill_tc_supported(const GdnArgs& a, const GdnDims& d) {
 
 void gdn_prefill_tc(const GdnArgs& args, const int32_t* cu_seqlens, int max_seqs, const GdnSnapshot* snapshots,
                     const int32_t* num_snapshots, int max_snapshots, const GdnDims& dims, cudaStream_t stream) {
-  MOEFOLD_CUDA_CHECK(cudaFuncSetAttribute(gdn_prefill_tc_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+  int dev = 0, sms = 0;
+  MOEFOLD_CUDA_CHECK(cudaGetDevice(&dev));
+  MOEFOLD_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   const dim3 grid(unsigned(dims.v_dim / kBV), unsigned(dims.num_v_heads), unsigned(max_seqs));
+  const int64_t blocks = int64_t(grid.x) * grid.y * grid.z;
+  const int stages = blocks > sms ? 1 : 2;
+  auto* kernel = stages == 2 ? gdn_prefill_tc_kernel<2> : gdn_prefill_tc_kernel<1>;
+  const int smem = smem_bytes(stages);
+  MOEFOLD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   LaunchScope launch(kGdnPrefillTc, stream, [&] {
     const prof::StepFacts* f = prof::step_facts();
     return f ? gdn_work(f->rows, work_seqs(max_seqs), dims) : prof::Work{};
   });
-  launch_pdl(gdn_prefill_tc_kernel, grid, dim3(kThreads), size_t(kSmemBytes), stream, args, cu_seqlens,
+  launch_pdl(kernel, grid, dim3(kThreads), size_t(smem), stream, args, cu_seqlens,
              max_snapshots > 0 ? snapshots : nullptr, max_snapshots > 0 ? num_snapshots : nullptr, max_snapshots,
              dims.num_k_heads, dims.num_v_heads, dims.v_dim);
   MOEFOLD_CUDA_CHECK_LAUNCH();
