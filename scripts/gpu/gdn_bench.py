@@ -88,8 +88,8 @@ def fla_time(shape, reps):
     return graph_time_us(run, reps)
 
 
-def moefold_times(binary, shapes, reps, timeout):
-    env = dict(os.environ, GDN_BENCH=shapes, GDN_BENCH_REPS=str(reps))
+def moefold_times(binary, shapes, reps, timeout, extra_env=None):
+    env = dict(os.environ, GDN_BENCH=shapes, GDN_BENCH_REPS=str(reps), **(extra_env or {}))
     cmd = [binary, "--gtest_also_run_disabled_tests", "--gtest_filter=GdnBench.DISABLED_Prefill"]
     try:
         p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
@@ -114,6 +114,9 @@ def main():
     ap.add_argument("--timeout", type=int, default=60, help="seconds for the moefold binary")
     ap.add_argument("--fla-budget", type=float, default=90.0, help="seconds for all FLA shapes (compiles included)")
     ap.add_argument("--no-fla", action="store_true")
+    ap.add_argument("--variants", default="",
+                    help="';'-separated kernel variants to time besides the default, each 'VAR=val,VAR=val' "
+                         "(e.g. MOEFOLD_GDN_TC_BV=16;MOEFOLD_GDN_TC_STAGES=1)")
     args = ap.parse_args()
     shapes = [tuple(int(x) for x in s.split(":")) for s in args.shapes.split(",")]
 
@@ -122,6 +125,10 @@ def main():
     bw = copy_bandwidth(args.reps)
     print(f"copy bandwidth (device-to-device, read + write): {bw:.0f} GB/s", flush=True)
     mf = moefold_times(args.binary, args.shapes, args.reps, args.timeout)
+    variants = {}
+    for v in filter(None, args.variants.split(";")):
+        env = dict(kv.split("=", 1) for kv in v.split(","))
+        variants[v] = moefold_times(args.binary, args.shapes, args.reps, args.timeout, env)
     fla = {}
     if not args.no_fla:
         t0 = time.time()
@@ -155,6 +162,15 @@ def main():
         conv_pct = 100.0 * cb / (ct * 1e-6) / 1e9 / bw if ct == ct else float("nan")
         print(f"| {S} x {T}, {Hk}/{Hv} | {mt:.1f} | {ft:.1f} | {ft / mt:.2f} | {flop / (mt * 1e-6) / 1e12:.1f} |"
               f" {flop / (ft * 1e-6) / 1e12:.1f} | {ct:.1f} | {conv_pct:.0f} |")
+    if variants:
+        print()
+        print("| shape | default us | " + " | ".join(variants) + " |")
+        print("|---|---|" + "---|" * len(variants))
+        for sh in shapes:
+            S, T, Hk, Hv = sh
+            row = [mf.get(sh, {}).get("gdn_prefill", (float("nan"),))[0]]
+            row += [variants[v].get(sh, {}).get("gdn_prefill", (float("nan"),))[0] for v in variants]
+            print(f"| {S} x {T}, {Hk}/{Hv} | " + " | ".join(f"{x:.1f}" for x in row) + " |")
     sys.stdout.flush()
 
 

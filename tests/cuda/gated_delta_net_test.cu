@@ -649,17 +649,31 @@ TEST(GdnPrefill, TensorCoreSmall) {
   chunked_vs_recurrent_case(kTc, 130, 331);
 }
 
-/// Sets MOEFOLD_GDN_TC=0 (the scalar prefill kernel) for its lifetime.
-struct ScalarPrefill {
-  ScalarPrefill() { setenv("MOEFOLD_GDN_TC", "0", 1); }
-  ~ScalarPrefill() { unsetenv("MOEFOLD_GDN_TC"); }
+/// Sets an environment variable for its lifetime (kernel variant switches read at each launch).
+struct ScopedEnv {
+  std::string name;
+  ScopedEnv(const char* n, const char* v) : name(n) { setenv(n, v, 1); }
+  ~ScopedEnv() { unsetenv(name.c_str()); }
 };
+
+// Every variant of the tensor-core kernel (16 or 32 value columns per block, one or two input stages; the
+// launcher picks by shape): same contract. dv = 16 takes the 16-column blocks by itself.
+TEST(GdnPrefill, TensorCoreVariantsSmall) {
+  MOEFOLD_REQUIRE_GPU();
+  for (const char* bv : {"16", "32"})
+    for (const char* st : {"1", "2"}) {
+      ScopedEnv e1("MOEFOLD_GDN_TC_BV", bv), e2("MOEFOLD_GDN_TC_STAGES", st);
+      prefill_case(kTc, {65, 1, 0, 130}, 281);
+    }
+  prefill_case(GdnDims{1, 2, 128, 16}, {65, 1, 0, 130}, 291);
+  chunked_vs_recurrent_case(GdnDims{1, 2, 128, 48}, 130, 341);
+}
 
 // The scalar prefill kernel stays the path for shapes the tensor-core one does not cover; keep it tested on
 // the real shape too.
 TEST(GdnPrefill, ScalarKernelReal) {
   MOEFOLD_REQUIRE_GPU();
-  ScalarPrefill scalar;
+  ScopedEnv scalar("MOEFOLD_GDN_TC", "0");
   prefill_case(kReal, {65, 1, 0, 130}, 261);
   prefill_case(kTc, {65, 1, 0, 130}, 271);
 }

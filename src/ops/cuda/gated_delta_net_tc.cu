@@ -37,33 +37,36 @@ namespace {
 
 constexpr int kC = kGdnChunk;  // 64 rows per chunk
 constexpr int kDK = 128;       // key dim
-constexpr int kBV = 32;        // value columns per block
 constexpr int kThreads = 128;  // 4 warps
 constexpr int kQLD = kDK + 8;  // bf16 row pitch of q / k tiles (272 B: conflict-free ldmatrix)
-constexpr int kVLD = kBV + 8;  // bf16 row pitch of v, V', S tiles (80 B)
 constexpr int kFLD = kC + 4;   // fp32 row pitch of A and T
 constexpr int kXLD = 24;       // fp32 row pitch of the per-warp 16x16 scratch
 
-// Shared memory map (bytes): kStages input stages, then the rest. A and the solve's scratch (live from
-// step 1 to 2) share a region with V' and its scaled copies (live in steps 3 and 4).
-constexpr int kStageQ = 0;
-constexpr int kStageK = kStageQ + kC * kQLD * 2;
-constexpr int kStageV = kStageK + kC * kQLD * 2;
-constexpr int kStageBytes = kStageV + kC * kVLD * 2;
-constexpr int kOffS = 0;                            // bf16 [kDK][kVLD]   (offsets from the end of the stages)
-constexpr int kOffReg = kOffS + kDK * kVLD * 2;     // shared region:
-constexpr int kOffA = kOffReg;                      //   fp32 [kC][kFLD]: A
-constexpr int kOffX = kOffA + kC * kFLD * 4;        //   fp32 [4][16][kXLD]: per-warp scratch of the solve
-constexpr int kOffVN = kOffReg;                     //   bf16 [kC][kVLD]: V'
-constexpr int kOffVE = kOffVN + kC * kVLD * 2;      //   bf16 [kC][kVLD]: V' e^(G_L - G) / |k|
-constexpr int kOffVL = kOffVE + kC * kVLD * 2;      //   bf16 [kC][kVLD]: its bf16 rounding residual
-constexpr int kOffKS = kOffVL + kC * kVLD * 2;      //   bf16 [kC][kVLD]: K S (raw k)
-constexpr int kRegBytes = kC * kFLD * 4 + 4 * 16 * kXLD * 4;
-static_assert(kRegBytes >= 4 * kC * kVLD * 2, "V' and K S buffers must fit the region");
-constexpr int kOffT = kOffReg + kRegBytes;          // fp32 [kC][kFLD]: T
-constexpr int kOffVec = kOffT + kC * kFLD * 4;      // fp32 [7][kC]: G, beta, beta e^G, e^G, e^(G_L - G), 1/|q|, 1/|k|
-constexpr int kRestBytes = kOffVec + 7 * kC * 4;
-constexpr int smem_bytes(int stages) { return stages * kStageBytes + kRestBytes; }
+// Shared memory map (bytes) for BV value columns per block: kStages input stages, then the rest. A and
+// the solve's scratch (live from step 1 to 2) share a region with V', its scaled copies and K S (live in
+// steps 3 and 4).
+template <int BV>
+struct Layout {
+  static constexpr int kVLD = BV + 8;  // bf16 row pitch of v, V', S, K S tiles (conflict-free ldmatrix)
+  static constexpr int kStageQ = 0;
+  static constexpr int kStageK = kStageQ + kC * kQLD * 2;
+  static constexpr int kStageV = kStageK + kC * kQLD * 2;
+  static constexpr int kStageBytes = kStageV + kC * kVLD * 2;
+  static constexpr int kOffS = 0;                         // bf16 [kDK][kVLD] (offsets from the stages' end)
+  static constexpr int kOffReg = kOffS + kDK * kVLD * 2;  // shared region:
+  static constexpr int kOffA = kOffReg;                   //   fp32 [kC][kFLD]: A
+  static constexpr int kOffX = kOffA + kC * kFLD * 4;     //   fp32 [4][16][kXLD]: per-warp scratch of the solve
+  static constexpr int kOffVN = kOffReg;                  //   bf16 [kC][kVLD]: V'
+  static constexpr int kOffVE = kOffVN + kC * kVLD * 2;   //   bf16 [kC][kVLD]: V' e^(G_L - G) / |k|
+  static constexpr int kOffVL = kOffVE + kC * kVLD * 2;   //   bf16 [kC][kVLD]: its bf16 rounding residual
+  static constexpr int kOffKS = kOffVL + kC * kVLD * 2;   //   bf16 [kC][kVLD]: K S (raw k)
+  static constexpr int kRegBytes = kC * kFLD * 4 + 4 * 16 * kXLD * 4;
+  static_assert(kRegBytes >= 4 * kC * kVLD * 2, "V' and K S buffers must fit the region");
+  static constexpr int kOffT = kOffReg + kRegBytes;       // fp32 [kC][kFLD]: T
+  static constexpr int kOffVec = kOffT + kC * kFLD * 4;   // fp32 [7][kC]: G, beta, beta e^G, e^G, e^(G_L - G), 1/|q|, 1/|k|
+  static constexpr int kRestBytes = kOffVec + 7 * kC * 4;
+  static constexpr int smem_bytes(int stages) { return stages * kStageBytes + kRestBytes; }
+};
 
 __device__ __forceinline__ uint32_t su32(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
 
@@ -113,12 +116,15 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
 // Streams rows [row0, row0 + n) of q, k (key head kh) and v (columns [vcol, vcol + 32)) into a stage;
-// rows n..63 are zero-filled.
+// rows n..63 are zero-filled. BV: value columns per block.
+template <int BV>
 __device__ __forceinline__ void load_chunk(const GdnArgs& p, char* stage, int64_t row0, int n, int kh, int vcol,
                                            int tid) {
-  __nv_bfloat16* Q = reinterpret_cast<__nv_bfloat16*>(stage + kStageQ);
-  __nv_bfloat16* K = reinterpret_cast<__nv_bfloat16*>(stage + kStageK);
-  __nv_bfloat16* V = reinterpret_cast<__nv_bfloat16*>(stage + kStageV);
+  using L = Layout<BV>;
+  constexpr int kVLD = L::kVLD;
+  __nv_bfloat16* Q = reinterpret_cast<__nv_bfloat16*>(stage + L::kStageQ);
+  __nv_bfloat16* K = reinterpret_cast<__nv_bfloat16*>(stage + L::kStageK);
+  __nv_bfloat16* V = reinterpret_cast<__nv_bfloat16*>(stage + L::kStageV);
 #pragma unroll 4
   for (int e = tid; e < kC * (kDK / 8); e += kThreads) {
     const int r = e / (kDK / 8), c = (e % (kDK / 8)) * 8;
@@ -127,8 +133,8 @@ __device__ __forceinline__ void load_chunk(const GdnArgs& p, char* stage, int64_
     cp_async16(Q + r * kQLD + c, p.q + off, ok);
     cp_async16(K + r * kQLD + c, p.k + off, ok);
   }
-  for (int e = tid; e < kC * (kBV / 8); e += kThreads) {
-    const int r = e / (kBV / 8), c = (e % (kBV / 8)) * 8;
+  for (int e = tid; e < kC * (BV / 8); e += kThreads) {
+    const int r = e / (BV / 8), c = (e % (BV / 8)) * 8;
     const bool ok = r < n;
     cp_async16(V + r * kVLD + c, p.v + (row0 + (ok ? r : 0)) * p.row_stride + vcol + c, ok);
   }
@@ -137,17 +143,20 @@ __device__ __forceinline__ void load_chunk(const GdnArgs& p, char* stage, int64_
 
 // kStages = 2: the next chunk's rows stream in during this chunk (for grids of at most one block per SM);
 // kStages = 1: ~93 KB of shared memory, two blocks per SM hide each other's loads (larger grids).
-template <int kStages>
+template <int BV, int kStages>
 __global__ void __launch_bounds__(kThreads, 1)
     gdn_prefill_tc_kernel(GdnArgs p, const int32_t* __restrict__ cu_seqlens, const GdnSnapshot* __restrict__ snaps,
                           const int32_t* __restrict__ num_snaps_p, int max_snaps, int Hk, int Hv, int dv) {
+  using L = Layout<BV>;
+  constexpr int kVLD = L::kVLD, kStageBytes = L::kStageBytes;
+  constexpr int kNT = BV / 8, kNP = BV / 16;  // n-tiles of 8 / ldmatrix pairs of 16 value columns
   pdl_begin();
   const int s = blockIdx.z;
   if (s >= *p.num_seqs) return;
   const int bos = cu_seqlens[s], len = cu_seqlens[s + 1] - bos;
   if (len <= 0) return;
   const int h = blockIdx.y, kh = h / (Hv / Hk);
-  const int v0 = blockIdx.x * kBV;
+  const int v0 = blockIdx.x * BV;
   const int vcol = h * dv + v0;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g8 = lane >> 2, t4 = lane & 3;  // mma fragment coordinates
@@ -158,15 +167,15 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   extern __shared__ __align__(16) char smem_all[];
   char* smem = smem_all + kStages * kStageBytes;  // everything past the stages
-  __nv_bfloat16* Ss = reinterpret_cast<__nv_bfloat16*>(smem + kOffS);
-  __nv_bfloat16* VN = reinterpret_cast<__nv_bfloat16*>(smem + kOffVN);
-  __nv_bfloat16* VE = reinterpret_cast<__nv_bfloat16*>(smem + kOffVE);
-  __nv_bfloat16* VL = reinterpret_cast<__nv_bfloat16*>(smem + kOffVL);
-  __nv_bfloat16* KSs = reinterpret_cast<__nv_bfloat16*>(smem + kOffKS);
-  float* Af = reinterpret_cast<float*>(smem + kOffA);
-  float* Tf = reinterpret_cast<float*>(smem + kOffT);
-  float* Xs = reinterpret_cast<float*>(smem + kOffX) + warp * 16 * kXLD;
-  float* Gs = reinterpret_cast<float*>(smem + kOffVec);
+  __nv_bfloat16* Ss = reinterpret_cast<__nv_bfloat16*>(smem + L::kOffS);
+  __nv_bfloat16* VN = reinterpret_cast<__nv_bfloat16*>(smem + L::kOffVN);
+  __nv_bfloat16* VE = reinterpret_cast<__nv_bfloat16*>(smem + L::kOffVE);
+  __nv_bfloat16* VL = reinterpret_cast<__nv_bfloat16*>(smem + L::kOffVL);
+  __nv_bfloat16* KSs = reinterpret_cast<__nv_bfloat16*>(smem + L::kOffKS);
+  float* Af = reinterpret_cast<float*>(smem + L::kOffA);
+  float* Tf = reinterpret_cast<float*>(smem + L::kOffT);
+  float* Xs = reinterpret_cast<float*>(smem + L::kOffX) + warp * 16 * kXLD;
+  float* Gs = reinterpret_cast<float*>(smem + L::kOffVec);
   float* Bs = Gs + kC;
   float* BG = Bs + kC;
   float* EG = BG + kC;
@@ -178,11 +187,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   // columns 8nt + 2t + {0, 1}.
   const size_t head_elems = size_t(kDK) * dv;
   float* Sg = p.state_pool + (size_t(slot) * Hv + h) * head_elems + v0;
-  float Sa[2][4][4];
+  float Sa[2][kNT][4];
 #pragma unroll
   for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
+    for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
         const int x = 32 * warp + 16 * mt + g8 + 8 * hf, y = 8 * nt + 2 * t4;
@@ -193,7 +202,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
 
   const int nchunks = (len + kC - 1) / kC;
-  if constexpr (kStages == 2) load_chunk(p, smem_all, bos, min(kC, len), kh, vcol, tid);
+  if constexpr (kStages == 2) load_chunk<BV>(p, smem_all, bos, min(kC, len), kh, vcol, tid);
   // Raw gate logits of the next chunk's rows lane and lane + 32 (warp 0), prefetched a chunk ahead.
   float ra0 = 0.f, rb0 = 0.f, ra1 = 0.f, rb1 = 0.f;
   if (warp == 0) {
@@ -207,18 +216,18 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int c0 = chunk * kC, Lc = min(kC, len - c0);
     const int64_t row0 = int64_t(bos) + c0;
     char* stage = smem_all + (kStages == 2 ? (chunk & 1) * kStageBytes : 0);
-    __nv_bfloat16* Qs = reinterpret_cast<__nv_bfloat16*>(stage + kStageQ);
-    __nv_bfloat16* Ks = reinterpret_cast<__nv_bfloat16*>(stage + kStageK);
-    __nv_bfloat16* Vs = reinterpret_cast<__nv_bfloat16*>(stage + kStageV);
+    __nv_bfloat16* Qs = reinterpret_cast<__nv_bfloat16*>(stage + L::kStageQ);
+    __nv_bfloat16* Ks = reinterpret_cast<__nv_bfloat16*>(stage + L::kStageK);
+    __nv_bfloat16* Vs = reinterpret_cast<__nv_bfloat16*>(stage + L::kStageV);
     if constexpr (kStages == 1) {
       __syncthreads();  // every warp is done with the previous chunk's stage
-      load_chunk(p, smem_all, row0, Lc, kh, vcol, tid);
+      load_chunk<BV>(p, smem_all, row0, Lc, kh, vcol, tid);
     }
     cp_async_wait_all();
     __syncthreads();  // S0: this chunk's rows landed; every warp is done with the previous chunk
     if constexpr (kStages == 2)
       if (chunk + 1 < nchunks)
-        load_chunk(p, smem_all + ((chunk + 1) & 1) * kStageBytes, row0 + kC, min(kC, len - c0 - kC), kh, vcol, tid);
+        load_chunk<BV>(p, smem_all + ((chunk + 1) & 1) * kStageBytes, row0 + kC, min(kC, len - c0 - kC), kh, vcol, tid);
 
     // ---- 0. Inverse norms of q, k (a half-warp per row, 8 values per lane); gates and the scan G.
 #pragma unroll 2
@@ -399,15 +408,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncthreads();  // S4
 
     // ---- 3a. KS = K S (raw k rows R_w; shared bf16, for every warp) and O = e^G Q S (raw q).
-    float accU[4][4], accO[4][4];
+    float accU[kNT][4], accO[kNT][4];
 #pragma unroll
-    for (int n = 0; n < 4; ++n)
+    for (int n = 0; n < kNT; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) accU[n][e] = accO[n][e] = 0.f;
     {
-      float accK[4][4];
+      float accK[kNT][4];
 #pragma unroll
-      for (int n = 0; n < 4; ++n)
+      for (int n = 0; n < kNT; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) accK[n][e] = 0.f;
 #pragma unroll
@@ -416,7 +425,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         ldsm_x4(ka, Ks + (16 * warp + lrow) * kQLD + kk * 16 + lcol);
         ldsm_x4(qa, Qs + (16 * warp + lrow) * kQLD + kk * 16 + lcol);
 #pragma unroll
-        for (int np = 0; np < 2; ++np) {
+        for (int np = 0; np < kNP; ++np) {
           uint32_t b[4];
           ldsm_x4_t(b, Ss + (16 * kk + (bm & 1) * 8 + (lane & 7)) * kVLD + 16 * np + (bm >> 1) * 8);
           mma_bf16(accK[2 * np], ka, b[0], b[1]);
@@ -429,7 +438,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int hf = 0; hf < 2; ++hf) {
         const int i = 16 * warp + g8 + 8 * hf;
 #pragma unroll
-        for (int n = 0; n < 4; ++n)
+        for (int n = 0; n < kNT; ++n)
           *reinterpret_cast<uint32_t*>(KSs + i * kVLD + 8 * n + 2 * t4) = pack_bf16(accK[n][2 * hf], accK[n][2 * hf + 1]);
       }
     }
@@ -455,7 +464,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int ks = 0; ks < 4; ++ks) {
         if (ks > warp) continue;
 #pragma unroll
-        for (int np = 0; np < 2; ++np) {
+        for (int np = 0; np < kNP; ++np) {
           uint32_t b[4], bk[4];
           ldsm_x4_t(b, Vs + (16 * ks + (bm & 1) * 8 + (lane & 7)) * kVLD + 16 * np + (bm >> 1) * 8);
           ldsm_x4_t(bk, KSs + (16 * ks + (bm & 1) * 8 + (lane & 7)) * kVLD + 16 * np + (bm >> 1) * 8);
@@ -473,7 +482,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int i = 16 * warp + g8 + 8 * hf;
       const float el = EL[i] * RK[i], eg = EG[i] * RQ[i];
 #pragma unroll
-      for (int n = 0; n < 4; ++n) {
+      for (int n = 0; n < kNT; ++n) {
         const int y = 8 * n + 2 * t4;
         const float u0 = accU[n][2 * hf], u1 = accU[n][2 * hf + 1];
         *reinterpret_cast<uint32_t*>(VN + i * kVLD + y) = pack_bf16(u0, u1);
@@ -492,7 +501,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int ks = 0; ks < 4; ++ks) {
       if (ks > warp) continue;
 #pragma unroll
-      for (int np = 0; np < 2; ++np) {
+      for (int np = 0; np < kNP; ++np) {
         uint32_t b[4];
         ldsm_x4_t(b, VN + (16 * ks + (bm & 1) * 8 + (lane & 7)) * kVLD + 16 * np + (bm >> 1) * 8);
         mma_bf16(accO[2 * np], Mf[ks], b[0], b[1]);
@@ -505,7 +514,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (i < Lc) {
         __nv_bfloat16* o = p.out + ((row0 + i) * Hv + h) * dv + v0;
 #pragma unroll
-        for (int n = 0; n < 4; ++n)
+        for (int n = 0; n < kNT; ++n)
           *reinterpret_cast<uint32_t*>(o + 8 * n + 2 * t4) = pack_bf16(accO[n][2 * hf], accO[n][2 * hf + 1]);
       }
     }
@@ -513,7 +522,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
+      for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) Sa[mt][nt][e] *= dlast;
 #pragma unroll
@@ -523,7 +532,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int mt = 0; mt < 2; ++mt)
         ldsm_x4_t(ka[mt], Ks + (16 * ks + (bm >> 1) * 8 + (lane & 7)) * kQLD + 32 * warp + 16 * mt + (bm & 1) * 8);
 #pragma unroll
-      for (int np = 0; np < 2; ++np) {
+      for (int np = 0; np < kNP; ++np) {
         uint32_t b[4], bl[4];
         ldsm_x4_t(b, VE + (16 * ks + (bm & 1) * 8 + (lane & 7)) * kVLD + 16 * np + (bm >> 1) * 8);
         ldsm_x4_t(bl, VL + (16 * ks + (bm & 1) * 8 + (lane & 7)) * kVLD + 16 * np + (bm >> 1) * 8);
@@ -539,7 +548,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
+      for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
           const int x = 32 * warp + 16 * mt + g8 + 8 * hf, y = 8 * nt + 2 * t4;
@@ -552,7 +561,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-        for (int nt = 0; nt < 4; ++nt)
+        for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
           for (int hf = 0; hf < 2; ++hf) {
             const int x = 32 * warp + 16 * mt + g8 + 8 * hf, y = 8 * nt + 2 * t4;
@@ -563,7 +572,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
   for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
+    for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
         const int x = 32 * warp + 16 * mt + g8 + 8 * hf, y = 8 * nt + 2 * t4;
@@ -585,9 +594,9 @@ bool gdn_prefill_tc_supported(const GdnArgs& a, const GdnDims& d) {
   int dev = 0, max_smem = 0;
   if (cudaGetDevice(&dev) != cudaSuccess ||
       cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
-      max_smem < smem_bytes(2))
+      max_smem < Layout<32>::smem_bytes(2))
     return false;
-  return d.k_dim == kDK && d.v_dim % kBV == 0 && a.row_stride % 8 == 0 && aligned(a.q) && aligned(a.k) &&
+  return d.k_dim == kDK && d.v_dim % 16 == 0 && a.row_stride % 8 == 0 && aligned(a.q) && aligned(a.k) &&
          aligned(a.v) && (reinterpret_cast<uintptr_t>(a.state_pool) & 7u) == 0 &&
          (reinterpret_cast<uintptr_t>(a.out) & 3u) == 0;
 }
@@ -597,11 +606,19 @@ void gdn_prefill_tc(const GdnArgs& args, const int32_t* cu_seqlens, int max_seqs
   int dev = 0, sms = 0;
   MOEFOLD_CUDA_CHECK(cudaGetDevice(&dev));
   MOEFOLD_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  const dim3 grid(unsigned(dims.v_dim / kBV), unsigned(dims.num_v_heads), unsigned(max_seqs));
+  // Value columns per block: 32, or 16 when dv is not a multiple of 32 (MOEFOLD_GDN_TC_BV=16 forces 16).
+  // Input stages: 2 while the grid fits one block per SM, else 1 (MOEFOLD_GDN_TC_STAGES=1|2 forces).
+  const char* bv_env = std::getenv("MOEFOLD_GDN_TC_BV");
+  const char* st_env = std::getenv("MOEFOLD_GDN_TC_STAGES");
+  const int bv = (dims.v_dim % 32 != 0 || (bv_env && std::atoi(bv_env) == 16)) ? 16 : 32;
+  const dim3 grid(unsigned(dims.v_dim / bv), unsigned(dims.num_v_heads), unsigned(max_seqs));
   const int64_t blocks = int64_t(grid.x) * grid.y * grid.z;
-  const int stages = blocks > sms ? 1 : 2;
-  auto* kernel = stages == 2 ? gdn_prefill_tc_kernel<2> : gdn_prefill_tc_kernel<1>;
-  const int smem = smem_bytes(stages);
+  int stages = blocks > sms ? 1 : 2;
+  if (st_env && (std::atoi(st_env) == 1 || std::atoi(st_env) == 2)) stages = std::atoi(st_env);
+  void (*kernel)(GdnArgs, const int32_t*, const GdnSnapshot*, const int32_t*, int, int, int, int) =
+      bv == 32 ? (stages == 2 ? gdn_prefill_tc_kernel<32, 2> : gdn_prefill_tc_kernel<32, 1>)
+               : (stages == 2 ? gdn_prefill_tc_kernel<16, 2> : gdn_prefill_tc_kernel<16, 1>);
+  const int smem = bv == 32 ? Layout<32>::smem_bytes(stages) : Layout<16>::smem_bytes(stages);
   MOEFOLD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   LaunchScope launch(kGdnPrefillTc, stream, [&] {
     const prof::StepFacts* f = prof::step_facts();

@@ -14,7 +14,7 @@ prof::Work gdn_work(int64_t rows, int64_t seqs, const GdnDims& d);
 /// False when the environment sets MOEFOLD_GDN_TC=0 (forces the scalar prefill kernel: A/B runs, tests).
 bool gdn_prefill_tc_enabled();
 
-/// True when gdn_prefill_tc handles these dims and arguments: dk == 128, dv a multiple of 32, q/k/v
+/// True when gdn_prefill_tc handles these dims and arguments: dk == 128, dv a multiple of 16, q/k/v
 /// 16-byte aligned with a row stride that keeps every row 16-byte aligned.
 bool gdn_prefill_tc_supported(const GdnArgs& args, const GdnDims& dims);
 
