@@ -55,13 +55,15 @@ def graph_time_us(fn, reps):
 
 
 def copy_bandwidth(reps):
+    """Device-to-device copy of 2 GiB (bf16 elements; 16-byte vector copies), read + write bytes per second."""
     import torch
-    n = 1 << 30  # bytes per buffer
-    x = torch.empty(n, dtype=torch.uint8, device="cuda")
+    n = 1 << 30  # elements per buffer (2 GiB)
+    x = torch.ones(n, dtype=torch.bfloat16, device="cuda")
     y = torch.empty_like(x)
-    x.fill_(1)
-    us, _ = graph_time_us(lambda: y.copy_(x), reps)
-    return 2 * n / (us * 1e-6) / 1e9  # GB/s, read + write
+    us, _ = graph_time_us(lambda: y.copy_(x), max(reps, 50))
+    del x, y
+    torch.cuda.empty_cache()
+    return 2 * 2 * n / (us * 1e-6) / 1e9  # GB/s
 
 
 def fla_time(shape, reps):
@@ -106,13 +108,29 @@ def moefold_times(binary, shapes, reps, timeout, extra_env=None):
     return res
 
 
+HEADER = ("| shape (S x len, Hk/Hv) | moefold us | FLA us | FLA / moefold | moefold TFLOP/s | FLA TFLOP/s |"
+          " conv1d us | conv1d % of copy |\n|---|---|---|---|---|---|---|---|")
+
+
+def row(sh, mf, fla, bw):
+    S, T, Hk, Hv = sh
+    flop = 6.0 * S * T * Hv * 128 * 128
+    m = mf.get(sh, {})
+    mt = m.get("gdn_prefill", (float("nan"), 0))[0]
+    ft = fla.get(sh, (float("nan"), ""))[0]
+    ct, cb = m.get("conv1d_prefill", (float("nan"), 0))
+    conv_pct = 100.0 * cb / (ct * 1e-6) / 1e9 / bw if ct == ct else float("nan")
+    return (f"| {S} x {T}, {Hk}/{Hv} | {mt:.1f} | {ft:.1f} | {ft / mt:.2f} | {flop / (mt * 1e-6) / 1e12:.1f} |"
+            f" {flop / (ft * 1e-6) / 1e12:.1f} | {ct:.1f} | {conv_pct:.0f} |")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--binary", default="build-cuda/tests/gdn_bench_test")
     ap.add_argument("--shapes", default=DEFAULT_SHAPES)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--timeout", type=int, default=60, help="seconds for the moefold binary")
-    ap.add_argument("--fla-budget", type=float, default=90.0, help="seconds for all FLA shapes (compiles included)")
+    ap.add_argument("--fla-budget", type=float, default=150.0, help="seconds for all FLA shapes (compiles included)")
     ap.add_argument("--no-fla", action="store_true")
     ap.add_argument("--variants", default="",
                     help="';'-separated kernel variants to time besides the default, each 'VAR=val,VAR=val' "
@@ -125,6 +143,8 @@ def main():
     bw = copy_bandwidth(args.reps)
     print(f"copy bandwidth (device-to-device, read + write): {bw:.0f} GB/s", flush=True)
     mf = moefold_times(args.binary, args.shapes, args.reps, args.timeout)
+    for sh in shapes:
+        print("  " + row(sh, mf, {}, bw), flush=True)
     variants = {}
     for v in filter(None, args.variants.split(";")):
         env = dict(kv.split("=", 1) for kv in v.split(","))
@@ -140,8 +160,11 @@ def main():
                     print(f"FLA budget spent; skipping {sh}", flush=True)
                     continue
                 try:
+                    t1 = time.time()
                     fla[sh] = fla_time(sh, args.reps)
-                    print(f"  fla {sh}: {fla[sh][0]:.1f} us ({fla[sh][1]})", flush=True)
+                    print(f"  fla {sh}: {fla[sh][0]:.1f} us ({fla[sh][1]}; {time.time() - t1:.0f} s incl. compile)",
+                          flush=True)
+                    print("  " + row(sh, mf, fla, bw), flush=True)
                 except Exception as e:  # noqa: BLE001
                     print(f"  fla {sh} failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
                 torch.cuda.empty_cache()
@@ -149,19 +172,9 @@ def main():
             print(f"FLA not importable: {e}", flush=True)
 
     print()
-    print("| shape (S x len, Hk/Hv) | moefold us | FLA us | FLA / moefold | moefold TFLOP/s | FLA TFLOP/s |"
-          " conv1d us | conv1d % of copy |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(HEADER)
     for sh in shapes:
-        S, T, Hk, Hv = sh
-        flop = 6.0 * S * T * Hv * 128 * 128
-        m = mf.get(sh, {})
-        mt = m.get("gdn_prefill", (float("nan"), 0))[0]
-        ft = fla.get(sh, (float("nan"), ""))[0]
-        ct, cb = m.get("conv1d_prefill", (float("nan"), 0))
-        conv_pct = 100.0 * cb / (ct * 1e-6) / 1e9 / bw if ct == ct else float("nan")
-        print(f"| {S} x {T}, {Hk}/{Hv} | {mt:.1f} | {ft:.1f} | {ft / mt:.2f} | {flop / (mt * 1e-6) / 1e12:.1f} |"
-              f" {flop / (ft * 1e-6) / 1e12:.1f} | {ct:.1f} | {conv_pct:.0f} |")
+        print(row(sh, mf, fla, bw))
     if variants:
         print()
         print("| shape | default us | " + " | ".join(variants) + " |")

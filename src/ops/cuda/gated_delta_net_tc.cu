@@ -11,16 +11,16 @@
 //      triangle) into shared fp32; M = tril(q_i.k_j exp(G_i - G_j)) kept in registers as bf16 fragments.
 //   2. T = (I + A)^-1: each warp inverts its 16x16 diagonal block by forward substitution (fp32), then
 //      warp j fills column block j: T_ij = -T_ii sum_{k=j}^{i-1} A_ik T_kj (tf32 tensor cores).
-//   3. KS = K S (each warp its rows, to shared memory) and O = exp(G) Q S; then
-//      V' = T diag(beta) V - T diag(beta exp G) KS (W = T diag(beta exp G) K is never formed: the block
-//      products of the triangular T stay with their row owner, the dense K S is spread evenly).
+//   3. KS = K S and R = diag(beta) (V - diag(exp G) KS) (each warp its rows, to shared memory), and
+//      O = exp(G) Q S; then V' = T R (W = T diag(beta exp G) K is never formed: the dense K S is spread
+//      evenly over the warps, only the small triangular T R stays with the row owner).
 //   4. O += M V' (rows < chunk length stored), S = exp(G_last) S + K^T diag(exp(G_last - G)) V'.
 // The state S (dk x 32, fp32) lives in registers, warp w holding rows [32w, 32w + 32); a bf16 copy in
 // shared memory feeds the S products. Rows past the chunk's end are zero (k = q = v = beta = g = 0), which
-// makes them no-ops. Precision: every product accumulates in fp32; the two operands whose bf16 rounding
-// would move the state by ~2e-3 (an emulation against an fp64 recurrence showed these two dominate) carry
-// a bf16 residual term: T diag(beta) in U, and e^{G_L - G} V' in the state update. T diag(beta e^G), K S,
-// M, V' in O and the bf16 copy of S are single bf16 (their rounding moves the state by < 1e-4).
+// makes them no-ops. Precision: every product accumulates in fp32, q and k enter unrounded (raw bf16, the
+// norms scale the products), and every operand on the state's path is bf16 + a bf16 residual (S in K S, T
+// and R in T R, e^{G_L - G} V' in the update): single bf16 there moved the state by ~1e-3 relative in an
+// emulation against an fp64 recurrence (slow decays). M, V' and S in O are single bf16 (bf16 output).
 // Math: src/ops/cpu/gated_delta_net.cc.
 #include "ops/cuda/gated_delta_net_tc.h"
 
@@ -45,6 +45,8 @@ constexpr int kXLD = 24;       // fp32 row pitch of the per-warp 16x16 scratch
 // Shared memory map (bytes) for BV value columns per block: kStages input stages, then the rest. A and
 // the solve's scratch (live from step 1 to 2) share a region with V', its scaled copies and K S (live in
 // steps 3 and 4).
+constexpr int cmax(int a, int b) { return a > b ? a : b; }
+
 template <int BV>
 struct Layout {
   static constexpr int kVLD = BV + 8;  // bf16 row pitch of v, V', S, K S tiles (conflict-free ldmatrix)
@@ -52,16 +54,17 @@ struct Layout {
   static constexpr int kStageK = kStageQ + kC * kQLD * 2;
   static constexpr int kStageV = kStageK + kC * kQLD * 2;
   static constexpr int kStageBytes = kStageV + kC * kVLD * 2;
-  static constexpr int kOffS = 0;                         // bf16 [kDK][kVLD] (offsets from the stages' end)
-  static constexpr int kOffReg = kOffS + kDK * kVLD * 2;  // shared region:
+  static constexpr int kOffS = 0;                         // bf16 [kDK][kVLD] (offsets from the stages' end): S
+  static constexpr int kOffSL = kOffS + kDK * kVLD * 2;   // bf16 [kDK][kVLD]: its bf16 rounding residual
+  static constexpr int kOffReg = kOffSL + kDK * kVLD * 2; // shared region:
   static constexpr int kOffA = kOffReg;                   //   fp32 [kC][kFLD]: A
   static constexpr int kOffX = kOffA + kC * kFLD * 4;     //   fp32 [4][16][kXLD]: per-warp scratch of the solve
   static constexpr int kOffVN = kOffReg;                  //   bf16 [kC][kVLD]: V'
   static constexpr int kOffVE = kOffVN + kC * kVLD * 2;   //   bf16 [kC][kVLD]: V' e^(G_L - G) / |k|
   static constexpr int kOffVL = kOffVE + kC * kVLD * 2;   //   bf16 [kC][kVLD]: its bf16 rounding residual
-  static constexpr int kOffKS = kOffVL + kC * kVLD * 2;   //   bf16 [kC][kVLD]: K S (raw k)
-  static constexpr int kRegBytes = kC * kFLD * 4 + 4 * 16 * kXLD * 4;
-  static_assert(kRegBytes >= 4 * kC * kVLD * 2, "V' and K S buffers must fit the region");
+  static constexpr int kOffRH = kOffVL + kC * kVLD * 2;   //   bf16 [kC][kVLD]: R = beta (V - e^G K S / |k|)
+  static constexpr int kOffRL = kOffRH + kC * kVLD * 2;   //   bf16 [kC][kVLD]: its bf16 rounding residual
+  static constexpr int kRegBytes = cmax(kC * kFLD * 4 + 4 * 16 * kXLD * 4, 5 * kC * kVLD * 2);
   static constexpr int kOffT = kOffReg + kRegBytes;       // fp32 [kC][kFLD]: T
   static constexpr int kOffVec = kOffT + kC * kFLD * 4;   // fp32 [7][kC]: G, beta, beta e^G, e^G, e^(G_L - G), 1/|q|, 1/|k|
   static constexpr int kRestBytes = kOffVec + 7 * kC * 4;
@@ -171,7 +174,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   __nv_bfloat16* VN = reinterpret_cast<__nv_bfloat16*>(smem + L::kOffVN);
   __nv_bfloat16* VE = reinterpret_cast<__nv_bfloat16*>(smem + L::kOffVE);
   __nv_bfloat16* VL = reinterpret_cast<__nv_bfloat16*>(smem + L::kOffVL);
-  __nv_bfloat16* KSs = reinterpret_cast<__nv_bfloat16*>(smem + L::kOffKS);
+  __nv_bfloat16* SL = reinterpret_cast<__nv_bfloat16*>(smem + L::kOffSL);
+  __nv_bfloat16* RH = reinterpret_cast<__nv_bfloat16*>(smem + L::kOffRH);
+  __nv_bfloat16* RL = reinterpret_cast<__nv_bfloat16*>(smem + L::kOffRL);
   float* Af = reinterpret_cast<float*>(smem + L::kOffA);
   float* Tf = reinterpret_cast<float*>(smem + L::kOffT);
   float* Xs = reinterpret_cast<float*>(smem + L::kOffX) + warp * 16 * kXLD;
@@ -198,7 +203,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         const float2 v = *reinterpret_cast<const float2*>(Sg + size_t(x) * dv + y);
         Sa[mt][nt][2 * hf] = v.x;
         Sa[mt][nt][2 * hf + 1] = v.y;
-        *reinterpret_cast<uint32_t*>(Ss + x * kVLD + y) = pack_bf16(v.x, v.y);
+        const __nv_bfloat162 sh = __floats2bfloat162_rn(v.x, v.y);
+        *reinterpret_cast<__nv_bfloat162*>(Ss + x * kVLD + y) = sh;
+        *reinterpret_cast<uint32_t*>(SL + x * kVLD + y) = pack_bf16(v.x - __low2float(sh), v.y - __high2float(sh));
       }
 
   const int nchunks = (len + kC - 1) / kC;
@@ -407,7 +414,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     __syncthreads();  // S4
 
-    // ---- 3a. KS = K S (raw k rows R_w; shared bf16, for every warp) and O = e^G Q S (raw q).
+    // ---- 3a. KS = K S (raw k rows R_w, S as bf16 + residual), R = beta (V - e^G KS / |k|) to shared memory
+    //          as bf16 + residual; O = e^G Q S (raw q, bf16 S).
     float accU[kNT][4], accO[kNT][4];
 #pragma unroll
     for (int n = 0; n < kNT; ++n)
@@ -426,10 +434,14 @@ __global__ void __launch_bounds__(kThreads, 1)
         ldsm_x4(qa, Qs + (16 * warp + lrow) * kQLD + kk * 16 + lcol);
 #pragma unroll
         for (int np = 0; np < kNP; ++np) {
-          uint32_t b[4];
-          ldsm_x4_t(b, Ss + (16 * kk + (bm & 1) * 8 + (lane & 7)) * kVLD + 16 * np + (bm >> 1) * 8);
+          uint32_t b[4], bl[4];
+          const int off = (16 * kk + (bm & 1) * 8 + (lane & 7)) * kVLD + 16 * np + (bm >> 1) * 8;
+          ldsm_x4_t(b, Ss + off);
+          ldsm_x4_t(bl, SL + off);
           mma_bf16(accK[2 * np], ka, b[0], b[1]);
           mma_bf16(accK[2 * np + 1], ka, b[2], b[3]);
+          mma_bf16(accK[2 * np], ka, bl[0], bl[1]);
+          mma_bf16(accK[2 * np + 1], ka, bl[2], bl[3]);
           mma_bf16(accO[2 * np], qa, b[0], b[1]);
           mma_bf16(accO[2 * np + 1], qa, b[2], b[3]);
         }
@@ -437,15 +449,22 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
         const int i = 16 * warp + g8 + 8 * hf;
+        const float bi = Bs[i], ci = BG[i] * RK[i];  // beta, beta e^G / |k|
 #pragma unroll
-        for (int n = 0; n < kNT; ++n)
-          *reinterpret_cast<uint32_t*>(KSs + i * kVLD + 8 * n + 2 * t4) = pack_bf16(accK[n][2 * hf], accK[n][2 * hf + 1]);
+        for (int n = 0; n < kNT; ++n) {
+          const int y = 8 * n + 2 * t4;
+          const float2 vv = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(Vs + i * kVLD + y));
+          const float r0 = bi * vv.x - ci * accK[n][2 * hf], r1 = bi * vv.y - ci * accK[n][2 * hf + 1];
+          const __nv_bfloat162 rh = __floats2bfloat162_rn(r0, r1);
+          *reinterpret_cast<__nv_bfloat162*>(RH + i * kVLD + y) = rh;
+          *reinterpret_cast<uint32_t*>(RL + i * kVLD + y) = pack_bf16(r0 - __low2float(rh), r1 - __high2float(rh));
+        }
       }
     }
     __syncthreads();  // S4b
-    // ---- 3b. V' = T diag(beta) V - T diag(beta e^G / |k|) KS (rows R_w; T diag(beta) as bf16 + residual).
+    // ---- 3b. V' = T R (rows R_w), T and R each as bf16 + residual (the residual product dropped).
     {
-      uint32_t Tw[4][4], Tu[4][4], Tl[4][4];
+      uint32_t Th[4][4], Tl[4][4];
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks) {
 #pragma unroll
@@ -453,11 +472,9 @@ __global__ void __launch_bounds__(kThreads, 1)
           const int i = 16 * warp + g8 + 8 * (e & 1), j = 16 * ks + 2 * t4 + 8 * (e >> 1);
           float2 tv = make_float2(0.f, 0.f);
           if (ks <= warp) tv = *reinterpret_cast<const float2*>(Tf + i * kFLD + j);
-          Tw[ks][e] = pack_bf16(-tv.x * BG[j] * RK[j], -tv.y * BG[j + 1] * RK[j + 1]);
-          const float u0 = tv.x * Bs[j], u1 = tv.y * Bs[j + 1];
-          const __nv_bfloat162 uh = __floats2bfloat162_rn(u0, u1);
-          Tu[ks][e] = *reinterpret_cast<const uint32_t*>(&uh);
-          Tl[ks][e] = pack_bf16(u0 - __low2float(uh), u1 - __high2float(uh));
+          const __nv_bfloat162 th = __floats2bfloat162_rn(tv.x, tv.y);
+          Th[ks][e] = *reinterpret_cast<const uint32_t*>(&th);
+          Tl[ks][e] = pack_bf16(tv.x - __low2float(th), tv.y - __high2float(th));
         }
       }
 #pragma unroll
@@ -465,15 +482,16 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (ks > warp) continue;
 #pragma unroll
         for (int np = 0; np < kNP; ++np) {
-          uint32_t b[4], bk[4];
-          ldsm_x4_t(b, Vs + (16 * ks + (bm & 1) * 8 + (lane & 7)) * kVLD + 16 * np + (bm >> 1) * 8);
-          ldsm_x4_t(bk, KSs + (16 * ks + (bm & 1) * 8 + (lane & 7)) * kVLD + 16 * np + (bm >> 1) * 8);
-          mma_bf16(accU[2 * np], Tu[ks], b[0], b[1]);
-          mma_bf16(accU[2 * np + 1], Tu[ks], b[2], b[3]);
+          uint32_t b[4], bl[4];
+          const int off = (16 * ks + (bm & 1) * 8 + (lane & 7)) * kVLD + 16 * np + (bm >> 1) * 8;
+          ldsm_x4_t(b, RH + off);
+          ldsm_x4_t(bl, RL + off);
+          mma_bf16(accU[2 * np], Th[ks], b[0], b[1]);
+          mma_bf16(accU[2 * np + 1], Th[ks], b[2], b[3]);
           mma_bf16(accU[2 * np], Tl[ks], b[0], b[1]);
           mma_bf16(accU[2 * np + 1], Tl[ks], b[2], b[3]);
-          mma_bf16(accU[2 * np], Tw[ks], bk[0], bk[1]);
-          mma_bf16(accU[2 * np + 1], Tw[ks], bk[2], bk[3]);
+          mma_bf16(accU[2 * np], Th[ks], bl[0], bl[1]);
+          mma_bf16(accU[2 * np + 1], Th[ks], bl[2], bl[3]);
         }
       }
     }
@@ -552,7 +570,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
           const int x = 32 * warp + 16 * mt + g8 + 8 * hf, y = 8 * nt + 2 * t4;
-          *reinterpret_cast<uint32_t*>(Ss + x * kVLD + y) = pack_bf16(Sa[mt][nt][2 * hf], Sa[mt][nt][2 * hf + 1]);
+          const float s0 = Sa[mt][nt][2 * hf], s1 = Sa[mt][nt][2 * hf + 1];
+          const __nv_bfloat162 sh = __floats2bfloat162_rn(s0, s1);
+          *reinterpret_cast<__nv_bfloat162*>(Ss + x * kVLD + y) = sh;
+          *reinterpret_cast<uint32_t*>(SL + x * kVLD + y) = pack_bf16(s0 - __low2float(sh), s1 - __high2float(sh));
         }
     for (int n = 0; n < num_snaps; ++n) {
       const GdnSnapshot sn = snaps[n];
