@@ -370,6 +370,39 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int i = 0; i < 16; ++i) Tb[i * kFLD] = x[i];
       }
     }
+    // ---- 3a. KS = K S (raw k rows R_w, S as bf16 + residual) and O = e^G Q S (raw q, bf16 S) in registers:
+    //          independent of T, so their mma overlap the latency-bound substitution above.
+    float accU[kNT][4], accO[kNT][4];
+#pragma unroll
+    for (int n = 0; n < kNT; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) accU[n][e] = accO[n][e] = 0.f;
+    float accK[kNT][4];
+    {
+#pragma unroll
+      for (int n = 0; n < kNT; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) accK[n][e] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < kDK / 16; ++kk) {
+        uint32_t ka[4], qa[4];
+        ldsm_x4(ka, Ks + (16 * warp + lrow) * kQLD + kk * 16 + lcol);
+        ldsm_x4(qa, Qs + (16 * warp + lrow) * kQLD + kk * 16 + lcol);
+#pragma unroll
+        for (int np = 0; np < kNP; ++np) {
+          uint32_t b[4], bl[4];
+          const int off = (16 * kk + (bm & 1) * 8 + (lane & 7)) * kVLD + 16 * np + (bm >> 1) * 8;
+          ldsm_x4_t(b, Ss + off);
+          ldsm_x4_t(bl, SL + off);
+          mma_bf16(accK[2 * np], ka, b[0], b[1]);
+          mma_bf16(accK[2 * np + 1], ka, b[2], b[3]);
+          mma_bf16(accK[2 * np], ka, bl[0], bl[1]);
+          mma_bf16(accK[2 * np + 1], ka, bl[2], bl[3]);
+          mma_bf16(accO[2 * np], qa, b[0], b[1]);
+          mma_bf16(accO[2 * np + 1], qa, b[2], b[3]);
+        }
+      }
+    }
     __syncthreads();  // S3
 
     // ---- 2b. Column block j = w: T_ij = -T_ii (sum_{k=j}^{i-1} A_ik T_kj), i = j+1..3 in order.
@@ -413,39 +446,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       __syncwarp();
     }
     __syncthreads();  // S4
-
-    // ---- 3a. KS = K S (raw k rows R_w, S as bf16 + residual), R = beta (V - e^G KS / |k|) to shared memory
-    //          as bf16 + residual; O = e^G Q S (raw q, bf16 S).
-    float accU[kNT][4], accO[kNT][4];
-#pragma unroll
-    for (int n = 0; n < kNT; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) accU[n][e] = accO[n][e] = 0.f;
+    // ---- 3a'. R = beta (V - e^G KS / |k|) to shared memory as bf16 + residual (after S4: R shares the
+    //           region with A, which 2b reads).
     {
-      float accK[kNT][4];
-#pragma unroll
-      for (int n = 0; n < kNT; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) accK[n][e] = 0.f;
-#pragma unroll
-      for (int kk = 0; kk < kDK / 16; ++kk) {
-        uint32_t ka[4], qa[4];
-        ldsm_x4(ka, Ks + (16 * warp + lrow) * kQLD + kk * 16 + lcol);
-        ldsm_x4(qa, Qs + (16 * warp + lrow) * kQLD + kk * 16 + lcol);
-#pragma unroll
-        for (int np = 0; np < kNP; ++np) {
-          uint32_t b[4], bl[4];
-          const int off = (16 * kk + (bm & 1) * 8 + (lane & 7)) * kVLD + 16 * np + (bm >> 1) * 8;
-          ldsm_x4_t(b, Ss + off);
-          ldsm_x4_t(bl, SL + off);
-          mma_bf16(accK[2 * np], ka, b[0], b[1]);
-          mma_bf16(accK[2 * np + 1], ka, b[2], b[3]);
-          mma_bf16(accK[2 * np], ka, bl[0], bl[1]);
-          mma_bf16(accK[2 * np + 1], ka, bl[2], bl[3]);
-          mma_bf16(accO[2 * np], qa, b[0], b[1]);
-          mma_bf16(accO[2 * np + 1], qa, b[2], b[3]);
-        }
-      }
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
         const int i = 16 * warp + g8 + 8 * hf;
