@@ -181,9 +181,9 @@ def main():
         print("|---|---|" + "---|" * len(variants))
         for sh in shapes:
             S, T, Hk, Hv = sh
-            row = [mf.get(sh, {}).get("gdn_prefill", (float("nan"),))[0]]
-            row += [variants[v].get(sh, {}).get("gdn_prefill", (float("nan"),))[0] for v in variants]
-            print(f"| {S} x {T}, {Hk}/{Hv} | " + " | ".join(f"{x:.1f}" for x in row) + " |")
+            vals = [mf.get(sh, {}).get("gdn_prefill", (float("nan"),))[0]]
+            vals += [variants[v].get(sh, {}).get("gdn_prefill", (float("nan"),))[0] for v in variants]
+            print(f"| {S} x {T}, {Hk}/{Hv} | " + " | ".join(f"{x:.1f}" for x in vals) + " |")
     sys.stdout.flush()
 
 
