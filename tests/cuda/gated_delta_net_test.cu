@@ -656,8 +656,8 @@ struct ScopedEnv {
   ~ScopedEnv() { unsetenv(name.c_str()); }
 };
 
-// Every variant of the tensor-core kernel (16 or 32 value columns per block, one or two input stages; the
-// launcher picks by shape): same contract. dv = 16 takes the 16-column blocks by itself.
+// Every variant of the tensor-core kernel (16 or 32 value columns per block, one or two input stages, the
+// long k loops rolled or unrolled; the launcher picks by shape, env variables force): same contract. dv = 16 takes the 16-column blocks by itself.
 TEST(GdnPrefill, TensorCoreVariantsSmall) {
   MOEFOLD_REQUIRE_GPU();
   for (const char* bv : {"16", "32"})
@@ -665,6 +665,10 @@ TEST(GdnPrefill, TensorCoreVariantsSmall) {
       ScopedEnv e1("MOEFOLD_GDN_TC_BV", bv), e2("MOEFOLD_GDN_TC_STAGES", st);
       prefill_case(kTc, {65, 1, 0, 130}, 281);
     }
+  {
+    ScopedEnv e("MOEFOLD_GDN_TC_UNROLL", "8");  // the fully unrolled 32-column variant
+    prefill_case(kTc, {65, 1, 0, 130}, 285);
+  }
   prefill_case(GdnDims{1, 2, 128, 16}, {65, 1, 0, 130}, 291);
   chunked_vs_recurrent_case(GdnDims{1, 2, 128, 48}, 130, 341);
 }

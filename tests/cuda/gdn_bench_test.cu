@@ -4,7 +4,9 @@
 // GDN_BENCH_REPS (default 20) replays after 3 warm-ups, between CUDA events. Prints per shape:
 //   BENCH kernel=<name> seqs=S len=L hk=Hk hv=Hv us=<time> bytes=<moved>
 // for gdn_prefill (the default path), gdn_prefill_scalar (MOEFOLD_GDN_TC=0; only when GDN_BENCH_SCALAR=1)
-// and conv1d_prefill (causal_conv1d_silu_prefill over the q|k|v rows, K = 4).
+// and conv1d_prefill (causal_conv1d_silu_prefill over the q|k|v rows, K = 4). GDN_BENCH_PHASES=1 adds
+//   PHASES seqs=S ... <phase>=<cycles per block and chunk> ...
+// from one eager launch with the tensor-core kernel's per-phase clock counters on.
 #include "ops/cuda/cuda_check.h"  // first: sets up fmt for nvcc
 
 #include <gtest/gtest.h>
@@ -19,6 +21,7 @@
 #include "cuda/contract.h"
 #include "ops/cuda/causal_conv1d.h"
 #include "ops/cuda/gated_delta_net.h"
+#include "ops/cuda/gated_delta_net_tc.h"
 
 namespace {
 
@@ -154,6 +157,26 @@ void bench_shape(const Shape& sh, int reps, bool scalar, cudaStream_t stream) {
            moefold::cuda::gdn_chunked_prefill(a, cu, sh.S, nullptr, nullptr, 0, d, stream);
          }),
          gdn_bytes);
+  if (const char* ph = std::getenv("GDN_BENCH_PHASES"); ph && ph[0] == '1') {
+    // One eager launch with per-phase cycle counting: where a chunk's time goes (sum over blocks and chunks).
+    namespace det = moefold::cuda::detail;
+    det::gdn_prefill_tc_profile(true);
+    moefold::cuda::gdn_chunked_prefill(a, cu, sh.S, nullptr, nullptr, 0, d, stream);
+    MOEFOLD_CUDA_CHECK(cudaStreamSynchronize(stream));
+    det::gdn_prefill_tc_profile(false);
+    unsigned long long cyc[det::kGdnTcPhases];
+    det::gdn_prefill_tc_profile_read(cyc);
+    const double blocks = double(d.v_dim / 32) * d.num_v_heads * sh.S, chunks = double((sh.len + 63) / 64);
+    double total = 0;
+    for (int k = 1; k < det::kGdnTcPhases; ++k) total += double(cyc[k]);
+    std::printf("PHASES seqs=%d len=%d hk=%d hv=%d cycles_per_block_chunk(32-col blocks)=%.0f", sh.S, sh.len, sh.Hk,
+                sh.Hv, total / (blocks * chunks));
+    const char* names[] = {"", "wait", "norm+gates", "A+M", "diag+KS", "offdiag", "R", "TR", "O+state"};
+    for (int k = 1; k < det::kGdnTcPhases; ++k)
+      std::printf(" %s=%.0f", names[k], double(cyc[k]) / (blocks * chunks));
+    std::printf("\n");
+    std::fflush(stdout);
+  }
   if (scalar) {
     setenv("MOEFOLD_GDN_TC", "0", 1);
     report("gdn_prefill_scalar", graph_us(stream, 1, [&] {

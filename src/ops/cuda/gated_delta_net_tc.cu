@@ -146,10 +146,13 @@ __device__ __forceinline__ void load_chunk(const GdnArgs& p, char* stage, int64_
 
 // kStages = 2: the next chunk's rows stream in during this chunk (for grids of at most one block per SM);
 // kStages = 1: ~93 KB of shared memory, two blocks per SM hide each other's loads (larger grids).
-template <int BV, int kStages>
+// kUnroll: unrolling of the long k loops (A/M, K S / Q S, the state update); 1 keeps the code small
+// enough for the instruction cache, kDK / 16 unrolls them fully.
+template <int BV, int kStages, int kUnroll>
 __global__ void __launch_bounds__(kThreads, 1)
     gdn_prefill_tc_kernel(GdnArgs p, const int32_t* __restrict__ cu_seqlens, const GdnSnapshot* __restrict__ snaps,
-                          const int32_t* __restrict__ num_snaps_p, int max_snaps, int Hk, int Hv, int dv) {
+                          const int32_t* __restrict__ num_snaps_p, int max_snaps, int Hk, int Hv, int dv,
+                          unsigned long long* __restrict__ phase_cycles) {
   using L = Layout<BV>;
   constexpr int kVLD = L::kVLD, kStageBytes = L::kStageBytes;
   constexpr int kNT = BV / 8, kNP = BV / 16;  // n-tiles of 8 / ldmatrix pairs of 16 value columns
@@ -160,6 +163,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (len <= 0) return;
   const int h = blockIdx.y, kh = h / (Hv / Hk);
   const int v0 = blockIdx.x * BV;
+  // Optional per-phase cycle counts (thread 0's clock after each barrier; gdn_prefill_tc_profile).
+  __shared__ unsigned long long prof_acc[9];
+  long long prof_last = 0;
+  if (phase_cycles != nullptr && threadIdx.x < 9) prof_acc[threadIdx.x] = 0;
+#define GDN_PHASE(k)                                   \
+  if (phase_cycles != nullptr && threadIdx.x == 0) {   \
+    const long long now = clock64();                   \
+    if ((k) > 0) prof_acc[(k)] += now - prof_last;     \
+    prof_last = now;                                   \
+  }
   const int vcol = h * dv + v0;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g8 = lane >> 2, t4 = lane & 3;  // mma fragment coordinates
@@ -220,6 +233,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   for (int chunk = 0; chunk < nchunks; ++chunk) {
+    GDN_PHASE(0);
     const int c0 = chunk * kC, Lc = min(kC, len - c0);
     const int64_t row0 = int64_t(bos) + c0;
     char* stage = smem_all + (kStages == 2 ? (chunk & 1) * kStageBytes : 0);
@@ -232,6 +246,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     cp_async_wait_all();
     __syncthreads();  // S0: this chunk's rows landed; every warp is done with the previous chunk
+    GDN_PHASE(1);
     if constexpr (kStages == 2)
       if (chunk + 1 < nchunks)
         load_chunk<BV>(p, smem_all + ((chunk + 1) & 1) * kStageBytes, row0 + kC, min(kC, len - c0 - kC), kh, vcol, tid);
@@ -289,6 +304,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       EL[lane] = __expf(gl - ga), EL[lane + 32] = __expf(gl - gb);
     }
     __syncthreads();  // S1
+    GDN_PHASE(2);
 
     // ---- 1. A (row block 3 - w) to shared fp32; M (row block w) to bf16 A fragments.
     const int lrow = lane & 15, lcol = (lane >> 4) * 8;  // ldmatrix A-operand addressing
@@ -301,7 +317,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int n = 0; n < 8; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) accA[n][e] = accM[n][e] = 0.f;
-#pragma unroll
+#pragma unroll kUnroll
       for (int kk = 0; kk < kDK / 16; ++kk) {
         uint32_t ka[4], qa[4];
         ldsm_x4(ka, Ks + (16 * ra + lrow) * kQLD + kk * 16 + lcol);
@@ -351,6 +367,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
     __syncthreads();  // S2
+    GDN_PHASE(3);
 
     // ---- 2a. Diagonal blocks: T_ww = (I + A_ww)^-1, lane c < 16 owns column c.
     {
@@ -384,7 +401,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int n = 0; n < kNT; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) accK[n][e] = 0.f;
-#pragma unroll
+#pragma unroll kUnroll
       for (int kk = 0; kk < kDK / 16; ++kk) {
         uint32_t ka[4], qa[4];
         ldsm_x4(ka, Ks + (16 * warp + lrow) * kQLD + kk * 16 + lcol);
@@ -405,6 +422,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
     __syncthreads();  // S3
+    GDN_PHASE(4);
 
     // ---- 2b. Column block j = w: T_ij = -T_ii (sum_{k=j}^{i-1} A_ik T_kj), i = j+1..3 in order.
     for (int i = warp + 1; i < 4; ++i) {
@@ -447,6 +465,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       __syncwarp();
     }
     __syncthreads();  // S4
+    GDN_PHASE(5);
     // ---- 3a'. R = beta (V - e^G KS / |k|) to shared memory as bf16 + residual (after S4: R shares the
     //           region with A, which 2b reads).
     {
@@ -466,6 +485,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
     __syncthreads();  // S4b
+    GDN_PHASE(6);
     // ---- 3b. V' = T R (rows R_w), T and R each as bf16 + residual (the residual product dropped).
     {
       uint32_t Th[4][4], Tl[4][4];
@@ -517,6 +537,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
     __syncthreads();  // S5
+    GDN_PHASE(7);
 
     // ---- 4. O += M V' and store; S = e^{G_L} S + K^T (e^{G_L - G} V').
 #pragma unroll
@@ -547,7 +568,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) Sa[mt][nt][e] *= dlast;
-#pragma unroll
+#pragma unroll kUnroll
     for (int ks = 0; ks < 4; ++ks) {
       uint32_t ka[2][4];
 #pragma unroll
@@ -593,6 +614,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             *reinterpret_cast<float2*>(D + size_t(x) * dv + y) = make_float2(Sa[mt][nt][2 * hf], Sa[mt][nt][2 * hf + 1]);
           }
     }
+    GDN_PHASE(8);
   }
 #pragma unroll
   for (int mt = 0; mt < 2; ++mt)
@@ -603,11 +625,32 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int x = 32 * warp + 16 * mt + g8 + 8 * hf, y = 8 * nt + 2 * t4;
         *reinterpret_cast<float2*>(Sg + size_t(x) * dv + y) = make_float2(Sa[mt][nt][2 * hf], Sa[mt][nt][2 * hf + 1]);
       }
+  if (phase_cycles != nullptr && threadIdx.x == 0)
+    for (int k = 1; k < 9; ++k) atomicAdd(phase_cycles + k, prof_acc[k]);
+#undef GDN_PHASE
 }
 
 const prof::Kernel kGdnPrefillTc{"gdn_prefill_tc_kernel", prof::Category::DeltaNet};
 
+unsigned long long* g_phase_buf = nullptr;  // device [kGdnTcPhases] while profiling is on
+bool g_profile = false;
+
 }  // namespace
+
+void gdn_prefill_tc_profile(bool on) {
+  if (on && g_phase_buf == nullptr) {
+    MOEFOLD_CUDA_CHECK(cudaMalloc(&g_phase_buf, kGdnTcPhases * sizeof(unsigned long long)));
+    MOEFOLD_CUDA_CHECK(cudaMemset(g_phase_buf, 0, kGdnTcPhases * sizeof(unsigned long long)));
+  }
+  g_profile = on;
+}
+
+void gdn_prefill_tc_profile_read(unsigned long long (&cycles)[kGdnTcPhases]) {
+  for (auto& c : cycles) c = 0;
+  if (g_phase_buf == nullptr) return;
+  MOEFOLD_CUDA_CHECK(cudaMemcpy(cycles, g_phase_buf, sizeof(cycles), cudaMemcpyDeviceToHost));
+  MOEFOLD_CUDA_CHECK(cudaMemset(g_phase_buf, 0, sizeof(cycles)));
+}
 
 bool gdn_prefill_tc_enabled() {
   const char* v = std::getenv("MOEFOLD_GDN_TC");
@@ -633,16 +676,21 @@ void gdn_prefill_tc(const GdnArgs& args, const int32_t* cu_seqlens, int max_seqs
   MOEFOLD_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   // Value columns per block: 32, or 16 when dv is not a multiple of 32 (MOEFOLD_GDN_TC_BV=16 forces 16).
   // Input stages: 2 while the grid fits one block per SM, else 1 (MOEFOLD_GDN_TC_STAGES=1|2 forces).
+  // MOEFOLD_GDN_TC_UNROLL=8: the fully unrolled 32-column variant.
   const char* bv_env = std::getenv("MOEFOLD_GDN_TC_BV");
   const char* st_env = std::getenv("MOEFOLD_GDN_TC_STAGES");
+  const char* un_env = std::getenv("MOEFOLD_GDN_TC_UNROLL");
   const int bv = (dims.v_dim % 32 != 0 || (bv_env && std::atoi(bv_env) == 16)) ? 16 : 32;
   const dim3 grid(unsigned(dims.v_dim / bv), unsigned(dims.num_v_heads), unsigned(max_seqs));
   const int64_t blocks = int64_t(grid.x) * grid.y * grid.z;
   int stages = blocks > sms ? 1 : 2;
   if (st_env && (std::atoi(st_env) == 1 || std::atoi(st_env) == 2)) stages = std::atoi(st_env);
-  void (*kernel)(GdnArgs, const int32_t*, const GdnSnapshot*, const int32_t*, int, int, int, int) =
-      bv == 32 ? (stages == 2 ? gdn_prefill_tc_kernel<32, 2> : gdn_prefill_tc_kernel<32, 1>)
-               : (stages == 2 ? gdn_prefill_tc_kernel<16, 2> : gdn_prefill_tc_kernel<16, 1>);
+  void (*kernel)(GdnArgs, const int32_t*, const GdnSnapshot*, const int32_t*, int, int, int, int,
+                 unsigned long long*) =
+      bv == 32 ? (stages == 2 ? gdn_prefill_tc_kernel<32, 2, 1> : gdn_prefill_tc_kernel<32, 1, 1>)
+               : (stages == 2 ? gdn_prefill_tc_kernel<16, 2, 1> : gdn_prefill_tc_kernel<16, 1, 1>);
+  if (bv == 32 && un_env && std::atoi(un_env) == 8)  // fully unrolled (A/B of code size against ILP)
+    kernel = stages == 2 ? gdn_prefill_tc_kernel<32, 2, 8> : gdn_prefill_tc_kernel<32, 1, 8>;
   const int smem = bv == 32 ? Layout<32>::smem_bytes(stages) : Layout<16>::smem_bytes(stages);
   MOEFOLD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   LaunchScope launch(kGdnPrefillTc, stream, [&] {
@@ -651,7 +699,7 @@ void gdn_prefill_tc(const GdnArgs& args, const int32_t* cu_seqlens, int max_seqs
   });
   launch_pdl(kernel, grid, dim3(kThreads), size_t(smem), stream, args, cu_seqlens,
              max_snapshots > 0 ? snapshots : nullptr, max_snapshots > 0 ? num_snapshots : nullptr, max_snapshots,
-             dims.num_k_heads, dims.num_v_heads, dims.v_dim);
+             dims.num_k_heads, dims.num_v_heads, dims.v_dim, g_profile ? g_phase_buf : nullptr);
   MOEFOLD_CUDA_CHECK_LAUNCH();
 }
 

@@ -23,4 +23,17 @@ bool gdn_prefill_tc_supported(const GdnArgs& args, const GdnDims& dims);
 void gdn_prefill_tc(const GdnArgs& args, const int32_t* cu_seqlens, int max_seqs, const GdnSnapshot* snapshots,
                     const int32_t* num_snapshots, int max_snapshots, const GdnDims& dims, cudaStream_t stream);
 
+/// Phases of the tensor-core prefill's per-chunk loop that gdn_prefill_tc_profile times (index 0 unused):
+/// 1 wait for the chunk's rows, 2 norms + gates + scan, 3 A and M, 4 diagonal inverses + K S / Q S,
+/// 5 off-diagonal blocks of T, 6 R, 7 V' = T R, 8 O and the state update.
+inline constexpr int kGdnTcPhases = 9;
+
+/// Turns per-phase cycle counting on or off for later gdn_prefill_tc launches (thread 0 of each block adds
+/// its clock64 deltas after each barrier to a device buffer; a few percent slower while on). For benches.
+void gdn_prefill_tc_profile(bool on);
+
+/// Copies the summed cycles per phase (over blocks and chunks) since the last read and zeroes them.
+/// Synchronous. All zero when profiling was never on.
+void gdn_prefill_tc_profile_read(unsigned long long (&cycles)[kGdnTcPhases]);
+
 }  // namespace moefold::cuda::detail
