@@ -6,7 +6,8 @@
 // chunk (kGdnChunk rows): normalised q/k of the chunk, the 64x64 decay-masked matrices A (beta k k^T) and
 // M (q k^T), the UT transform by forward substitution (I + A) [W | U] = [beta k exp(G) | beta v],
 // V' = U - W S, O = exp(G) q S + M V', S = exp(G_last) S + (k exp(G_last - G))^T V'. Blocks of one key
-// head recompute A and W (cheap next to the rest); tensor cores can replace the inner products later.
+// head recompute A and W. This scalar kernel serves the shapes the tensor-core prefill
+// (gated_delta_net_tc.cu, dk = 128) does not cover, and MOEFOLD_GDN_TC=0.
 // Decode: one block per (value tile of 32 columns, value head, sequence); a warp per row slice of the
 // tile, the state in registers, the two reductions over dk through shared memory.
 // Math: src/ops/cpu/gated_delta_net.cc.
