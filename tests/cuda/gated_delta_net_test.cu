@@ -35,6 +35,7 @@ constexpr double kTolBf16 = 1e-2;   // bf16 outputs
 constexpr int kConvK = 4;
 constexpr GdnDims kSmall{2, 4, 32, 32};
 constexpr GdnDims kReal{16, 32, 128, 128};
+constexpr GdnDims kTc{1, 2, 128, 32};  // smallest shape on the tensor-core prefill path (dk 128, dv 32)
 
 template <class T>
 struct Dev {
@@ -552,6 +553,12 @@ TEST(GdnConv, Prefill) {
   conv_prefill_case(int(conv_dim(kReal)), lens, 121);
 }
 
+// C not a multiple of 8: the scalar prefill kernel (the others take the vectorised one).
+TEST(GdnConv, PrefillScalarSmall) {
+  MOEFOLD_REQUIRE_GPU();
+  conv_prefill_case(100, {1, 0, 2, 3, 17, 64, 65, 130}, 131);
+}
+
 TEST(GdnConv, DecodeSmall) {
   MOEFOLD_REQUIRE_GPU();
   for (int b : {1, 17}) conv_decode_case(int(conv_dim(kSmall)), b, 131 + uint64_t(b));
@@ -630,6 +637,49 @@ TEST(GdnDecode, Batches) {
     decode_case(kSmall, b, 611 + uint64_t(b));
     decode_case(kReal, b, 621 + uint64_t(b));
   }
+}
+
+// The tensor-core prefill path (dk 128) on a small shape: batches with 0/1-token sequences, a split, snapshots
+// and chunked == recurrent (the compute-sanitizer pass of that kernel).
+TEST(GdnPrefill, TensorCoreSmall) {
+  MOEFOLD_REQUIRE_GPU();
+  prefill_case(kTc, {65, 1, 0, 17, 130, 64, 3}, 251);
+  split_case(kTc, 130, 65, 451);
+  snapshot_case(kTc, 200, 130, 551);
+  chunked_vs_recurrent_case(kTc, 130, 331);
+}
+
+/// Sets an environment variable for its lifetime (kernel variant switches read at each launch).
+struct ScopedEnv {
+  std::string name;
+  ScopedEnv(const char* n, const char* v) : name(n) { setenv(n, v, 1); }
+  ~ScopedEnv() { unsetenv(name.c_str()); }
+};
+
+// Every variant of the tensor-core kernel (16 or 32 value columns per block, one or two input stages, the
+// long k loops rolled or unrolled; the launcher picks by shape, env variables force): same contract. dv = 16 takes the 16-column blocks by itself.
+TEST(GdnPrefill, TensorCoreVariantsSmall) {
+  MOEFOLD_REQUIRE_GPU();
+  for (const char* bv : {"16", "32"})
+    for (const char* st : {"1", "2"}) {
+      ScopedEnv e1("MOEFOLD_GDN_TC_BV", bv), e2("MOEFOLD_GDN_TC_STAGES", st);
+      prefill_case(kTc, {65, 1, 0, 130}, 281);
+    }
+  {
+    ScopedEnv e("MOEFOLD_GDN_TC_UNROLL", "1");  // the rolled 32-column variant
+    prefill_case(kTc, {65, 1, 0, 130}, 285);
+  }
+  prefill_case(GdnDims{1, 2, 128, 16}, {65, 1, 0, 130}, 291);
+  chunked_vs_recurrent_case(GdnDims{1, 2, 128, 48}, 130, 341);
+}
+
+// The scalar prefill kernel stays the path for shapes the tensor-core one does not cover; keep it tested on
+// the real shape too.
+TEST(GdnPrefill, ScalarKernelReal) {
+  MOEFOLD_REQUIRE_GPU();
+  ScopedEnv scalar("MOEFOLD_GDN_TC", "0");
+  prefill_case(kReal, {65, 1, 0, 130}, 261);
+  prefill_case(kTc, {65, 1, 0, 130}, 271);
 }
 
 // Timings of the real shape (not a contract; run with --gtest_also_run_disabled_tests): median of 20

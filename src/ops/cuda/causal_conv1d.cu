@@ -1,5 +1,6 @@
 // Causal depthwise conv1d + SiLU (Gated DeltaNet short conv) for varlen prefill and single-token decode.
-// Prefill: one block per row and channel tile. A row at position t >= K-1 of its sequence reads only the
+// Prefill (the vectorised kernel below for K = 4 with C and the x stride multiples of 8, else this
+// scalar one): one block per row and channel tile. A row at position t >= K-1 of its sequence reads only the
 // new inputs; the thread at t == 0 of each (sequence, channel) computes the first K-1 outputs from the
 // slot's conv state and then writes the slot's new state, so no thread reads a state another overwrites.
 // Math: src/ops/cpu/gated_delta_net.cc causal_conv1d_silu.
@@ -105,6 +106,117 @@ __global__ void __launch_bounds__(kConvThreads)
   }
 }
 
+// Vectorised prefill for K == kVecK (C and the x row stride multiples of 8, 16-byte aligned x / y): a
+// thread owns 8 channels of kVecRows consecutive rows, issues all its 16-byte x loads (the tile's rows and
+// the K-1 before it) up front and writes 16-byte outputs. Rows at positions 0 < t < K-1 are left to the
+// t == 0 row's thread, which (like the scalar kernel) reads the slot's state, writes the sequence's first
+// K-1 outputs and then the new state, so no thread reads a state another overwrites. Same fp32 arithmetic
+// (tap order) as the scalar kernel.
+constexpr int kVecK = 4;
+constexpr int kVecRows = 16;
+constexpr int kVecThreads = 128;
+
+__device__ __forceinline__ void unpack8(const uint4& u, float (&v)[8]) {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __bfloat1622float2(h[i]);
+    v[2 * i] = f.x;
+    v[2 * i + 1] = f.y;
+  }
+}
+
+// Head rows t < K-1 of sequence s and its new conv state, channels [c0, c0 + 8) (scalar, once per sequence).
+__device__ void conv_head8(const __nv_bfloat16* __restrict__ x, const float (&wc)[8][kVecK], int s, int bos,
+                           int len, const int32_t* __restrict__ state_slots, __nv_bfloat16* __restrict__ state_pool,
+                           __nv_bfloat16* __restrict__ y, int C, int c0, int64_t xs) {
+  constexpr int Km1 = kVecK - 1;
+  const int nhead = len < Km1 ? len : Km1;
+  for (int ch = 0; ch < 8; ++ch) {
+    const int c = c0 + ch;
+    __nv_bfloat16* st = state_pool + (size_t(state_slots[s]) * C + c) * Km1;
+    float buf[2 * Km1];
+    __nv_bfloat16 raw[2 * Km1];
+#pragma unroll
+    for (int i = 0; i < 2 * Km1; ++i) {
+      __nv_bfloat16 v = __float2bfloat16(0.0f);
+      if (i < Km1) v = st[i];
+      else if (i < Km1 + len) v = x[size_t(bos + i - Km1) * xs + c];
+      raw[i] = v;
+      buf[i] = __bfloat162float(v);
+    }
+    for (int tt = 0; tt < nhead; ++tt) {
+      float acc = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kVecK; ++j) acc += wc[ch][j] * buf[tt + j];
+      y[size_t(bos + tt) * C + c] = __float2bfloat16(silu_f(acc));
+    }
+#pragma unroll
+    for (int j = 0; j < Km1; ++j) {
+      const int i = len + j;
+      st[j] = i < 2 * Km1 ? raw[i] : x[size_t(bos + i - Km1) * xs + c];
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kVecThreads)
+    conv1d_prefill_vec_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ w,
+                              const int32_t* __restrict__ cu_seqlens, const int32_t* __restrict__ state_slots,
+                              const int32_t* __restrict__ num_seqs_p, __nv_bfloat16* __restrict__ state_pool,
+                              __nv_bfloat16* __restrict__ y, int C, int64_t xs) {
+  constexpr int K = kVecK, Km1 = K - 1;
+  pdl_begin();
+  const int ns = *num_seqs_p;
+  if (ns <= 0) return;
+  const int c0 = (blockIdx.x * kVecThreads + threadIdx.x) * 8;
+  if (c0 >= C) return;
+  const int r0 = blockIdx.y * kVecRows;
+  const int rend = min(r0 + kVecRows, cu_seqlens[ns]);
+  if (r0 >= rend) return;
+  // rows[i] = x row r0 - Km1 + i (loaded only where it is a live row).
+  uint4 rows[kVecRows + Km1];
+#pragma unroll
+  for (int i = 0; i < kVecRows + Km1; ++i) {
+    const int r = r0 - Km1 + i;
+    rows[i] = make_uint4(0u, 0u, 0u, 0u);
+    if (r >= 0 && r < rend) rows[i] = __ldg(reinterpret_cast<const uint4*>(x + size_t(r) * xs + c0));
+  }
+  float wc[8][K];
+#pragma unroll
+  for (int ch = 0; ch < 8; ++ch)
+#pragma unroll
+    for (int j = 0; j < K; ++j) wc[ch][j] = __bfloat162float(w[size_t(c0 + ch) * K + j]);
+  int s = find_seq(cu_seqlens, ns, r0);
+  int bos = cu_seqlens[s], eos = cu_seqlens[s + 1];
+#pragma unroll
+  for (int i = 0; i < kVecRows; ++i) {
+    const int r = r0 + i;
+    if (r >= rend) break;
+    if (r >= eos) {  // next sequence (skipping empty ones)
+      while (r >= cu_seqlens[s + 1]) ++s;
+      bos = cu_seqlens[s];
+      eos = cu_seqlens[s + 1];
+    }
+    const int t = r - bos;
+    if (t >= Km1) {
+      float in[K][8];
+#pragma unroll
+      for (int j = 0; j < K; ++j) unpack8(rows[i + j], in[j]);
+      __align__(16) __nv_bfloat16 o[8];
+#pragma unroll
+      for (int ch = 0; ch < 8; ++ch) {
+        float acc = 0.0f;
+#pragma unroll
+        for (int j = 0; j < K; ++j) acc += wc[ch][j] * in[j][ch];
+        o[ch] = __float2bfloat16(silu_f(acc));
+      }
+      *reinterpret_cast<uint4*>(y + size_t(r) * C + c0) = *reinterpret_cast<const uint4*>(o);
+    } else if (t == 0) {
+      conv_head8(x, wc, s, bos, eos - bos, state_slots, state_pool, y, C, c0, xs);
+    }
+  }
+}
+
 __global__ void __launch_bounds__(kConvThreads)
     conv1d_decode_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ w,
                          const int32_t* __restrict__ state_slots, const int32_t* __restrict__ num_seqs_p,
@@ -155,11 +267,19 @@ void causal_conv1d_silu_prefill(const __nv_bfloat16* x, const __nv_bfloat16* w, 
   CONV_REQUIRE(cu_seqlens != nullptr, "{}: null cu_seqlens", "causal_conv1d_silu_prefill");
   CONV_REQUIRE(max_rows >= 0, "causal_conv1d_silu_prefill: max_rows = {} is negative", max_rows);
   if (max_rows == 0) return;
-  const dim3 grid(unsigned(max_rows), unsigned((C + kConvThreads - 1) / kConvThreads));
   LaunchScope launch(kConvPrefill, stream, [&] {
     const prof::StepFacts* f = prof::step_facts();
     return conv_work(f ? std::min<int64_t>(f->rows, max_rows) : max_rows, f ? int64_t(f->context_lens.size()) : 1, C, K);
   });
+  const auto aligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; };
+  if (K == kVecK && C % 8 == 0 && x_stride % 8 == 0 && aligned(x) && aligned(y)) {
+    const dim3 vgrid(unsigned((C / 8 + kVecThreads - 1) / kVecThreads), unsigned((max_rows + kVecRows - 1) / kVecRows));
+    launch_pdl(conv1d_prefill_vec_kernel, vgrid, dim3(kVecThreads), 0, stream, x, w, cu_seqlens, state_slots,
+               num_seqs, conv_state_pool, y, C, x_stride);
+    MOEFOLD_CUDA_CHECK_LAUNCH();
+    return;
+  }
+  const dim3 grid(unsigned(max_rows), unsigned((C + kConvThreads - 1) / kConvThreads));
   launch_pdl(conv1d_prefill_kernel, dim3(grid), dim3(kConvThreads), 0, stream, x, w, cu_seqlens, state_slots, num_seqs,
                                                            conv_state_pool, y, C, K, x_stride);
   MOEFOLD_CUDA_CHECK_LAUNCH();

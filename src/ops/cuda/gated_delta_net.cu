@@ -6,13 +6,16 @@
 // chunk (kGdnChunk rows): normalised q/k of the chunk, the 64x64 decay-masked matrices A (beta k k^T) and
 // M (q k^T), the UT transform by forward substitution (I + A) [W | U] = [beta k exp(G) | beta v],
 // V' = U - W S, O = exp(G) q S + M V', S = exp(G_last) S + (k exp(G_last - G))^T V'. Blocks of one key
-// head recompute A and W (cheap next to the rest); tensor cores can replace the inner products later.
+// head recompute A and W. This scalar kernel serves the shapes the tensor-core prefill
+// (gated_delta_net_tc.cu, dk = 128) does not cover, and MOEFOLD_GDN_TC=0.
 // Decode: one block per (value tile of 32 columns, value head, sequence); a warp per row slice of the
 // tile, the state in registers, the two reductions over dk through shared memory.
 // Math: src/ops/cpu/gated_delta_net.cc.
 #include "ops/cuda/gated_delta_net.h"
 
 #include "ops/cuda/cuda_check.h"
+#include "ops/cuda/gated_delta_net_gating.cuh"
+#include "ops/cuda/gated_delta_net_tc.h"
 #include "ops/cuda/launch_scope.h"
 #include "ops/cuda/pdl.cuh"
 
@@ -32,14 +35,6 @@ constexpr int kMaxDk = 256;    // decode register tile bound (dk / kWarps values
   } while (0)
 
 __device__ __forceinline__ float bf(__nv_bfloat16 x) { return __bfloat162float(x); }
-
-__device__ __forceinline__ float softplus_f(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
-
-__device__ __forceinline__ float sigmoid_f(float x) {
-  if (x >= 0.0f) return 1.0f / (1.0f + expf(-x));
-  const float e = expf(x);
-  return e / (1.0f + e);
-}
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
@@ -73,8 +68,7 @@ __device__ __forceinline__ void load_qk_normalised(const GdnArgs& p, int64_t row
 // g (log-decay) and beta of row `row`, value head h.
 __device__ __forceinline__ void gating(const GdnArgs& p, int64_t row, int h, float& g, float& beta) {
   const float a = bf(p.a[row * p.ab_stride + h]), b = bf(p.b[row * p.ab_stride + h]);
-  g = -expf(p.A_log[h]) * softplus_f(a + p.dt_bias[h]);
-  beta = sigmoid_f(b);
+  gdn::gates(a, b, p.A_log[h], p.dt_bias[h], g, beta);
 }
 
 // Shared memory of the prefill kernel, in floats (KS = dk + 1 pads rows against bank conflicts).
@@ -318,17 +312,6 @@ __global__ void __launch_bounds__(kThreads)
 const prof::Kernel kGdnPrefill{"gdn_prefill_kernel", prof::Category::DeltaNet};
 const prof::Kernel kGdnDecode{"gdn_decode_kernel", prof::Category::DeltaNet};
 
-/// Work of `rows` tokens over `seqs` sequences: q, k, v, a, b read and o written (bf16), each sequence's
-/// fp32 state read and written once; FLOPs of the recurrent form (per token and value head the three
-/// dk x dv products S^T k, k d^T, S^T q; the chunked form does more arithmetic for the same result).
-prof::Work gdn_work(int64_t rows, int64_t seqs, const GdnDims& d) {
-  const double io = double(2 * d.num_k_heads * d.k_dim + d.num_v_heads * d.v_dim) + 2.0 * d.num_v_heads +
-                    double(d.num_v_heads) * d.v_dim;
-  const double state = double(d.num_v_heads) * d.k_dim * d.v_dim * 4;
-  return prof::Work{double(rows) * io * 2 + double(seqs) * state * 2,
-                    6.0 * double(rows) * d.num_v_heads * d.k_dim * d.v_dim};
-}
-
 void check_common(const GdnArgs& a, int max_seqs, const GdnDims& d, const char* fn) {
   GDN_REQUIRE(a.q && a.k && a.v && a.a && a.b && a.A_log && a.dt_bias && a.state_pool && a.state_slots &&
                   a.num_seqs && a.out,
@@ -345,6 +328,19 @@ void check_common(const GdnArgs& a, int max_seqs, const GdnDims& d, const char* 
 
 }  // namespace
 
+namespace detail {
+/// Work of `rows` tokens over `seqs` sequences: q, k, v, a, b read and o written (bf16), each sequence's
+/// fp32 state read and written once; FLOPs of the recurrent form (per token and value head the three
+/// dk x dv products S^T k, k d^T, S^T q; the chunked form does more arithmetic for the same result).
+prof::Work gdn_work(int64_t rows, int64_t seqs, const GdnDims& d) {
+  const double io = double(2 * d.num_k_heads * d.k_dim + d.num_v_heads * d.v_dim) + 2.0 * d.num_v_heads +
+                    double(d.num_v_heads) * d.v_dim;
+  const double state = double(d.num_v_heads) * d.k_dim * d.v_dim * 4;
+  return prof::Work{double(rows) * io * 2 + double(seqs) * state * 2,
+                    6.0 * double(rows) * d.num_v_heads * d.k_dim * d.v_dim};
+}
+}  // namespace detail
+
 void gdn_chunked_prefill(const GdnArgs& args, const int32_t* cu_seqlens, int max_seqs, const GdnSnapshot* snapshots,
                          const int32_t* num_snapshots, int max_snapshots, const GdnDims& dims, cudaStream_t stream) {
   check_common(args, max_seqs, dims, "gdn_chunked_prefill");
@@ -352,6 +348,10 @@ void gdn_chunked_prefill(const GdnArgs& args, const int32_t* cu_seqlens, int max
   GDN_REQUIRE(max_snapshots == 0 || (snapshots != nullptr && num_snapshots != nullptr),
               "gdn_chunked_prefill: max_snapshots = {} but no snapshot list", max_snapshots);
   if (max_seqs == 0) return;
+  if (detail::gdn_prefill_tc_enabled() && detail::gdn_prefill_tc_supported(args, dims)) {
+    detail::gdn_prefill_tc(args, cu_seqlens, max_seqs, snapshots, num_snapshots, max_snapshots, dims, stream);
+    return;
+  }
   const int bv = dims.v_dim < kBV ? dims.v_dim : kBV;
   const size_t smem = size_t(PrefillSmem(dims.k_dim, bv).total) * sizeof(float);
   int dev = 0, max_smem = 0;
@@ -363,7 +363,7 @@ void gdn_chunked_prefill(const GdnArgs& args, const int32_t* cu_seqlens, int max
   const dim3 grid(unsigned((dims.v_dim + bv - 1) / bv), unsigned(dims.num_v_heads), unsigned(max_seqs));
   LaunchScope launch(kGdnPrefill, stream, [&] {  // rows are known only from the step (zero work outside one)
     const prof::StepFacts* f = prof::step_facts();
-    return f ? gdn_work(f->rows, work_seqs(max_seqs), dims) : prof::Work{};
+    return f ? detail::gdn_work(f->rows, work_seqs(max_seqs), dims) : prof::Work{};
   });
   launch_pdl(gdn_prefill_kernel, dim3(grid), dim3(kThreads), smem, stream, args, cu_seqlens, max_snapshots > 0 ? snapshots : nullptr,
                                                        max_snapshots > 0 ? num_snapshots : nullptr, max_snapshots,
@@ -375,7 +375,7 @@ void gdn_recurrent_decode(const GdnArgs& args, int max_seqs, const GdnDims& dims
   check_common(args, max_seqs, dims, "gdn_recurrent_decode");
   if (max_seqs == 0) return;
   const dim3 grid(unsigned((dims.v_dim + 31) / 32), unsigned(dims.num_v_heads), unsigned(max_seqs));
-  LaunchScope launch(kGdnDecode, stream, [&] { return gdn_work(work_seqs(max_seqs), work_seqs(max_seqs), dims); });
+  LaunchScope launch(kGdnDecode, stream, [&] { return detail::gdn_work(work_seqs(max_seqs), work_seqs(max_seqs), dims); });
   launch_pdl(gdn_decode_kernel, dim3(grid), dim3(kThreads), 0, stream, args, dims.num_k_heads, dims.num_v_heads, dims.k_dim,
                                                    dims.v_dim);
   MOEFOLD_CUDA_CHECK_LAUNCH();

@@ -55,7 +55,11 @@ struct GdnArgs {
 /// written back; a zero-length sequence leaves its slot untouched. Per token and value head (fp32):
 /// g = -exp(A_log) * softplus(a + dt_bias) (softplus threshold 20), beta = sigmoid(b),
 /// q <- q * rsqrt(|q|^2 + 1e-6) * dk^-0.5, k <- k * rsqrt(|k|^2 + 1e-6), S = exp(g) S, d = beta (v - S^T k),
-/// S += k d^T, o = S^T q, computed chunk by chunk (kGdnChunk) with the UT transform, fp32 throughout.
+/// S += k d^T, o = S^T q, computed chunk by chunk (kGdnChunk) with the UT transform. dk = 128 with dv a
+/// multiple of 16 (the Qwen3.5/3.6 shapes) runs on tensor cores (gated_delta_net_tc.h: bf16 operands with
+/// bf16 residual terms on the state's path, fp32 accumulation and fp32 state; about 1e-4 relative on the
+/// state, ~3e-3 on the bf16 output); other shapes on the fp32 CUDA-core kernel. MOEFOLD_GDN_TC=0 forces
+/// the latter.
 /// snapshots (device, may be null when max_snapshots == 0): up to max_snapshots entries, of which the first
 /// *num_snapshots (device int32) are live. Preconditions: rows do not alias out; live sequences use
 /// distinct slots. Throws moefold::Error on bad arguments or a launch error. Asynchronous on `stream`.
