@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""Prefill attention: moefold's flash kernel beside torch SDPA, in the same GPU run.
+
+Runs the attention_test binary's AttentionPerf.DISABLED_Flash timings (PERF lines), then times
+torch.nn.functional.scaled_dot_product_attention on the same shapes (bf16, causal; the
+continuation case with a lower-right causal mask; K/V expanded to the query heads) and a bf16 GEMM
+(torch.mm 8192^3) for the machine's matrix rate, and prints one table.
+
+Usage (GPU machine, repository root, after `source scripts/gpu/env.sh build-cuda`):
+  python3 scripts/gpu/attention_vs_sdpa.py [--binary build-cuda/tests/attention_test]
+"""
+import argparse
+import re
+import subprocess
+import sys
+
+import torch
+import torch.nn.functional as F
+
+SHAPES = {  # name -> (seqs, new tokens per sequence, cached tokens per sequence)
+    "1x4096": (1, 4096, 0),
+    "1x32768": (1, 32768, 0),
+    "8x4096": (8, 4096, 0),
+    "1024+8192": (1, 1024, 8192),
+}
+HEADS = {"qwen3.5": (16, 2, 256), "qwen3": (32, 4, 128)}
+
+
+def timed_ms(fn, warmup=2, iters=7):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def flops(hq, d, seqs, n, ctx):
+    return 4.0 * d * hq * seqs * (n * ctx + n * (n + 1) / 2)
+
+
+def sdpa_ms(hq, hkv, d, seqs, n, ctx):
+    q = torch.randn(seqs, hq, n, d, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(seqs, hq, ctx + n, d, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    if ctx == 0:
+        return timed_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
+    from torch.nn.attention.bias import causal_lower_right
+
+    mask = causal_lower_right(n, ctx + n)
+    return timed_ms(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+
+
+def gemm_tflops():
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn_like(a)
+    ms = timed_ms(lambda: torch.mm(a, b), 3, 10)
+    return 2 * 8192**3 / ms * 1e-9
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--binary", default="build-cuda/tests/attention_test")
+    args = ap.parse_args()
+    proc = subprocess.run(
+        ["timeout", "100", args.binary, "--gtest_also_run_disabled_tests", "--gtest_filter=AttentionPerf.DISABLED_Flash"],
+        capture_output=True, text=True)
+    ours = {}
+    for line in proc.stdout.splitlines():
+        m = re.match(r"PERF kernel=(\S+) shape=(\S+) us=([\d.]+)", line)
+        if m:
+            print(line)
+            name, hq, hkv, d, case = m.group(2).split(",")
+            ours[(m.group(1), name, case)] = float(m.group(3)) / 1000.0
+    if proc.returncode != 0:
+        print(proc.stdout[-3000:], proc.stderr[-3000:], file=sys.stderr)
+    gemm = gemm_tflops()
+    print(f"\nbf16 GEMM (torch.mm 8192^3): {gemm:.0f} TFLOP/s   torch {torch.__version__}, {torch.cuda.get_device_name()}")
+    print(f"{'heads':9} {'shape':10} {'moefold ms':>10} {'SDPA ms':>9} {'ratio':>6} {'ours TF/s':>9} {'SDPA TF/s':>9} "
+          f"{'ours/GEMM':>9} {'old ms':>8}")
+    for hname, (hq, hkv, d) in HEADS.items():
+        for sname, (seqs, n, ctx) in SHAPES.items():
+            f = flops(hq, d, seqs, n, ctx)
+            t_sdpa = sdpa_ms(hq, hkv, d, seqs, n, ctx)
+            t_ours = ours.get(("attn_fa", hname, sname))
+            t_old = ours.get(("attn_tc_old", hname, sname))
+            if t_ours is None:
+                print(f"{hname:9} {sname:10} {'-':>10} {t_sdpa:9.3f}")
+                continue
+            print(f"{hname:9} {sname:10} {t_ours:10.3f} {t_sdpa:9.3f} {t_sdpa / t_ours:6.2f} {f / t_ours * 1e-9:9.0f} "
+                  f"{f / t_sdpa * 1e-9:9.0f} {f / t_ours * 1e-9 / gemm:9.2f} {t_old if t_old else float('nan'):8.3f}")
+            torch.cuda.empty_cache()
+    return 0 if proc.returncode == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
