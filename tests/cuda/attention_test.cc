@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <numeric>
 
 #include "core/error.h"
@@ -146,6 +147,12 @@ void run_all(std::vector<std::function<void()>>& work) {
 }
 
 // ---- prefill -----------------------------------------------------------------------------------
+/// The wgmma prefill variant is checked too when MOEFOLD_TEST_WGMMA=1 (it is opt-in, not the default).
+bool with_wgmma() {
+  const char* v = std::getenv("MOEFOLD_TEST_WGMMA");
+  return v && v[0] == '1';
+}
+
 /// Sequences with context lengths ctx[s] and n[s] new rows (a trailing padding sequence with no
 /// rows and 3 padding rows are added).
 void check_prefill(const Heads& h, std::vector<int> ctx, std::vector<int> n, int bs, float q_amp, uint64_t seed) {
@@ -176,6 +183,7 @@ void check_prefill(const Heads& h, std::vector<int> ctx, std::vector<int> n, int
   // The default (flash) kernel, and the older variants where they take the head size.
   const bool old_kernels = h.D == 32 || h.D == 64 || h.D == 96 || h.D == 128 || h.D == 192 || h.D == 256;
   std::vector<std::pair<cu::AttnKernel, std::string>> kernels{{cu::AttnKernel::Auto, "_flash"}};
+  if (h.D % 64 == 0 && with_wgmma()) kernels.emplace_back(cu::AttnKernel::Wgmma, "_wgmma");
   if (old_kernels) kernels.insert(kernels.end(), {{cu::AttnKernel::TensorCore, "_tc"}, {cu::AttnKernel::Simt, "_simt"}});
   std::vector<DeviceBuffer<bf16>> douts;
   for (size_t i = 0; i < kernels.size(); ++i) {
@@ -471,8 +479,19 @@ TEST(AttentionPerf, DISABLED_Timings) {
 // The benchmark shapes of docs/benchmarks.md (scripts/gpu/attention_vs_sdpa.py runs this beside torch
 // SDPA): causal prefill at 1x4096, 1x32768, 8x4096 (one varlen launch), and 1024 new tokens over 8192
 // cached ones, at Qwen3.5 (16/2 heads, D 256, gated) and Qwen3-30B-A3B (32/4 heads, D 128).
+void perf_cases(std::initializer_list<cu::AttnKernel> kerns);
+
 TEST(AttentionPerf, DISABLED_Flash) {
   MOEFOLD_REQUIRE_GPU();
+  perf_cases({cu::AttnKernel::Flash, cu::AttnKernel::TensorCore});
+}
+
+TEST(AttentionPerf, DISABLED_Wgmma) {
+  MOEFOLD_REQUIRE_GPU();
+  perf_cases({cu::AttnKernel::Wgmma});
+}
+
+void perf_cases(std::initializer_list<cu::AttnKernel> kerns) {
   struct Case {
     int seqs, n, ctx;
     const char* name;
@@ -487,14 +506,14 @@ TEST(AttentionPerf, DISABLED_Flash) {
       cu::AttentionShape sh = shape_of(*h, p.bs, p.q.data());
       const double pairs = double(c.seqs) * (double(c.n) * c.ctx + double(c.n) * (c.n + 1) / 2);
       const double flops = 4.0 * h->D * h->Hq * pairs;
-      for (auto kern : {cu::AttnKernel::Flash, cu::AttnKernel::TensorCore}) {
+      for (auto kern : kerns) {
         if (kern == cu::AttnKernel::TensorCore && c.n > 4096) continue;
         sh.kernel = kern;
         const double us = time_us([&] {
           cu::attention_prefill(p.q.data(), p.kc.data(), p.vc.data(), p.bt.data(), p.max_blocks, dcu.data(), dctx.data(),
                                 c.seqs, c.n, p.out.data(), sh, nullptr);
         }, 2, 7);
-        perf_line(kern == cu::AttnKernel::Flash ? "attn_fa" : "attn_tc_old",
+        perf_line(kern == cu::AttnKernel::Flash ? "attn_fa" : kern == cu::AttnKernel::Wgmma ? "attn_wgmma" : "attn_tc_old",
                   fmt::format("{},Hq={},Hkv={},D={},{}", h->name, h->Hq, h->Hkv, h->D, c.name), us,
                   fmt::format("TFLOP/s={:.1f}", flops / us * 1e-6));
       }

@@ -48,7 +48,8 @@ using bf16 = __nv_bfloat16;
 /// Auto = Flash: the flash kernel of attention_flash.cu (128-row tiles, double-buffered K/V, every
 /// head size that is a multiple of 16 up to 256). TensorCore: the older 64-row mma.sync kernel
 /// (head_dim 32/64/128/256). Simt keeps the CUDA-core kernel (fp32 P, the reference-like variant).
-enum class AttnKernel { Auto, Flash, TensorCore, Simt };
+/// Wgmma: the same tiling on Hopper warpgroup MMA (attention_wgmma.cu; head_dim 64/128/192/256).
+enum class AttnKernel { Auto, Flash, Wgmma, TensorCore, Simt };
 
 /// Whether a model of this head size runs on the GPU: attention_prefill (Auto / Flash) takes every
 /// multiple of 16 from 16 to 256, attention_decode 32, 64, 96, 128, 192 and 256; true for the

@@ -38,4 +38,8 @@ bool flash_supports_head_dim(int head_dim);
 /// kernel. Throws moefold::Error for an unsupported head size or too many query tiles.
 void launch_attention_flash(FlashArgs a, int num_seqs, int max_q_len, cudaStream_t stream);
 
+/// The wgmma (sm_90a) variant of the same kernel (attention_wgmma.cu): head_dim 64, 128, 192, 256.
+bool wgmma_supports_head_dim(int head_dim);
+void launch_attention_wgmma(FlashArgs a, int num_seqs, int max_q_len, cudaStream_t stream);
+
 }  // namespace moefold::cuda::detail

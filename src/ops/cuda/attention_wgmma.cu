@@ -1,0 +1,283 @@
+// Prefill attention on Hopper warpgroup MMA (wgmma, sm_90a) over the paged KV cache; contract as
+// attention.h, selected with AttnKernel::Wgmma (head_dim 64, 128, 192, 256).
+//
+// Same tiling as attention_flash.cu (a block owns 128 (token, q head) rows of one KV head; 64-key
+// tiles gathered through the block table with cp.async), but the matrix products run on wgmma: each
+// of the two warpgroups owns 64 rows, S = Q K^T is m64n64k16 with Q and K read from shared memory in
+// the 128-byte swizzled K-major layout (so each K tile is read by the tensor cores once per
+// warpgroup, not once per warp as with ldmatrix), and O += P V is m64nDk16 with P in registers (the
+// S accumulator layout is the m16n8k16 A-fragment layout) and V transposed in shared memory into the
+// same swizzled K-major layout (key-contiguous rows of 64 keys). Online softmax as the flash kernel.
+#include "ops/cuda/cuda_check.h"
+// (cuda_check.h first: see its note on fmt under nvcc)
+#include <mutex>
+
+#include "core/error.h"
+#include "ops/cuda/attention_flash.h"
+#include "ops/cuda/kernel_util.cuh"
+#include "ops/cuda/pdl.cuh"
+#include "ops/cuda/ptx.cuh"
+#include "ops/cuda/wgmma.cuh"
+
+namespace moefold::cuda::detail {
+using namespace ptx;
+namespace {
+
+constexpr int kThreads = 256, kBM = 128, kBN = 64;
+
+template <int D>
+struct WgCfg {
+  static constexpr int CH = D / 8;
+  static constexpr int VS = D + 8;  // staging row stride of V (elements)
+  static constexpr uint32_t q_bytes = kBM * D * 2, k_bytes = kBN * D * 2, vst_bytes = kBN * VS * 2, vt_bytes = D * 128;
+  // Q | K[2] | Vt | V staging, each region 1024-byte aligned (the swizzle pattern follows address bits).
+  static constexpr uint32_t q_off = 0, k_off = q_bytes, vt_off = k_off + 2 * k_bytes, vst_off = vt_off + vt_bytes;
+  static constexpr size_t smem = size_t(vst_off + vst_bytes) + 1024;
+};
+
+/// Byte offset of the 16-byte chunk holding elements (r, c .. c + 7) of an R-row, K-major matrix
+/// stored as column tiles of 64 elements in the 128-byte swizzle layout.
+__device__ __forceinline__ uint32_t sw_off(int r, int c, int R) {
+  return uint32_t((c >> 6) * R * 128 + r * 128 + ((((c >> 3) & 7) ^ (r & 7)) << 4));
+}
+
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+template <int D>
+__device__ __forceinline__ void mma_pv(float (&o)[D / 2], const uint32_t (&a)[4], uint64_t db) {
+  if constexpr (D == 64) wg::mma_rs_n64(o, a, db);
+  else if constexpr (D == 128) wg::mma_rs_n128(o, a, db);
+  else if constexpr (D == 192) wg::mma_rs_n192(o, a, db);
+  else wg::mma_rs_n256(o, a, db);
+}
+
+template <int D>
+__global__ void __launch_bounds__(kThreads, 1) attn_wgmma_kernel(const FlashArgs a) {
+  pdl_begin();
+  using C = WgCfg<D>;
+  constexpr int CH = C::CH, VS = C::VS, NT = kBN / 8, KT = D / 16;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  unsigned char* base = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+  unsigned char* Qb = base + C::q_off;
+  unsigned char* Kb = base + C::k_off;
+  unsigned char* Vtb = base + C::vt_off;
+  bf16* Vst = reinterpret_cast<bf16*>(base + C::vst_off);
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tig = lane & 3, wg = warp >> 2;
+  const int s = blockIdx.z;
+  const int qtile = a.qtiles - 1 - int(blockIdx.y);
+  const int kvh = int(blockIdx.x) / a.head_chunks, hchunk = int(blockIdx.x) % a.head_chunks;
+  const int row0 = a.cu[s], n = a.cu[s + 1] - row0, ctx = a.ctx[s];
+  if (ctx < 0) return;
+  const int t0 = qtile * a.TB;
+  if (t0 >= n) return;
+  const int kv_end = ctx + min(t0 + a.TB, n);
+
+  for (int idx = tid; idx < kBM * CH; idx += kThreads) {
+    const int rb = idx / CH, c = idx % CH, tb = rb / a.HB, hg = hchunk * a.HB + rb % a.HB;
+    unsigned char* d = Qb + sw_off(rb, c * 8, kBM);
+    if (tb < a.TB && t0 + tb < n && hg < a.G)
+      cp_async16(d, a.q + int64_t(row0 + t0 + tb) * a.q_ts + int64_t(kvh * a.G + hg) * a.q_hs + c * 8);
+    else
+      *reinterpret_cast<uint4*>(d) = make_uint4(0, 0, 0, 0);
+  }
+  const int32_t* bt = a.bt + int64_t(s) * a.max_blocks;
+  // K tile (swizzled, buffer st) and V tile (row-major staging) of keys [kb, kb + kBN).
+  auto load_kv = [&](int st, int kb) {
+#pragma unroll
+    for (int i = 0; i < kBN * CH / kThreads; ++i) {
+      const int idx = tid + i * kThreads;
+      const int rr = idx / CH, c = idx % CH, key = kb + rr;
+      unsigned char* dk = Kb + st * C::k_bytes + sw_off(rr, c * 8, kBN);
+      bf16* dv = Vst + rr * VS + c * 8;
+      if (key < kv_end) {
+        const int pi = a.bs_shift >= 0 ? key >> a.bs_shift : key / a.block_size;
+        const int64_t slot = int64_t(bt[pi]) * a.block_size + (key - pi * a.block_size);
+        const int64_t off = (slot * a.Hkv + kvh) * D + c * 8;
+        cp_async16(dk, a.kc + off);
+        cp_async16(dv, a.vc + off);
+      } else {
+        *reinterpret_cast<uint4*>(dk) = make_uint4(0, 0, 0, 0);
+        *reinterpret_cast<uint4*>(dv) = make_uint4(0, 0, 0, 0);
+      }
+    }
+  };
+  load_kv(0, 0);
+  cp_async_commit();
+
+  int lim[2], tok[2], head[2];
+  bool valid[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int rb = warp * 16 + g + 8 * i, tb = rb / a.HB, hg = hchunk * a.HB + rb % a.HB;
+    valid[i] = tb < a.TB && t0 + tb < n && hg < a.G;
+    tok[i] = t0 + tb;
+    head[i] = kvh * a.G + hg;
+    lim[i] = valid[i] ? ctx + tok[i] : kv_end - 1;
+  }
+  const int full_end = ctx + t0 + 1;
+  const uint32_t q_addr = smem_u32(Qb) + uint32_t(wg * 64 * 128), k_addr = smem_u32(Kb), vt_addr = smem_u32(Vtb);
+
+  float o[D / 2];
+#pragma unroll
+  for (int j = 0; j < D / 2; ++j) o[j] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  const float sl2 = a.scale_log2;
+
+  const int ntiles = (kv_end + kBN - 1) / kBN;
+  for (int jt = 0; jt < ntiles; ++jt) {
+    const int kb = jt * kBN, st = jt & 1;
+    cp_async_wait_all();
+    wg::fence_proxy_async();
+    __syncthreads();  // K(jt), V(jt) staged (and Q); every warpgroup is done with Vt and K(jt - 1)
+    // V(jt) staging -> Vt: row d holds keys 0..63 of dim d (pairs of dims per thread).
+#pragma unroll
+    for (int i = 0; i < (D / 2) * 8 / kThreads; ++i) {
+      const int q = tid + i * kThreads, d2 = q % (D / 2), kc = q / (D / 2);
+      uint32_t w[8];
+#pragma unroll
+      for (int k = 0; k < 8; ++k) w[k] = *reinterpret_cast<const uint32_t*>(Vst + (kc * 8 + k) * VS + 2 * d2);
+      uint4 lo, hi;
+      lo.x = __byte_perm(w[0], w[1], 0x5410), lo.y = __byte_perm(w[2], w[3], 0x5410);
+      lo.z = __byte_perm(w[4], w[5], 0x5410), lo.w = __byte_perm(w[6], w[7], 0x5410);
+      hi.x = __byte_perm(w[0], w[1], 0x7632), hi.y = __byte_perm(w[2], w[3], 0x7632);
+      hi.z = __byte_perm(w[4], w[5], 0x7632), hi.w = __byte_perm(w[6], w[7], 0x7632);
+      *reinterpret_cast<uint4*>(Vtb + sw_off(2 * d2, kc * 8, D)) = lo;
+      *reinterpret_cast<uint4*>(Vtb + sw_off(2 * d2 + 1, kc * 8, D)) = hi;
+    }
+    wg::fence_proxy_async();
+    __syncthreads();  // Vt complete; V staging free
+    if (jt + 1 < ntiles) load_kv(st ^ 1, kb + kBN);
+    cp_async_commit();
+
+    float sc[NT * 4];
+#pragma unroll
+    for (int j = 0; j < NT * 4; ++j) sc[j] = 0.0f;
+    wg::fence();
+#pragma unroll
+    for (int kk = 0; kk < KT; ++kk) {
+      const uint32_t koff = uint32_t((kk >> 2) * 8192 + (kk & 3) * 32);  // 64 rows x 128 B per column tile
+      const uint64_t da = wg::desc_sw128(q_addr + uint32_t((kk >> 2) * kBM * 128 + (kk & 3) * 32));
+      const uint64_t db = wg::desc_sw128(k_addr + uint32_t(st) * C::k_bytes + koff);
+      wg::mma_ss_n64(sc, da, db, kk > 0 ? 1 : 0);
+    }
+    wg::commit();
+    wg::wait<0>();
+
+    if (kb + kBN > full_end) {
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (kb + 8 * j + 2 * tig + (e & 1) > lim[e >> 1]) sc[4 * j + e] = -INFINITY;
+    }
+    float mx[2] = {m[0], m[1]};
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      mx[0] = fmaxf(mx[0], fmaxf(sc[4 * j], sc[4 * j + 1]));
+      mx[1] = fmaxf(mx[1], fmaxf(sc[4 * j + 2], sc[4 * j + 3]));
+    }
+    float msc[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+      msc[i] = mx[i] == -INFINITY ? 0.0f : mx[i] * sl2;
+      const float alpha = fast_exp2(m[i] * sl2 - msc[i]);
+      m[i] = mx[i];
+      l[i] *= alpha;
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j) {
+        o[4 * j + 2 * i] *= alpha;
+        o[4 * j + 2 * i + 1] *= alpha;
+      }
+    }
+    uint32_t pa[kBN / 16][4];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      const float p0 = fast_exp2(fmaf(sc[4 * j], sl2, -msc[0])), p1 = fast_exp2(fmaf(sc[4 * j + 1], sl2, -msc[0]));
+      const float p2 = fast_exp2(fmaf(sc[4 * j + 2], sl2, -msc[1])), p3 = fast_exp2(fmaf(sc[4 * j + 3], sl2, -msc[1]));
+      l[0] += p0 + p1;
+      l[1] += p2 + p3;
+      pa[j / 2][(j & 1) * 2 + 0] = pack2(p0, p1);
+      pa[j / 2][(j & 1) * 2 + 1] = pack2(p2, p3);
+    }
+    wg::fence();
+#pragma unroll
+    for (int k2 = 0; k2 < kBN / 16; ++k2) mma_pv<D>(o, pa[k2], wg::desc_sw128(vt_addr + uint32_t(k2 * 32)));
+    wg::commit();
+    wg::wait<0>();
+  }
+  cp_async_wait_all();
+
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    if (!valid[i]) continue;
+    const int64_t grow = row0 + tok[i];
+    const float inv = 1.0f / l[i];
+    bf16* orow = a.out + (grow * a.Hq + head[i]) * D;
+    const bf16* grow_gate = a.gate ? a.gate + grow * a.g_ts + int64_t(head[i]) * a.g_hs : nullptr;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+      const int d = 8 * j + 2 * tig;
+      float v0 = o[4 * j + 2 * i] * inv, v1 = o[4 * j + 2 * i + 1] * inv;
+      if (grow_gate) {
+        const float2 gf = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(grow_gate + d));
+        v0 *= sigmoidf_(gf.x);
+        v1 *= sigmoidf_(gf.y);
+      }
+      *reinterpret_cast<__nv_bfloat162*>(orow + d) = __floats2bfloat162_rn(v0, v1);
+    }
+  }
+}
+
+template <int D>
+void launch(const FlashArgs& a, dim3 grid, cudaStream_t stream) {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    MOEFOLD_CUDA_CHECK(cudaFuncSetAttribute(attn_wgmma_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            int(WgCfg<D>::smem)));
+  });
+  launch_pdl(attn_wgmma_kernel<D>, grid, dim3(kThreads), WgCfg<D>::smem, stream, a);
+  MOEFOLD_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+bool wgmma_supports_head_dim(int head_dim) {
+  return head_dim == 64 || head_dim == 128 || head_dim == 192 || head_dim == 256;
+}
+
+void launch_attention_wgmma(FlashArgs a, int num_seqs, int max_q_len, cudaStream_t stream) {
+  MOEFOLD_CHECK(wgmma_supports_head_dim(a.dh), "attention (wgmma): head_dim {} not supported (64, 128, 192, 256)", a.dh);
+  a.HB = std::min(a.G, kBM);
+  a.TB = kBM / a.HB;
+  a.head_chunks = (a.G + a.HB - 1) / a.HB;
+  a.bs_shift = (a.block_size & (a.block_size - 1)) == 0 ? __builtin_ctz(unsigned(a.block_size)) : -1;
+  a.qtiles = (max_q_len + a.TB - 1) / a.TB;
+  MOEFOLD_CHECK(a.qtiles <= 65535, "attention_prefill: {} query rows per sequence exceed the grid ({} tiles)",
+                max_q_len, a.qtiles);
+  const dim3 grid(unsigned(a.Hkv * a.head_chunks), unsigned(a.qtiles), unsigned(num_seqs));
+  switch (a.dh) {
+    case 64: launch<64>(a, grid, stream); break;
+    case 128: launch<128>(a, grid, stream); break;
+    case 192: launch<192>(a, grid, stream); break;
+    default: launch<256>(a, grid, stream); break;
+  }
+}
+
+}  // namespace moefold::cuda::detail
