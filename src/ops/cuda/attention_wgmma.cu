@@ -172,6 +172,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_wgmma_kernel(const FlashArgs
     }
     wg::commit();
     wg::wait<0>();
+    wg::fence_regs(sc);
 
     if (kb + kBN > full_end) {
 #pragma unroll
@@ -216,6 +217,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_wgmma_kernel(const FlashArgs
     for (int k2 = 0; k2 < kBN / 16; ++k2) mma_pv<D>(o, pa[k2], wg::desc_sw128(vt_addr + uint32_t(k2 * 32)));
     wg::commit();
     wg::wait<0>();
+    wg::fence_regs(o);
   }
   cp_async_wait_all();
 

@@ -23,6 +23,13 @@ __device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned
 __device__ __forceinline__ void commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
+/// Makes later uses of accumulator registers depend on this point (place after wait<>): otherwise
+/// the compiler may read them between the wgmma issue and its completion.
+template <int N>
+__device__ __forceinline__ void fence_regs(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
 /// Orders this thread's generic-proxy shared-memory writes before later async-proxy (wgmma) reads.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
