@@ -10,7 +10,6 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstdlib>
 #include <numeric>
 
 #include "core/error.h"
@@ -128,8 +127,9 @@ cu::AttentionShape shape_of(const Heads& h, int bs, const bf16* qbuf) {
 /// split into row chunks run in parallel, gate applied.
 void reference(const Heads& h, const PagedCache& c, size_t s, const Queries& Q, int64_t r0, int start, int n,
                std::vector<float>& out, std::vector<std::function<void()>>& work) {
-  for (int a = 0; a < n; a += 8) {
-    const int b = std::min(n, a + 8);
+  constexpr int kRowsPerTask = 64;  // each task gathers the sequence's keys once: keep tasks few
+  for (int a = 0; a < n; a += kRowsPerTask) {
+    const int b = std::min(n, a + kRowsPerTask);
     work.push_back([&h, &c, s, &Q, r0, start, a, b, &out] {
       const int64_t row = r0 + a, stride = int64_t(h.Hq) * h.D;
       cpu::paged_attention(Q.q.data() + row * stride, c.k.data(), c.v.data(), c.tables.data() + s * size_t(c.max_blocks),
@@ -147,11 +147,6 @@ void run_all(std::vector<std::function<void()>>& work) {
 }
 
 // ---- prefill -----------------------------------------------------------------------------------
-/// The wgmma prefill variant is checked too when MOEFOLD_TEST_WGMMA=1 (it is opt-in, not the default).
-bool with_wgmma() {
-  const char* v = std::getenv("MOEFOLD_TEST_WGMMA");
-  return v && v[0] == '1';
-}
 
 /// Sequences with context lengths ctx[s] and n[s] new rows (a trailing padding sequence with no
 /// rows and 3 padding rows are added).
@@ -182,8 +177,9 @@ void check_prefill(const Heads& h, std::vector<int> ctx, std::vector<int> n, int
   dslots.upload(std::vector<int32_t>(size_t(Tcap), -1));
   // The default (flash) kernel, and the older variants where they take the head size.
   const bool old_kernels = h.D == 32 || h.D == 64 || h.D == 96 || h.D == 128 || h.D == 192 || h.D == 256;
-  std::vector<std::pair<cu::AttnKernel, std::string>> kernels{{cu::AttnKernel::Auto, "_flash"}};
-  if (h.D % 64 == 0 && with_wgmma()) kernels.emplace_back(cu::AttnKernel::Wgmma, "_wgmma");
+  std::vector<std::pair<cu::AttnKernel, std::string>> kernels{{cu::AttnKernel::Flash, "_flash"}};
+  if (h.D % 64 == 0)
+    kernels.insert(kernels.end(), {{cu::AttnKernel::Wgmma, "_wgmma"}, {cu::AttnKernel::WgmmaVt, "_wgmma_vt"}});
   if (old_kernels) kernels.insert(kernels.end(), {{cu::AttnKernel::TensorCore, "_tc"}, {cu::AttnKernel::Simt, "_simt"}});
   std::vector<DeviceBuffer<bf16>> douts;
   for (size_t i = 0; i < kernels.size(); ++i) {
@@ -413,6 +409,7 @@ TEST(AttentionSmall, PrefillAndDecode) {
   MOEFOLD_REQUIRE_GPU();
   check_prefill(kTiny, {0, 7, 3}, {9, 2, 20}, 4, 2.0f, 6000);
   check_prefill(kTinyGated, {5}, {33}, 16, 2.0f, 6100);
+  check_prefill(Heads{4, 1, 64, true, "small64"}, {0, 70}, {130, 3}, 8, 2.0f, 6150);  // wgmma variants too
   check_decode(kTiny, {1, 300, 0, 45}, 16, 4096, 6200);  // split path + padding
   check_decode(kTinyGated, {70, 2}, 8, 64, 6300);         // no-split path
 }
@@ -483,12 +480,7 @@ void perf_cases(std::initializer_list<cu::AttnKernel> kerns);
 
 TEST(AttentionPerf, DISABLED_Flash) {
   MOEFOLD_REQUIRE_GPU();
-  perf_cases({cu::AttnKernel::Flash, cu::AttnKernel::TensorCore});
-}
-
-TEST(AttentionPerf, DISABLED_Wgmma) {
-  MOEFOLD_REQUIRE_GPU();
-  perf_cases({cu::AttnKernel::Wgmma});
+  perf_cases({cu::AttnKernel::Auto, cu::AttnKernel::Flash, cu::AttnKernel::WgmmaVt});
 }
 
 void perf_cases(std::initializer_list<cu::AttnKernel> kerns) {
@@ -513,7 +505,8 @@ void perf_cases(std::initializer_list<cu::AttnKernel> kerns) {
           cu::attention_prefill(p.q.data(), p.kc.data(), p.vc.data(), p.bt.data(), p.max_blocks, dcu.data(), dctx.data(),
                                 c.seqs, c.n, p.out.data(), sh, nullptr);
         }, 2, 7);
-        perf_line(kern == cu::AttnKernel::Flash ? "attn_fa" : kern == cu::AttnKernel::Wgmma ? "attn_wgmma" : "attn_tc_old",
+        const char* names[] = {"attn_auto", "attn_fa", "attn_wgmma", "attn_wgmma_vt", "attn_tc_old", "attn_simt"};
+        perf_line(names[int(kern)],
                   fmt::format("{},Hq={},Hkv={},D={},{}", h->name, h->Hq, h->Hkv, h->D, c.name), us,
                   fmt::format("TFLOP/s={:.1f}", flops / us * 1e-6));
       }

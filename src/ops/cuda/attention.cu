@@ -669,7 +669,7 @@ void attention_prefill(const bf16* q, const bf16* k_cache, const bf16* v_cache, 
                        int max_blocks_per_seq, const int32_t* cu_seqlens, const int32_t* context_lens, int num_seqs,
                        int max_q_len, bf16* out, const AttentionShape& shape, cudaStream_t stream) {
   MOEFOLD_CHECK(num_seqs >= 0 && num_seqs < 65536 && max_q_len >= 0, "attention_prefill: bad sizes");
-  if (shape.kernel == AttnKernel::Auto || shape.kernel == AttnKernel::Flash || shape.kernel == AttnKernel::Wgmma) {
+  if (shape.kernel != AttnKernel::TensorCore && shape.kernel != AttnKernel::Simt) {
     MOEFOLD_CHECK(detail::flash_supports_head_dim(shape.head_dim),
                   "attention: head_dim {} not supported on the GPU (multiples of 16 from 16 to 256)", shape.head_dim);
     const Args b = make_args(q, k_cache, v_cache, block_tables, max_blocks_per_seq, context_lens, out, shape, kTcRows);
@@ -679,9 +679,12 @@ void attention_prefill(const bf16* q, const bf16* k_cache, const bf16* v_cache, 
     f.kc = b.kc, f.vc = b.vc, f.bt = b.bt, f.max_blocks = b.max_blocks, f.cu = cu_seqlens, f.ctx = context_lens;
     f.out = out, f.Hq = b.Hq, f.Hkv = b.Hkv, f.G = b.G, f.block_size = b.block_size, f.dh = shape.head_dim;
     f.scale_log2 = b.scale_log2;
-    if (shape.kernel == AttnKernel::Wgmma) {
+    const AttnKernel k = shape.kernel != AttnKernel::Auto              ? shape.kernel
+                         : detail::wgmma_supports_head_dim(shape.head_dim) ? AttnKernel::Wgmma
+                                                                           : AttnKernel::Flash;
+    if (k == AttnKernel::Wgmma || k == AttnKernel::WgmmaVt) {
       LaunchScope launch(kAttnPrefillWg, stream, [&] { return attention_work(shape, false); });
-      detail::launch_attention_wgmma(f, num_seqs, max_q_len, stream);
+      detail::launch_attention_wgmma(f, num_seqs, max_q_len, k == AttnKernel::WgmmaVt, stream);
       return;
     }
     LaunchScope launch(kAttnPrefillFa, stream, [&] { return attention_work(shape, false); });

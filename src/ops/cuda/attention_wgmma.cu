@@ -1,13 +1,16 @@
 // Prefill attention on Hopper warpgroup MMA (wgmma, sm_90a) over the paged KV cache; contract as
-// attention.h, selected with AttnKernel::Wgmma (head_dim 64, 128, 192, 256).
+// attention.h: AttnKernel::Auto / Wgmma / WgmmaVt for head_dim 64, 128, 192, 256.
 //
-// Same tiling as attention_flash.cu (a block owns 128 (token, q head) rows of one KV head; 64-key
-// tiles gathered through the block table with cp.async), but the matrix products run on wgmma: each
-// of the two warpgroups owns 64 rows, S = Q K^T is m64n64k16 with Q and K read from shared memory in
+// Same tiling as attention_flash.cu (a block owns 128 (token, q head) rows of one KV head; key
+// tiles gathered through the block table with cp.async: 128 keys for head_dim <= 128 in the
+// MN-major variant, else 64), but the matrix products run on wgmma: each
+// of the two warpgroups owns 64 rows, S = Q K^T is m64nBNk16 with Q and K read from shared memory in
 // the 128-byte swizzled K-major layout (so each K tile is read by the tensor cores once per
 // warpgroup, not once per warp as with ldmatrix), and O += P V is m64nDk16 with P in registers (the
-// S accumulator layout is the m16n8k16 A-fragment layout) and V transposed in shared memory into the
-// same swizzled K-major layout (key-contiguous rows of 64 keys). Online softmax as the flash kernel.
+// S accumulator layout is the m16n8k16 A-fragment layout) and V stored swizzled like K and read as
+// an MN-major operand (the transpose bit; K and V double-buffered, one barrier per tile). The
+// WgmmaVt variant instead transposes each V tile through shared memory into key-contiguous rows (a
+// K-major operand). Online softmax as the flash kernel. The default for head_dim 64/128/192/256.
 #include "ops/cuda/cuda_check.h"
 // (cuda_check.h first: see its note on fmt under nvcc)
 #include <mutex>
@@ -23,16 +26,20 @@ namespace moefold::cuda::detail {
 using namespace ptx;
 namespace {
 
-constexpr int kThreads = 256, kBM = 128, kBN = 64;
+constexpr int kThreads = 256, kBM = 128;
 
-template <int D>
+/// kVt: V staged row-major and transposed into Vt (K-major B of P V); otherwise V tiles are stored
+/// swizzled like K and read as an MN-major B operand (the wgmma transpose bit), double-buffered.
+template <int D, bool kVt>
 struct WgCfg {
+  static constexpr int BN = (D <= 128 && !kVt) ? 128 : 64;  // keys per tile
   static constexpr int CH = D / 8;
   static constexpr int VS = D + 8;  // staging row stride of V (elements)
-  static constexpr uint32_t q_bytes = kBM * D * 2, k_bytes = kBN * D * 2, vst_bytes = kBN * VS * 2, vt_bytes = D * 128;
-  // Q | K[2] | Vt | V staging, each region 1024-byte aligned (the swizzle pattern follows address bits).
-  static constexpr uint32_t q_off = 0, k_off = q_bytes, vt_off = k_off + 2 * k_bytes, vst_off = vt_off + vt_bytes;
-  static constexpr size_t smem = size_t(vst_off + vst_bytes) + 1024;
+  static constexpr uint32_t q_bytes = kBM * D * 2, k_bytes = BN * D * 2, vst_bytes = BN * VS * 2, vt_bytes = D * 128;
+  // Q | K[2] | (Vt | V staging) or V[2]; each region 1024-byte aligned (the swizzle follows address bits).
+  static constexpr uint32_t q_off = 0, k_off = q_bytes, v_off = k_off + 2 * k_bytes, vt_off = v_off,
+                            vst_off = vt_off + vt_bytes;
+  static constexpr size_t smem = (kVt ? size_t(vst_off + vst_bytes) : size_t(v_off + 2 * k_bytes)) + 1024;
 };
 
 /// Byte offset of the 16-byte chunk holding elements (r, c .. c + 7) of an R-row, K-major matrix
@@ -52,24 +59,31 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
-template <int D>
+template <int D, bool kVt>
 __device__ __forceinline__ void mma_pv(float (&o)[D / 2], const uint32_t (&a)[4], uint64_t db) {
-  if constexpr (D == 64) wg::mma_rs_n64(o, a, db);
-  else if constexpr (D == 128) wg::mma_rs_n128(o, a, db);
-  else if constexpr (D == 192) wg::mma_rs_n192(o, a, db);
-  else wg::mma_rs_n256(o, a, db);
+  if constexpr (kVt) {
+    if constexpr (D == 64) wg::mma_rs_n64(o, a, db);
+    else if constexpr (D == 128) wg::mma_rs_n128(o, a, db);
+    else if constexpr (D == 192) wg::mma_rs_n192(o, a, db);
+    else wg::mma_rs_n256(o, a, db);
+  } else {
+    if constexpr (D == 64) wg::mma_rs_n64_mn(o, a, db);
+    else if constexpr (D == 128) wg::mma_rs_n128_mn(o, a, db);
+    else if constexpr (D == 192) wg::mma_rs_n192_mn(o, a, db);
+    else wg::mma_rs_n256_mn(o, a, db);
+  }
 }
 
-template <int D>
+template <int D, bool kVt>
 __global__ void __launch_bounds__(kThreads, 1) attn_wgmma_kernel(const FlashArgs a) {
   pdl_begin();
-  using C = WgCfg<D>;
-  constexpr int CH = C::CH, VS = C::VS, NT = kBN / 8, KT = D / 16;
+  using C = WgCfg<D, kVt>;
+  constexpr int BN = C::BN, CH = C::CH, VS = C::VS, NT = BN / 8, KT = D / 16;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   unsigned char* base = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
   unsigned char* Qb = base + C::q_off;
   unsigned char* Kb = base + C::k_off;
-  unsigned char* Vtb = base + C::vt_off;
+  unsigned char* Vtb = base + C::vt_off;  // kVt: Vt; else V[2]
   bf16* Vst = reinterpret_cast<bf16*>(base + C::vst_off);
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tig = lane & 3, wg = warp >> 2;
@@ -91,14 +105,15 @@ __global__ void __launch_bounds__(kThreads, 1) attn_wgmma_kernel(const FlashArgs
       *reinterpret_cast<uint4*>(d) = make_uint4(0, 0, 0, 0);
   }
   const int32_t* bt = a.bt + int64_t(s) * a.max_blocks;
-  // K tile (swizzled, buffer st) and V tile (row-major staging) of keys [kb, kb + kBN).
+  // K tile (swizzled, buffer st) and V tile (row-major staging) of keys [kb, kb + BN).
   auto load_kv = [&](int st, int kb) {
 #pragma unroll
-    for (int i = 0; i < kBN * CH / kThreads; ++i) {
+    for (int i = 0; i < BN * CH / kThreads; ++i) {
       const int idx = tid + i * kThreads;
       const int rr = idx / CH, c = idx % CH, key = kb + rr;
-      unsigned char* dk = Kb + st * C::k_bytes + sw_off(rr, c * 8, kBN);
-      bf16* dv = Vst + rr * VS + c * 8;
+      unsigned char* dk = Kb + st * C::k_bytes + sw_off(rr, c * 8, BN);
+      void* dv = kVt ? static_cast<void*>(Vst + rr * VS + c * 8)
+                     : static_cast<void*>(Vtb + st * C::k_bytes + sw_off(rr, c * 8, BN));
       if (key < kv_end) {
         const int pi = a.bs_shift >= 0 ? key >> a.bs_shift : key / a.block_size;
         const int64_t slot = int64_t(bt[pi]) * a.block_size + (key - pi * a.block_size);
@@ -133,13 +148,14 @@ __global__ void __launch_bounds__(kThreads, 1) attn_wgmma_kernel(const FlashArgs
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   const float sl2 = a.scale_log2;
 
-  const int ntiles = (kv_end + kBN - 1) / kBN;
+  const int ntiles = (kv_end + BN - 1) / BN;
   for (int jt = 0; jt < ntiles; ++jt) {
-    const int kb = jt * kBN, st = jt & 1;
+    const int kb = jt * BN, st = jt & 1;
     cp_async_wait_all();
     wg::fence_proxy_async();
     __syncthreads();  // K(jt), V(jt) staged (and Q); every warpgroup is done with Vt and K(jt - 1)
     // V(jt) staging -> Vt: row d holds keys 0..63 of dim d (pairs of dims per thread).
+    if constexpr (kVt) {
 #pragma unroll
     for (int i = 0; i < (D / 2) * 8 / kThreads; ++i) {
       const int q = tid + i * kThreads, d2 = q % (D / 2), kc = q / (D / 2);
@@ -156,7 +172,8 @@ __global__ void __launch_bounds__(kThreads, 1) attn_wgmma_kernel(const FlashArgs
     }
     wg::fence_proxy_async();
     __syncthreads();  // Vt complete; V staging free
-    if (jt + 1 < ntiles) load_kv(st ^ 1, kb + kBN);
+    }
+    if (jt + 1 < ntiles) load_kv(st ^ 1, kb + BN);
     cp_async_commit();
 
     float sc[NT * 4];
@@ -165,16 +182,17 @@ __global__ void __launch_bounds__(kThreads, 1) attn_wgmma_kernel(const FlashArgs
     wg::fence();
 #pragma unroll
     for (int kk = 0; kk < KT; ++kk) {
-      const uint32_t koff = uint32_t((kk >> 2) * 8192 + (kk & 3) * 32);  // 64 rows x 128 B per column tile
+      const uint32_t koff = uint32_t((kk >> 2) * BN * 128 + (kk & 3) * 32);  // BN rows x 128 B per column tile
       const uint64_t da = wg::desc_sw128(q_addr + uint32_t((kk >> 2) * kBM * 128 + (kk & 3) * 32));
       const uint64_t db = wg::desc_sw128(k_addr + uint32_t(st) * C::k_bytes + koff);
-      wg::mma_ss_n64(sc, da, db, kk > 0 ? 1 : 0);
+      if constexpr (BN == 64) wg::mma_ss_n64(sc, da, db, kk > 0 ? 1 : 0);
+      else wg::mma_ss_n128(sc, da, db, kk > 0 ? 1 : 0);
     }
     wg::commit();
     wg::wait<0>();
     wg::fence_regs(sc);
 
-    if (kb + kBN > full_end) {
+    if (kb + BN > full_end) {
 #pragma unroll
       for (int j = 0; j < NT; ++j)
 #pragma unroll
@@ -202,7 +220,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_wgmma_kernel(const FlashArgs
         o[4 * j + 2 * i + 1] *= alpha;
       }
     }
-    uint32_t pa[kBN / 16][4];
+    uint32_t pa[BN / 16][4];
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
       const float p0 = fast_exp2(fmaf(sc[4 * j], sl2, -msc[0])), p1 = fast_exp2(fmaf(sc[4 * j + 1], sl2, -msc[0]));
@@ -214,7 +232,14 @@ __global__ void __launch_bounds__(kThreads, 1) attn_wgmma_kernel(const FlashArgs
     }
     wg::fence();
 #pragma unroll
-    for (int k2 = 0; k2 < kBN / 16; ++k2) mma_pv<D>(o, pa[k2], wg::desc_sw128(vt_addr + uint32_t(k2 * 32)));
+    for (int k2 = 0; k2 < BN / 16; ++k2) {
+      // kVt: Vt rows (dims) of 64 keys, K advanced by 16 keys = 32 bytes inside the swizzled row; else
+      // V rows (keys) of 64-dim column tiles BN * 128 bytes apart, K advanced by 16 keys = 2 groups.
+      const uint64_t db = kVt ? wg::desc_sw128(vt_addr + uint32_t(k2 * 32))
+                              : wg::desc_sw128_mn(vt_addr + uint32_t(st) * C::k_bytes + uint32_t(k2 * 2048),
+                                                  BN * 128, 1024);
+      mma_pv<D, kVt>(o, pa[k2], db);
+    }
     wg::commit();
     wg::wait<0>();
     wg::fence_regs(o);
@@ -247,15 +272,21 @@ __global__ void __launch_bounds__(kThreads, 1) attn_wgmma_kernel(const FlashArgs
   }
 }
 
-template <int D>
-void launch(const FlashArgs& a, dim3 grid, cudaStream_t stream) {
+template <int D, bool kVt>
+void launch_vt(const FlashArgs& a, dim3 grid, cudaStream_t stream) {
   static std::once_flag once;
   std::call_once(once, [] {
-    MOEFOLD_CUDA_CHECK(cudaFuncSetAttribute(attn_wgmma_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            int(WgCfg<D>::smem)));
+    MOEFOLD_CUDA_CHECK(cudaFuncSetAttribute(attn_wgmma_kernel<D, kVt>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            int(WgCfg<D, kVt>::smem)));
   });
-  launch_pdl(attn_wgmma_kernel<D>, grid, dim3(kThreads), WgCfg<D>::smem, stream, a);
+  launch_pdl(attn_wgmma_kernel<D, kVt>, grid, dim3(kThreads), WgCfg<D, kVt>::smem, stream, a);
   MOEFOLD_CUDA_CHECK_LAUNCH();
+}
+
+template <int D>
+void launch(const FlashArgs& a, dim3 grid, bool transpose_v, cudaStream_t stream) {
+  if (transpose_v) launch_vt<D, true>(a, grid, stream);
+  else launch_vt<D, false>(a, grid, stream);
 }
 
 }  // namespace
@@ -264,7 +295,7 @@ bool wgmma_supports_head_dim(int head_dim) {
   return head_dim == 64 || head_dim == 128 || head_dim == 192 || head_dim == 256;
 }
 
-void launch_attention_wgmma(FlashArgs a, int num_seqs, int max_q_len, cudaStream_t stream) {
+void launch_attention_wgmma(FlashArgs a, int num_seqs, int max_q_len, bool transpose_v, cudaStream_t stream) {
   MOEFOLD_CHECK(wgmma_supports_head_dim(a.dh), "attention (wgmma): head_dim {} not supported (64, 128, 192, 256)", a.dh);
   a.HB = std::min(a.G, kBM);
   a.TB = kBM / a.HB;
@@ -275,10 +306,10 @@ void launch_attention_wgmma(FlashArgs a, int num_seqs, int max_q_len, cudaStream
                 max_q_len, a.qtiles);
   const dim3 grid(unsigned(a.Hkv * a.head_chunks), unsigned(a.qtiles), unsigned(num_seqs));
   switch (a.dh) {
-    case 64: launch<64>(a, grid, stream); break;
-    case 128: launch<128>(a, grid, stream); break;
-    case 192: launch<192>(a, grid, stream); break;
-    default: launch<256>(a, grid, stream); break;
+    case 64: launch<64>(a, grid, transpose_v, stream); break;
+    case 128: launch<128>(a, grid, transpose_v, stream); break;
+    case 192: launch<192>(a, grid, transpose_v, stream); break;
+    default: launch<256>(a, grid, transpose_v, stream); break;
   }
 }
 
