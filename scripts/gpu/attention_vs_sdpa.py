@@ -10,6 +10,7 @@ Usage (GPU machine, repository root, after `source scripts/gpu/env.sh build-cuda
   python3 scripts/gpu/attention_vs_sdpa.py [--binary build-cuda/tests/attention_test]
 """
 import argparse
+import os
 import re
 import subprocess
 import sys
@@ -68,12 +69,17 @@ def gemm_tflops():
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--binary", default="build-cuda/tests/attention_test")
+    ap.add_argument("--kernels", default="flash,wgmma_vt:auto,wgmma:wgmma_pipe",
+                    help="variant groups (MOEFOLD_TEST_KERNELS values) separated by ':', one process each")
     args = ap.parse_args()
     ours = {}
     rc = 0
-    for test in ["AttentionPerf.DISABLED_Flash"]:
-        proc = subprocess.run(["timeout", "40", args.binary, "--gtest_also_run_disabled_tests", f"--gtest_filter={test}"],
-                              capture_output=True, text=True)
+    # One process per group of variants, so that a fault in one cannot hide the others' timings.
+    for kernels in args.kernels.split(":"):
+        env = dict(os.environ, MOEFOLD_TEST_KERNELS=kernels)
+        test = f"AttentionPerf.DISABLED_Flash[{kernels}]"
+        proc = subprocess.run(["timeout", "40", args.binary, "--gtest_also_run_disabled_tests",
+                               "--gtest_filter=AttentionPerf.DISABLED_Flash"], capture_output=True, text=True, env=env)
         for line in proc.stdout.splitlines():
             m = re.match(r"PERF kernel=(\S+) shape=(\S+) us=([\d.]+)", line)
             if m:
@@ -86,20 +92,25 @@ def main():
     gemm = gemm_tflops()
     print(f"\nbf16 GEMM (torch.mm 8192^3): {gemm:.0f} TFLOP/s   torch {torch.__version__}, {torch.cuda.get_device_name()}")
     print(f"{'heads':9} {'shape':10} {'moefold ms':>10} {'SDPA ms':>9} {'SDPA/us':>7} {'ours TF/s':>9} {'SDPA TF/s':>9} "
-          f"{'ours/GEMM':>9} {'flash ms':>8} {'wg_vt ms':>8}")
+          f"{'ours/GEMM':>9} {'flash ms':>8} {'wg_vt ms':>8} {'wg_mn ms':>8} {'pipe ms':>8}")
     for hname, (hq, hkv, d) in HEADS.items():
         for sname, (seqs, n, ctx) in SHAPES.items():
             f = flops(hq, d, seqs, n, ctx)
             t_sdpa = sdpa_ms(hq, hkv, d, seqs, n, ctx)
-            t_ours = ours.get(("attn_auto", hname, sname))  # the default kernel
+            t_ours = ours.get(("attn_auto", hname, sname)) or ours.get(("attn_wgmma", hname, sname))  # the default
             t_old = ours.get(("attn_fa", hname, sname))
             t_wg = ours.get(("attn_wgmma_vt", hname, sname))
+            t_pipe = ours.get(("attn_wgmma_pipe", hname, sname))
+            t_mn = ours.get(("attn_wgmma", hname, sname))
+            if t_ours is None:  # the default's process failed: show the first variant that ran
+                t_ours = ours.get(("attn_wgmma_vt", hname, sname)) or ours.get(("attn_fa", hname, sname))
             if t_ours is None:
                 print(f"{hname:9} {sname:10} {'-':>10} {t_sdpa:9.3f}")
                 continue
             print(f"{hname:9} {sname:10} {t_ours:10.3f} {t_sdpa:9.3f} {t_sdpa / t_ours:7.2f} {f / t_ours * 1e-9:9.0f} "
                   f"{f / t_sdpa * 1e-9:9.0f} {f / t_ours * 1e-9 / gemm:9.2f} {t_old if t_old else float('nan'):8.3f} "
-                  f"{t_wg if t_wg else float('nan'):8.3f}")
+                  f"{t_wg if t_wg else float('nan'):8.3f} {t_mn if t_mn else float('nan'):8.3f} "
+                  f"{t_pipe if t_pipe else float('nan'):8.3f}")
             torch.cuda.empty_cache()
     return rc
 

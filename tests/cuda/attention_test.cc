@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <numeric>
 
 #include "core/error.h"
@@ -147,6 +148,15 @@ void run_all(std::vector<std::function<void()>>& work) {
 }
 
 // ---- prefill -----------------------------------------------------------------------------------
+/// MOEFOLD_TEST_KERNELS: comma-separated prefill variants to check or time (flash, wgmma, wgmma_vt,
+/// wgmma_pipe, tc, simt, auto); unset = all. Lets a GPU run check new variants in their own process.
+bool kernel_selected(const std::string& name) {
+  const char* v = std::getenv("MOEFOLD_TEST_KERNELS");
+  if (!v || !*v) return true;
+  const std::string list = std::string(",") + v + ",";
+  return list.find("," + name + ",") != std::string::npos;
+}
+
 
 /// Sequences with context lengths ctx[s] and n[s] new rows (a trailing padding sequence with no
 /// rows and 3 padding rows are added).
@@ -179,8 +189,12 @@ void check_prefill(const Heads& h, std::vector<int> ctx, std::vector<int> n, int
   const bool old_kernels = h.D == 32 || h.D == 64 || h.D == 96 || h.D == 128 || h.D == 192 || h.D == 256;
   std::vector<std::pair<cu::AttnKernel, std::string>> kernels{{cu::AttnKernel::Flash, "_flash"}};
   if (h.D % 64 == 0)
-    kernels.insert(kernels.end(), {{cu::AttnKernel::Wgmma, "_wgmma"}, {cu::AttnKernel::WgmmaVt, "_wgmma_vt"}});
+    kernels.insert(kernels.end(), {{cu::AttnKernel::Wgmma, "_wgmma"},
+                                   {cu::AttnKernel::WgmmaVt, "_wgmma_vt"},
+                                   {cu::AttnKernel::WgmmaPipe, "_wgmma_pipe"}});
   if (old_kernels) kernels.insert(kernels.end(), {{cu::AttnKernel::TensorCore, "_tc"}, {cu::AttnKernel::Simt, "_simt"}});
+  std::erase_if(kernels, [](const auto& k) { return !kernel_selected(k.second.substr(1)); });
+  if (kernels.empty()) return;
   std::vector<DeviceBuffer<bf16>> douts;
   for (size_t i = 0; i < kernels.size(); ++i) {
     douts.emplace_back(size_t(Tcap * h.Hq * h.D));
@@ -480,7 +494,8 @@ void perf_cases(std::initializer_list<cu::AttnKernel> kerns);
 
 TEST(AttentionPerf, DISABLED_Flash) {
   MOEFOLD_REQUIRE_GPU();
-  perf_cases({cu::AttnKernel::Auto, cu::AttnKernel::Flash, cu::AttnKernel::WgmmaVt});
+  perf_cases({cu::AttnKernel::Auto, cu::AttnKernel::Flash, cu::AttnKernel::Wgmma, cu::AttnKernel::WgmmaVt,
+              cu::AttnKernel::WgmmaPipe});
 }
 
 void perf_cases(std::initializer_list<cu::AttnKernel> kerns) {
@@ -500,13 +515,15 @@ void perf_cases(std::initializer_list<cu::AttnKernel> kerns) {
       const double flops = 4.0 * h->D * h->Hq * pairs;
       for (auto kern : kerns) {
         if (kern == cu::AttnKernel::TensorCore && c.n > 4096) continue;
+        const char* names[] = {"auto", "fa", "wgmma", "wgmma_vt", "tc_old", "simt", "wgmma_pipe"};
+        const char* sel[] = {"auto", "flash", "wgmma", "wgmma_vt", "tc", "simt", "wgmma_pipe"};
+        if (!kernel_selected(sel[int(kern)])) continue;
         sh.kernel = kern;
         const double us = time_us([&] {
           cu::attention_prefill(p.q.data(), p.kc.data(), p.vc.data(), p.bt.data(), p.max_blocks, dcu.data(), dctx.data(),
                                 c.seqs, c.n, p.out.data(), sh, nullptr);
         }, 2, 7);
-        const char* names[] = {"attn_auto", "attn_fa", "attn_wgmma", "attn_wgmma_vt", "attn_tc_old", "attn_simt"};
-        perf_line(names[int(kern)],
+        perf_line(std::string("attn_") + names[int(kern)],
                   fmt::format("{},Hq={},Hkv={},D={},{}", h->name, h->Hq, h->Hkv, h->D, c.name), us,
                   fmt::format("TFLOP/s={:.1f}", flops / us * 1e-6));
       }

@@ -682,9 +682,10 @@ void attention_prefill(const bf16* q, const bf16* k_cache, const bf16* v_cache, 
     const AttnKernel k = shape.kernel != AttnKernel::Auto              ? shape.kernel
                          : detail::wgmma_supports_head_dim(shape.head_dim) ? AttnKernel::Wgmma
                                                                            : AttnKernel::Flash;
-    if (k == AttnKernel::Wgmma || k == AttnKernel::WgmmaVt) {
+    if (k == AttnKernel::Wgmma || k == AttnKernel::WgmmaVt || k == AttnKernel::WgmmaPipe) {
       LaunchScope launch(kAttnPrefillWg, stream, [&] { return attention_work(shape, false); });
-      detail::launch_attention_wgmma(f, num_seqs, max_q_len, k == AttnKernel::WgmmaVt, stream);
+      detail::launch_attention_wgmma(f, num_seqs, max_q_len,
+                                     k == AttnKernel::WgmmaVt ? 1 : k == AttnKernel::WgmmaPipe ? 2 : 0, stream);
       return;
     }
     LaunchScope launch(kAttnPrefillFa, stream, [&] { return attention_work(shape, false); });

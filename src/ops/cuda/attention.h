@@ -49,9 +49,10 @@ using bf16 = __nv_bfloat16;
 /// Auto: Wgmma for head_dim 64/128/192/256, Flash for the other multiples of 16. Flash: the mma.sync
 /// kernel of attention_flash.cu (128-row tiles, double-buffered K/V, every multiple of 16 up to 256).
 /// Wgmma / WgmmaVt: the same tiling on Hopper warpgroup MMA (attention_wgmma.cu; V read MN-major /
-/// transposed through shared memory). TensorCore: the older 64-row mma.sync kernel. Simt keeps the
-/// CUDA-core kernel (fp32 P, the reference-like variant).
-enum class AttnKernel { Auto, Flash, Wgmma, WgmmaVt, TensorCore, Simt };
+/// transposed through shared memory); WgmmaPipe: Wgmma with each tile's softmax overlapped with the
+/// previous tile's P V. TensorCore: the older 64-row mma.sync kernel. Simt keeps the CUDA-core kernel
+/// (fp32 P, the reference-like variant).
+enum class AttnKernel { Auto, Flash, Wgmma, WgmmaVt, TensorCore, Simt, WgmmaPipe };
 
 /// Whether a model of this head size runs on the GPU: attention_prefill (Auto / Flash) takes every
 /// multiple of 16 from 16 to 256, attention_decode 32, 64, 96, 128, 192 and 256; true for the

@@ -39,8 +39,9 @@ bool flash_supports_head_dim(int head_dim);
 void launch_attention_flash(FlashArgs a, int num_seqs, int max_q_len, cudaStream_t stream);
 
 /// The wgmma (sm_90a) variant of the same kernel (attention_wgmma.cu): head_dim 64, 128, 192, 256.
-/// transpose_v: V transposed through shared memory (K-major B) instead of read MN-major.
+/// variant 0: V read MN-major; 1: V transposed through shared memory (K-major B); 2: as 0 with the
+/// softmax of each tile overlapped with the previous tile's P V.
 bool wgmma_supports_head_dim(int head_dim);
-void launch_attention_wgmma(FlashArgs a, int num_seqs, int max_q_len, bool transpose_v, cudaStream_t stream);
+void launch_attention_wgmma(FlashArgs a, int num_seqs, int max_q_len, int variant, cudaStream_t stream);
 
 }  // namespace moefold::cuda::detail

@@ -74,8 +74,9 @@ __device__ __forceinline__ void mma_pv(float (&o)[D / 2], const uint32_t (&a)[4]
   }
 }
 
-template <int D, bool kVt>
+template <int D, bool kVt, bool kPipe>
 __global__ void __launch_bounds__(kThreads, 1) attn_wgmma_kernel(const FlashArgs a) {
+  static_assert(!(kVt && kPipe), "the pipelined loop reads V MN-major");
   pdl_begin();
   using C = WgCfg<D, kVt>;
   constexpr int BN = C::BN, CH = C::CH, VS = C::VS, NT = BN / 8, KT = D / 16;
@@ -106,7 +107,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_wgmma_kernel(const FlashArgs
   }
   const int32_t* bt = a.bt + int64_t(s) * a.max_blocks;
   // K tile (swizzled, buffer st) and V tile (row-major staging) of keys [kb, kb + BN).
-  auto load_kv = [&](int st, int kb) {
+  auto load_kv = [&](int st, int kb, bool do_k = true, bool do_v = true) {
 #pragma unroll
     for (int i = 0; i < BN * CH / kThreads; ++i) {
       const int idx = tid + i * kThreads;
@@ -118,15 +119,15 @@ __global__ void __launch_bounds__(kThreads, 1) attn_wgmma_kernel(const FlashArgs
         const int pi = a.bs_shift >= 0 ? key >> a.bs_shift : key / a.block_size;
         const int64_t slot = int64_t(bt[pi]) * a.block_size + (key - pi * a.block_size);
         const int64_t off = (slot * a.Hkv + kvh) * D + c * 8;
-        cp_async16(dk, a.kc + off);
-        cp_async16(dv, a.vc + off);
+        if (do_k) cp_async16(dk, a.kc + off);
+        if (do_v) cp_async16(dv, a.vc + off);
       } else {
-        *reinterpret_cast<uint4*>(dk) = make_uint4(0, 0, 0, 0);
-        *reinterpret_cast<uint4*>(dv) = make_uint4(0, 0, 0, 0);
+        if (do_k) *reinterpret_cast<uint4*>(dk) = make_uint4(0, 0, 0, 0);
+        if (do_v) *reinterpret_cast<uint4*>(dv) = make_uint4(0, 0, 0, 0);
       }
     }
   };
-  load_kv(0, 0);
+  load_kv(0, 0, true, !kPipe);  // pipelined: V(0) follows with K(1)
   cp_async_commit();
 
   int lim[2], tok[2], head[2];
@@ -149,6 +150,99 @@ __global__ void __launch_bounds__(kThreads, 1) attn_wgmma_kernel(const FlashArgs
   const float sl2 = a.scale_log2;
 
   const int ntiles = (kv_end + BN - 1) / BN;
+  if constexpr (kPipe) {
+    // Iteration jt: S(jt) = Q K(jt)^T and O += P(jt - 1) V(jt - 1) are issued back to back; the
+    // softmax of S(jt) runs while the tensor cores do P V. Loads: K(jt + 1) and V(jt) at the top of
+    // iteration jt (their buffers last held K(jt - 1) / V(jt - 2), both consumed before the barrier).
+    uint32_t pprev[BN / 16][4];
+    for (int jt = 0; jt <= ntiles; ++jt) {
+      const int kb = jt * BN, st = jt & 1;
+      cp_async_wait_all();
+      wg::fence_proxy_async();
+      __syncthreads();  // K(jt) and V(jt - 1) landed for every thread
+      if (jt + 1 < ntiles) load_kv(st ^ 1, kb + BN, true, false);
+      if (jt < ntiles) load_kv(st, kb, false, true);
+      cp_async_commit();
+      float sc[NT * 4];
+      if (jt < ntiles) {
+#pragma unroll
+        for (int j = 0; j < NT * 4; ++j) sc[j] = 0.0f;
+        wg::fence();
+#pragma unroll
+        for (int kk = 0; kk < KT; ++kk) {
+          const uint32_t koff = uint32_t((kk >> 2) * BN * 128 + (kk & 3) * 32);
+          const uint64_t da = wg::desc_sw128(q_addr + uint32_t((kk >> 2) * kBM * 128 + (kk & 3) * 32));
+          const uint64_t db = wg::desc_sw128(k_addr + uint32_t(st) * C::k_bytes + koff);
+          if constexpr (BN == 64) wg::mma_ss_n64(sc, da, db, kk > 0 ? 1 : 0);
+          else wg::mma_ss_n128(sc, da, db, kk > 0 ? 1 : 0);
+        }
+        wg::commit();
+      }
+      if (jt > 0) {
+        wg::fence();
+#pragma unroll
+        for (int k2 = 0; k2 < BN / 16; ++k2)
+          mma_pv<D, false>(o, pprev[k2],
+                           wg::desc_sw128_mn(vt_addr + uint32_t(st ^ 1) * C::k_bytes + uint32_t(k2 * 2048), BN * 128, 1024));
+        wg::commit();
+      }
+      if (jt == ntiles) {
+        wg::wait<0>();
+        wg::fence_regs(o);
+        break;
+      }
+      if (jt > 0) wg::wait<1>();
+      else wg::wait<0>();
+      wg::fence_regs(sc);
+      if (kb + BN > full_end) {
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            if (kb + 8 * j + 2 * tig + (e & 1) > lim[e >> 1]) sc[4 * j + e] = -INFINITY;
+      }
+      float mx[2] = {m[0], m[1]}, msc[2], alpha[2];
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        mx[0] = fmaxf(mx[0], fmaxf(sc[4 * j], sc[4 * j + 1]));
+        mx[1] = fmaxf(mx[1], fmaxf(sc[4 * j + 2], sc[4 * j + 3]));
+      }
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+        mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+        msc[i] = mx[i] == -INFINITY ? 0.0f : mx[i] * sl2;
+        alpha[i] = fast_exp2(m[i] * sl2 - msc[i]);
+        m[i] = mx[i];
+        l[i] *= alpha[i];
+      }
+      uint32_t pcur[BN / 16][4];
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        const float p0 = fast_exp2(fmaf(sc[4 * j], sl2, -msc[0])), p1 = fast_exp2(fmaf(sc[4 * j + 1], sl2, -msc[0]));
+        const float p2 = fast_exp2(fmaf(sc[4 * j + 2], sl2, -msc[1])), p3 = fast_exp2(fmaf(sc[4 * j + 3], sl2, -msc[1]));
+        l[0] += p0 + p1;
+        l[1] += p2 + p3;
+        pcur[j / 2][(j & 1) * 2 + 0] = pack2(p0, p1);
+        pcur[j / 2][(j & 1) * 2 + 1] = pack2(p2, p3);
+      }
+      if (jt > 0) {
+        wg::wait<0>();  // P(jt - 1) V(jt - 1) done: O and pprev free
+        wg::fence_regs(o);
+      }
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j) {
+        o[4 * j] *= alpha[0];
+        o[4 * j + 1] *= alpha[0];
+        o[4 * j + 2] *= alpha[1];
+        o[4 * j + 3] *= alpha[1];
+      }
+#pragma unroll
+      for (int k2 = 0; k2 < BN / 16; ++k2)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) pprev[k2][r] = pcur[k2][r];
+    }
+  } else
   for (int jt = 0; jt < ntiles; ++jt) {
     const int kb = jt * BN, st = jt & 1;
     cp_async_wait_all();
@@ -272,21 +366,22 @@ __global__ void __launch_bounds__(kThreads, 1) attn_wgmma_kernel(const FlashArgs
   }
 }
 
-template <int D, bool kVt>
+template <int D, bool kVt, bool kPipe>
 void launch_vt(const FlashArgs& a, dim3 grid, cudaStream_t stream) {
   static std::once_flag once;
   std::call_once(once, [] {
-    MOEFOLD_CUDA_CHECK(cudaFuncSetAttribute(attn_wgmma_kernel<D, kVt>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            int(WgCfg<D, kVt>::smem)));
+    MOEFOLD_CUDA_CHECK(cudaFuncSetAttribute(attn_wgmma_kernel<D, kVt, kPipe>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize, int(WgCfg<D, kVt>::smem)));
   });
-  launch_pdl(attn_wgmma_kernel<D, kVt>, grid, dim3(kThreads), WgCfg<D, kVt>::smem, stream, a);
+  launch_pdl(attn_wgmma_kernel<D, kVt, kPipe>, grid, dim3(kThreads), WgCfg<D, kVt>::smem, stream, a);
   MOEFOLD_CUDA_CHECK_LAUNCH();
 }
 
 template <int D>
-void launch(const FlashArgs& a, dim3 grid, bool transpose_v, cudaStream_t stream) {
-  if (transpose_v) launch_vt<D, true>(a, grid, stream);
-  else launch_vt<D, false>(a, grid, stream);
+void launch(const FlashArgs& a, dim3 grid, int variant, cudaStream_t stream) {
+  if (variant == 1) launch_vt<D, true, false>(a, grid, stream);
+  else if (variant == 2) launch_vt<D, false, true>(a, grid, stream);
+  else launch_vt<D, false, false>(a, grid, stream);
 }
 
 }  // namespace
@@ -295,7 +390,7 @@ bool wgmma_supports_head_dim(int head_dim) {
   return head_dim == 64 || head_dim == 128 || head_dim == 192 || head_dim == 256;
 }
 
-void launch_attention_wgmma(FlashArgs a, int num_seqs, int max_q_len, bool transpose_v, cudaStream_t stream) {
+void launch_attention_wgmma(FlashArgs a, int num_seqs, int max_q_len, int variant, cudaStream_t stream) {
   MOEFOLD_CHECK(wgmma_supports_head_dim(a.dh), "attention (wgmma): head_dim {} not supported (64, 128, 192, 256)", a.dh);
   a.HB = std::min(a.G, kBM);
   a.TB = kBM / a.HB;
@@ -306,10 +401,10 @@ void launch_attention_wgmma(FlashArgs a, int num_seqs, int max_q_len, bool trans
                 max_q_len, a.qtiles);
   const dim3 grid(unsigned(a.Hkv * a.head_chunks), unsigned(a.qtiles), unsigned(num_seqs));
   switch (a.dh) {
-    case 64: launch<64>(a, grid, transpose_v, stream); break;
-    case 128: launch<128>(a, grid, transpose_v, stream); break;
-    case 192: launch<192>(a, grid, transpose_v, stream); break;
-    default: launch<256>(a, grid, transpose_v, stream); break;
+    case 64: launch<64>(a, grid, variant, stream); break;
+    case 128: launch<128>(a, grid, variant, stream); break;
+    case 192: launch<192>(a, grid, variant, stream); break;
+    default: launch<256>(a, grid, variant, stream); break;
   }
 }
 
