@@ -1,5 +1,7 @@
-// Internal to the CUDA attention ops: the flash prefill kernel (attention_flash.cu), called by
-// attention_prefill (attention.cu) for AttnKernel::Auto / Flash. Contract as attention.h.
+// Internal to the CUDA attention ops: the prefill kernels called by attention_prefill (attention.cu):
+// the mma.sync flash kernel (attention_flash.cu; AttnKernel::Flash, and Auto for head sizes wgmma
+// does not take) and the wgmma kernel (attention_wgmma.cu; Wgmma / WgmmaVt / WgmmaPipe, and Auto for
+// head_dim 64/128/192/256). Contract as attention.h.
 #pragma once
 #include <cuda_runtime_api.h>
 
