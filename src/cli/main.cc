@@ -224,7 +224,7 @@ std::vector<std::string> g_required_kernels;
 
 void add_require_kernel(CLI::App* c) {
   c->add_option("--require-kernel", g_required_kernels,
-                "fail unless this kernel ran (a registry name, e.g. attn_tc_kernel; repeatable)")
+                "fail unless this kernel ran (a registry name, e.g. attn_fa_kernel; repeatable)")
       ->default_str("");  // no "=[]" in --help
 }
 

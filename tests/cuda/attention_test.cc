@@ -10,8 +10,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <numeric>
 
+#include "core/error.h"
 #include "cuda/contract.h"
 #include "cuda/cuda_test_util.h"
 #include "ops/cpu/attention.h"
@@ -126,8 +128,9 @@ cu::AttentionShape shape_of(const Heads& h, int bs, const bf16* qbuf) {
 /// split into row chunks run in parallel, gate applied.
 void reference(const Heads& h, const PagedCache& c, size_t s, const Queries& Q, int64_t r0, int start, int n,
                std::vector<float>& out, std::vector<std::function<void()>>& work) {
-  for (int a = 0; a < n; a += 8) {
-    const int b = std::min(n, a + 8);
+  constexpr int kRowsPerTask = 64;  // each task gathers the sequence's keys once: keep tasks few
+  for (int a = 0; a < n; a += kRowsPerTask) {
+    const int b = std::min(n, a + kRowsPerTask);
     work.push_back([&h, &c, s, &Q, r0, start, a, b, &out] {
       const int64_t row = r0 + a, stride = int64_t(h.Hq) * h.D;
       cpu::paged_attention(Q.q.data() + row * stride, c.k.data(), c.v.data(), c.tables.data() + s * size_t(c.max_blocks),
@@ -145,6 +148,16 @@ void run_all(std::vector<std::function<void()>>& work) {
 }
 
 // ---- prefill -----------------------------------------------------------------------------------
+/// MOEFOLD_TEST_KERNELS: comma-separated prefill variants to check or time (flash, wgmma, wgmma_vt,
+/// wgmma_pipe, tc, simt, auto); unset = all. Lets a GPU run check new variants in their own process.
+bool kernel_selected(const std::string& name) {
+  const char* v = std::getenv("MOEFOLD_TEST_KERNELS");
+  if (!v || !*v) return true;
+  const std::string list = std::string(",") + v + ",";
+  return list.find("," + name + ",") != std::string::npos;
+}
+
+
 /// Sequences with context lengths ctx[s] and n[s] new rows (a trailing padding sequence with no
 /// rows and 3 padding rows are added).
 void check_prefill(const Heads& h, std::vector<int> ctx, std::vector<int> n, int bs, float q_amp, uint64_t seed) {
@@ -172,17 +185,29 @@ void check_prefill(const Heads& h, std::vector<int> ctx, std::vector<int> n, int
   auto dk = dev_bf16(knew), dv = dev_bf16(vnew), dq = dev_bf16(Q.buf);
   DeviceBuffer<int32_t> dslots(static_cast<size_t>(Tcap));
   dslots.upload(std::vector<int32_t>(size_t(Tcap), -1));
-  DeviceBuffer<bf16> dout(size_t(Tcap * h.Hq * h.D)), dout_simt(size_t(Tcap * h.Hq * h.D));
-  dout.fill_bytes(0xFF);
-  dout_simt.fill_bytes(0xFF);
+  // The default (flash) kernel, and the older variants where they take the head size.
+  const bool old_kernels = h.D == 32 || h.D == 64 || h.D == 96 || h.D == 128 || h.D == 192 || h.D == 256;
+  std::vector<std::pair<cu::AttnKernel, std::string>> kernels{{cu::AttnKernel::Flash, "_flash"}};
+  if (h.D % 64 == 0)
+    kernels.insert(kernels.end(), {{cu::AttnKernel::Wgmma, "_wgmma"},
+                                   {cu::AttnKernel::WgmmaVt, "_wgmma_vt"},
+                                   {cu::AttnKernel::WgmmaPipe, "_wgmma_pipe"}});
+  if (old_kernels) kernels.insert(kernels.end(), {{cu::AttnKernel::TensorCore, "_tc"}, {cu::AttnKernel::Simt, "_simt"}});
+  std::erase_if(kernels, [](const auto& k) { return !kernel_selected(k.second.substr(1)); });
+  if (kernels.empty()) return;
+  std::vector<DeviceBuffer<bf16>> douts;
+  for (size_t i = 0; i < kernels.size(); ++i) {
+    douts.emplace_back(size_t(Tcap * h.Hq * h.D));
+    douts.back().fill_bytes(0xFF);  // poison: rows past the batch must stay untouched
+  }
   cu::AttentionShape sh = shape_of(h, bs, dq.data());
   cu::compute_slot_mapping(dcu.data(), dctx.data(), dbt.data(), c.max_blocks, bs, int(S), max_q, dslots.data(), nullptr);
   cu::kv_cache_write(dk.data(), 0, dv.data(), 0, dkc.data(), dvc.data(), dslots.data(), Tcap, kv_dim, nullptr, nullptr);
-  cu::attention_prefill(dq.data(), dkc.data(), dvc.data(), dbt.data(), c.max_blocks, dcu.data(), dctx.data(), int(S),
-                        max_q, dout.data(), sh, nullptr);  // default: tensor cores
-  sh.kernel = cu::AttnKernel::Simt;
-  cu::attention_prefill(dq.data(), dkc.data(), dvc.data(), dbt.data(), c.max_blocks, dcu.data(), dctx.data(), int(S),
-                        max_q, dout_simt.data(), sh, nullptr);
+  for (size_t i = 0; i < kernels.size(); ++i) {
+    sh.kernel = kernels[i].first;
+    cu::attention_prefill(dq.data(), dkc.data(), dvc.data(), dbt.data(), c.max_blocks, dcu.data(), dctx.data(), int(S),
+                          max_q, douts[i].data(), sh, nullptr);
+  }
   sync();
 
   // Host: expected slots, cache write, reference attention.
@@ -212,13 +237,14 @@ void check_prefill(const Heads& h, std::vector<int> ctx, std::vector<int> n, int
       cache_mis += gv[size_t(at)] != vnew[size_t(r * kv_dim + i)];
     }
   EXPECT_TRUE(contract_exact("kv_cache_write", shape, cache_mis));
-  const auto out = host_f32(dout), out_simt = host_f32(dout_simt);
   const std::string k = h.gate ? "attn_prefill_gated" : "attn_prefill";
-  EXPECT_TRUE(contract(k + "_tc", shape, rel_err(slice(out, 0, ref.size()), ref), kTol));
-  EXPECT_TRUE(contract(k + "_simt", shape, rel_err(slice(out_simt, 0, ref.size()), ref), kTol));
-  EXPECT_TRUE(contract_exact("attn_prefill_padding", shape,
-                             touched(host_bits(dout), ref.size(), out.size()) +
-                                 touched(host_bits(dout_simt), ref.size(), out_simt.size())));
+  size_t pad_touched = 0;
+  for (size_t i = 0; i < kernels.size(); ++i) {
+    const auto out = host_f32(douts[i]);
+    EXPECT_TRUE(contract(k + kernels[i].second, shape, rel_err(slice(out, 0, ref.size()), ref), kTol));
+    pad_touched += touched(host_bits(douts[i]), ref.size(), out.size());
+  }
+  EXPECT_TRUE(contract_exact("attn_prefill_padding", shape, pad_touched));
 }
 
 // ---- decode ------------------------------------------------------------------------------------
@@ -308,7 +334,7 @@ std::vector<int> random_lens(size_t n, int lo, int hi, uint64_t seed, bool log_u
 TEST(AttentionPrefill, SinglePrompts) {
   MOEFOLD_REQUIRE_GPU();
   uint64_t seed = 2000;
-  for (int n : {1, 2, 63, 64, 65, 127, 1000, 4100}) check_prefill(kQwen35, {0}, {n}, 16, 2.0f, seed += 100);
+  for (int n : {1, 2, 17, 63, 64, 65, 127, 1000, 4100}) check_prefill(kQwen35, {0}, {n}, 16, 2.0f, seed += 100);
   for (int n : {1, 65, 1000}) check_prefill(kQwen3, {0}, {n}, 16, 2.0f, seed += 100);
 }
 
@@ -321,6 +347,51 @@ TEST(AttentionPrefill, ChunkedMultiSequence) {
   check_prefill(kSmol, {0, 3, 64}, {65, 1, 127}, 16, 2.0f, seed += 100);
   check_prefill(kTiny, {0, 7, 31}, {17, 2, 40}, 1, 8.0f, seed += 100);
   check_prefill(kTinyGated, {2, 0}, {63, 64}, 16, 2.0f, seed += 100);
+}
+
+// Every head size of real checkpoints (own instances) and multiples of 16 run on a padded instance:
+// single prompts, a varlen batch with empty and 1-token sequences, a continuation over pages.
+TEST(AttentionPrefill, HeadSizes) {
+  MOEFOLD_REQUIRE_GPU();
+  uint64_t seed = 7000;
+  for (int D : {64, 80, 96, 128, 192, 256, 16, 48, 112, 160, 240}) {
+    const Heads h{8, 2, D, D % 64 == 0, "heads"};
+    for (int n : {1, 17, 65, 300}) check_prefill(h, {0}, {n}, 16, 2.0f, seed += 100);
+    check_prefill(h, {0, 40, 0, 7, 0, 600}, {0, 1, 1, 0, 129, 70}, 16, 2.0f, seed += 100);
+  }
+  const Heads mha{3, 3, 80, true, "mha"};  // G = 1: 128 tokens per tile
+  check_prefill(mha, {0, 130}, {300, 129}, 32, 2.0f, seed += 100);
+}
+
+// New tokens attending to thousands of cached ones (prefix-cache continuations, chunked prefill) over
+// pages of several sizes.
+TEST(AttentionPrefill, Continuations) {
+  MOEFOLD_REQUIRE_GPU();
+  uint64_t seed = 8000;
+  check_prefill(kQwen35, {8192}, {200}, 16, 2.0f, seed += 100);
+  check_prefill(kQwen35, {3000, 0, 5000}, {64, 0, 129}, 64, 16.0f, seed += 100);  // peaky softmax
+  check_prefill(kQwen3, {4100}, {257}, 32, 2.0f, seed += 100);
+  check_prefill(kQwen3, {999, 1, 4096}, {1, 1000, 65}, 128, 2.0f, seed += 100);
+  check_prefill(kSmol, {2000, 63}, {127, 64}, 4, 2.0f, seed += 100);  // 4-token pages
+}
+
+// Head sizes the GPU cannot run fail with an Error before anything launches.
+TEST(AttentionPrefill, UnsupportedHeadSizeIsAnError) {
+  EXPECT_TRUE(cu::attention_supports_head_dim(256));
+  EXPECT_TRUE(cu::attention_supports_head_dim(96));
+  EXPECT_FALSE(cu::attention_supports_head_dim(80));  // prefill only (decode has no instance)
+  EXPECT_FALSE(cu::attention_supports_head_dim(72));
+  EXPECT_FALSE(cu::attention_supports_head_dim(512));
+  for (int D : {8, 72, 100, 272}) {
+    cu::AttentionShape sh;
+    sh.num_heads = 4;
+    sh.num_kv_heads = 2;
+    sh.head_dim = D;
+    sh.block_size = 16;
+    EXPECT_THROW(cu::attention_prefill(nullptr, nullptr, nullptr, nullptr, 1, nullptr, nullptr, 1, 1, nullptr, sh, nullptr),
+                 Error)
+        << "head_dim " << D;
+  }
 }
 
 TEST(AttentionDecode, Batch1) {
@@ -352,6 +423,7 @@ TEST(AttentionSmall, PrefillAndDecode) {
   MOEFOLD_REQUIRE_GPU();
   check_prefill(kTiny, {0, 7, 3}, {9, 2, 20}, 4, 2.0f, 6000);
   check_prefill(kTinyGated, {5}, {33}, 16, 2.0f, 6100);
+  check_prefill(Heads{4, 1, 64, true, "small64"}, {0, 70}, {130, 3}, 8, 2.0f, 6150);  // wgmma variants too
   check_decode(kTiny, {1, 300, 0, 45}, 16, 4096, 6200);  // split path + padding
   check_decode(kTinyGated, {70, 2}, 8, 64, 6300);         // no-split path
 }
@@ -412,5 +484,49 @@ TEST(AttentionPerf, DISABLED_Timings) {
     });
     const double bytes = double(B) * double(L) * h.Hkv * h.D * 2 * 2;
     perf_line("attn_decode", fmt::format("qwen3.5,gated,B={},kv={}", B, L), us, fmt::format("TB/s={:.2f}", bytes / us * 1e-6));
+  }
+}
+
+// The benchmark shapes of docs/benchmarks.md (scripts/gpu/attention_vs_sdpa.py runs this beside torch
+// SDPA): causal prefill at 1x4096, 1x32768, 8x4096 (one varlen launch), and 1024 new tokens over 8192
+// cached ones, at Qwen3.5 (16/2 heads, D 256, gated) and Qwen3-30B-A3B (32/4 heads, D 128).
+void perf_cases(std::initializer_list<cu::AttnKernel> kerns);
+
+TEST(AttentionPerf, DISABLED_Flash) {
+  MOEFOLD_REQUIRE_GPU();
+  perf_cases({cu::AttnKernel::Auto, cu::AttnKernel::Flash, cu::AttnKernel::Wgmma, cu::AttnKernel::WgmmaVt,
+              cu::AttnKernel::WgmmaPipe});
+}
+
+void perf_cases(std::initializer_list<cu::AttnKernel> kerns) {
+  struct Case {
+    int seqs, n, ctx;
+    const char* name;
+  };
+  const Case cases[] = {{1, 4096, 0, "1x4096"}, {1, 32768, 0, "1x32768"}, {8, 4096, 0, "8x4096"}, {1, 1024, 8192, "1024+8192"}};
+  for (const Heads* h : {&kQwen35, &kQwen3}) {
+    for (const Case& c : cases) {
+      PerfSetup p(c.seqs, c.ctx + c.n, c.seqs * c.n, h->Hq, h->Hkv, h->D);
+      std::vector<int32_t> cu_seq(size_t(c.seqs) + 1), ctx(static_cast<size_t>(c.seqs), c.ctx);
+      for (int s = 0; s <= c.seqs; ++s) cu_seq[size_t(s)] = s * c.n;
+      auto dcu = cuda::to_device(cu_seq), dctx = cuda::to_device(ctx);
+      cu::AttentionShape sh = shape_of(*h, p.bs, p.q.data());
+      const double pairs = double(c.seqs) * (double(c.n) * c.ctx + double(c.n) * (c.n + 1) / 2);
+      const double flops = 4.0 * h->D * h->Hq * pairs;
+      for (auto kern : kerns) {
+        if (kern == cu::AttnKernel::TensorCore && c.n > 4096) continue;
+        const char* names[] = {"auto", "fa", "wgmma", "wgmma_vt", "tc_old", "simt", "wgmma_pipe"};
+        const char* sel[] = {"auto", "flash", "wgmma", "wgmma_vt", "tc", "simt", "wgmma_pipe"};
+        if (!kernel_selected(sel[int(kern)])) continue;
+        sh.kernel = kern;
+        const double us = time_us([&] {
+          cu::attention_prefill(p.q.data(), p.kc.data(), p.vc.data(), p.bt.data(), p.max_blocks, dcu.data(), dctx.data(),
+                                c.seqs, c.n, p.out.data(), sh, nullptr);
+        }, 2, 7);
+        perf_line(std::string("attn_") + names[int(kern)],
+                  fmt::format("{},Hq={},Hkv={},D={},{}", h->name, h->Hq, h->Hkv, h->D, c.name), us,
+                  fmt::format("TFLOP/s={:.1f}", flops / us * 1e-6));
+      }
+    }
   }
 }

@@ -94,7 +94,7 @@ TEST(ProfilerGpu, HybridPrefillAndDecodeTables) {
                      Category::Conv, Category::NormRope, Category::MoeRouting, Category::Glue, Category::Sampling,
                      Category::Other},
                     "prefill:40");
-  EXPECT_EQ(calls(pre.profile, "attn_tc_kernel"), 2);      // 2 attention layers, one launch each
+  EXPECT_EQ(calls(pre.profile, "attn_fa_kernel"), 2);      // 2 attention layers, one launch each
   EXPECT_EQ(calls(pre.profile, "gdn_prefill_kernel"), 2);  // 2 DeltaNet layers
   // The lm_head, one pass: the batch-invariant decode GEMM (up to 256 rows; cuda_executor.h).
   EXPECT_EQ(calls(pre.profile, "decode_gemm_kernel:f32out"), 1);
@@ -112,7 +112,7 @@ TEST(ProfilerGpu, HybridPrefillAndDecodeTables) {
   EXPECT_EQ(calls(dec.profile, "gdn_decode_kernel"), steps * linear_layers);
   EXPECT_EQ(calls(dec.profile, "conv1d_decode_kernel"), steps * linear_layers);
   EXPECT_EQ(calls(dec.profile, "attn_kernel:decode"), steps * attention_layers);
-  EXPECT_EQ(calls(dec.profile, "attn_tc_kernel"), 0);
+  EXPECT_EQ(calls(dec.profile, "attn_fa_kernel"), 0);
   EXPECT_EQ(calls(dec.profile, "router_topk_plan_kernel"), steps * layers);  // decode: top-k + plan fused
   EXPECT_EQ(calls(dec.profile, "profiler:moe_counts_snapshot"), steps * layers);
   EXPECT_EQ(calls(dec.profile, "argmax_kernel"), steps);  // one launch for the batch's rows per step
@@ -129,7 +129,7 @@ TEST(ProfilerGpu, HybridPrefillAndDecodeTables) {
   EXPECT_LE(gu->work.bytes, double(steps * layers) * (16 * 2 * I * H * 2 + batch * H * 2 + batch * k * I * 2));
 
   // Launch counts outside windows too: --require-kernel's evidence.
-  EXPECT_NO_THROW(prof::require_kernels_ran({"attn_tc_kernel", "attn_kernel:decode", "gdn_decode_kernel"}));
+  EXPECT_NO_THROW(prof::require_kernels_ran({"attn_fa_kernel", "attn_kernel:decode", "gdn_decode_kernel"}));
   try {
     prof::require_kernels_ran({"attn_kernel:prefill"});  // the CUDA-core prefill variant never ran
     FAIL() << "a kernel that never ran passed";

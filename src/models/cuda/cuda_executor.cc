@@ -877,6 +877,9 @@ std::unique_ptr<Executor> make_cuda_executor(const std::string& dir, LoadFormat 
   ModelConfig cfg = ModelConfig::from_dir(dir);
   MOEFOLD_CHECK(!cfg.mla.enabled(), "--device cuda: {} (MLA with the lightning indexer) has no CUDA kernels yet; use --device cpu",
                 family_name(cfg.family));
+  MOEFOLD_CHECK(cfg.num_layers_of(LayerType::FullAttention) == 0 || cuda::attention_supports_head_dim(int(cfg.head_dim)),
+                "--device cuda: attention head_dim {} is not supported on the GPU (prefill: multiples of 16 up to 256; "
+                "decode: 32, 64, 96, 128, 192, 256)", cfg.head_dim);
   auto exec = std::make_unique<CudaExecutor>(cfg, opt);
   std::unique_ptr<WeightSource> src = format == LoadFormat::Dummy
                                           ? dummy_source(seed, cfg.family == Family::Qwen3_5Moe, opt.dummy_on_device)

@@ -16,6 +16,7 @@
 
 #include "core/error.h"
 #include "ops/cuda/attention.h"
+#include "ops/cuda/attention_flash.h"
 #include "ops/cuda/kernel_util.cuh"
 #include "ops/cuda/launch_scope.h"
 #include "ops/cuda/ptx.cuh"
@@ -288,15 +289,19 @@ void dispatch_head_dim(int D, F&& f) {
   switch (D) {
     case 32: f(std::integral_constant<int, 32>{}); break;
     case 64: f(std::integral_constant<int, 64>{}); break;
+    case 96: f(std::integral_constant<int, 96>{}); break;
     case 128: f(std::integral_constant<int, 128>{}); break;
+    case 192: f(std::integral_constant<int, 192>{}); break;
     case 256: f(std::integral_constant<int, 256>{}); break;
-    default: fail("attention: head_dim {} not supported (32, 64, 128, 256)", D);
+    default: fail("attention: head_dim {} not supported by decode (32, 64, 96, 128, 192, 256)", D);
   }
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // ---- registry entries and the work of one call ---------------------------------------------------------
+const prof::Kernel kAttnPrefillFa{"attn_fa_kernel", prof::Category::AttentionPrefill};
+const prof::Kernel kAttnPrefillWg{"attn_wgmma_kernel", prof::Category::AttentionPrefill};
 const prof::Kernel kAttnPrefillTc{"attn_tc_kernel", prof::Category::AttentionPrefill};
 const prof::Kernel kAttnPrefillSimt{"attn_kernel:prefill", prof::Category::AttentionPrefill};
 const prof::Kernel kAttnDecode{"attn_kernel:decode", prof::Category::AttentionDecode};
@@ -664,7 +669,30 @@ void attention_prefill(const bf16* q, const bf16* k_cache, const bf16* v_cache, 
                        int max_blocks_per_seq, const int32_t* cu_seqlens, const int32_t* context_lens, int num_seqs,
                        int max_q_len, bf16* out, const AttentionShape& shape, cudaStream_t stream) {
   MOEFOLD_CHECK(num_seqs >= 0 && num_seqs < 65536 && max_q_len >= 0, "attention_prefill: bad sizes");
-  const bool tc = shape.kernel != AttnKernel::Simt;
+  if (shape.kernel != AttnKernel::TensorCore && shape.kernel != AttnKernel::Simt) {
+    MOEFOLD_CHECK(detail::flash_supports_head_dim(shape.head_dim),
+                  "attention: head_dim {} not supported on the GPU (multiples of 16 from 16 to 256)", shape.head_dim);
+    const Args b = make_args(q, k_cache, v_cache, block_tables, max_blocks_per_seq, context_lens, out, shape, kTcRows);
+    if (num_seqs == 0 || max_q_len == 0) return;
+    detail::FlashArgs f{};
+    f.q = b.q, f.q_ts = b.q_ts, f.q_hs = b.q_hs, f.gate = b.gate, f.g_ts = b.g_ts, f.g_hs = b.g_hs;
+    f.kc = b.kc, f.vc = b.vc, f.bt = b.bt, f.max_blocks = b.max_blocks, f.cu = cu_seqlens, f.ctx = context_lens;
+    f.out = out, f.Hq = b.Hq, f.Hkv = b.Hkv, f.G = b.G, f.block_size = b.block_size, f.dh = shape.head_dim;
+    f.scale_log2 = b.scale_log2;
+    const AttnKernel k = shape.kernel != AttnKernel::Auto              ? shape.kernel
+                         : detail::wgmma_supports_head_dim(shape.head_dim) ? AttnKernel::Wgmma
+                                                                           : AttnKernel::Flash;
+    if (k == AttnKernel::Wgmma || k == AttnKernel::WgmmaVt || k == AttnKernel::WgmmaPipe) {
+      LaunchScope launch(kAttnPrefillWg, stream, [&] { return attention_work(shape, false); });
+      detail::launch_attention_wgmma(f, num_seqs, max_q_len,
+                                     k == AttnKernel::WgmmaVt ? 1 : k == AttnKernel::WgmmaPipe ? 2 : 0, stream);
+      return;
+    }
+    LaunchScope launch(kAttnPrefillFa, stream, [&] { return attention_work(shape, false); });
+    detail::launch_attention_flash(f, num_seqs, max_q_len, stream);
+    return;
+  }
+  const bool tc = shape.kernel == AttnKernel::TensorCore;
   const int nwarps = kMaxWarps;
   Args a = make_args(q, k_cache, v_cache, block_tables, max_blocks_per_seq, context_lens, out, shape,
                      tc ? kTcRows : nwarps * kR);
@@ -683,6 +711,11 @@ void attention_prefill(const bf16* q, const bf16* k_cache, const bf16* v_cache, 
       launch_attn<D>(a, grid, nwarps, stream);
     }
   });
+}
+
+bool attention_supports_head_dim(int head_dim) {
+  return detail::flash_supports_head_dim(head_dim) &&
+         (head_dim == 32 || head_dim == 64 || head_dim == 96 || head_dim == 128 || head_dim == 192 || head_dim == 256);
 }
 
 size_t attention_decode_workspace_bytes(int num_seqs, const AttentionShape& shape, int64_t max_kv_len) {

@@ -18,14 +18,19 @@
 //   keep whatever they held), so a batch padded to a captured bucket replays correctly.
 //
 // Kernels. Rows of a block are (token, q head) pairs of ONE KV head, so all GQA heads of a token
-// share each K/V tile read. Prefill (default): tensor cores, mma.sync m16n8k16 bf16 with fp32
-// accumulation, flash-attention-2 structure (64 rows x 64-key tiles, 32 for head_dim 256, cp.async
-// staging); the probabilities P are rounded to bf16 for the P.V product (as FlashAttention does).
+// share each K/V tile read. Prefill (default): tensor cores, flash-attention structure (8
+// warps, 128 rows x 64-key tiles, K and V double-buffered with cp.async from the pages, causal mask
+// only on diagonal tiles, longest tiles first), fp32 accumulation and online softmax: wgmma for
+// head_dim 64/128/192/256 (attention_wgmma.cu), mma.sync m16n8k16 for the other multiples of 16
+// (attention_flash.cu); the probabilities P are rounded to bf16 for the P.V product (as
+// FlashAttention does). AttnKernel::TensorCore keeps the older 64-row kernel.
 // Decode, and prefill with AttnKernel::Simt: CUDA cores, q.k and p.v in fp32 (P never rounded),
 // 32-key tiles, 4 rows per warp, split over the KV length for decode. Softmax statistics are fp32
 // throughout (online softmax on exp2 of log2e-scaled scores); the output is rounded once to bf16.
 //
-// Preconditions (checked on the host; Error otherwise): head_dim in {32, 64, 128, 256};
+// Preconditions (checked on the host; Error otherwise): head_dim a multiple of 16 up to 256 for
+// the default prefill kernel, in {32, 64, 96, 128, 192, 256} for decode and the older prefill
+// variants;
 // num_heads % num_kv_heads == 0; q, gate, out, caches 16-byte aligned and strides multiples of 8
 // elements; block tables cover every position they are asked for (entries past a sequence's
 // length are never read).
@@ -41,8 +46,18 @@ namespace moefold::cuda {
 using bf16 = __nv_bfloat16;
 
 /// Kernel choice for attention_prefill (decode always uses the split CUDA-core kernel).
-/// Auto = TensorCore. Simt keeps the CUDA-core kernel (fp32 P, the reference-like variant).
-enum class AttnKernel { Auto, TensorCore, Simt };
+/// Auto: Wgmma for head_dim 64/128/192/256, Flash for the other multiples of 16. Flash: the mma.sync
+/// kernel of attention_flash.cu (128-row tiles, double-buffered K/V, every multiple of 16 up to 256).
+/// Wgmma / WgmmaVt: the same tiling on Hopper warpgroup MMA (attention_wgmma.cu; V read MN-major /
+/// transposed through shared memory); WgmmaPipe: Wgmma with each tile's softmax overlapped with the
+/// previous tile's P V. TensorCore: the older 64-row mma.sync kernel. Simt keeps the CUDA-core kernel
+/// (fp32 P, the reference-like variant).
+enum class AttnKernel { Auto, Flash, Wgmma, WgmmaVt, TensorCore, Simt, WgmmaPipe };
+
+/// Whether a model of this head size runs on the GPU: attention_prefill (Auto / Flash) takes every
+/// multiple of 16 from 16 to 256, attention_decode 32, 64, 96, 128, 192 and 256; true for the
+/// sizes both take. Checked by the executor at load so that an unsupported model fails clearly.
+bool attention_supports_head_dim(int head_dim);
 
 /// Shapes and the layouts of q and of the optional output gate.
 struct AttentionShape {

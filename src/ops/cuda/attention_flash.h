@@ -1,0 +1,49 @@
+// Internal to the CUDA attention ops: the prefill kernels called by attention_prefill (attention.cu):
+// the mma.sync flash kernel (attention_flash.cu; AttnKernel::Flash, and Auto for head sizes wgmma
+// does not take) and the wgmma kernel (attention_wgmma.cu; Wgmma / WgmmaVt / WgmmaPipe, and Auto for
+// head_dim 64/128/192/256). Contract as attention.h.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "ops/cuda/attention.h"
+
+namespace moefold::cuda::detail {
+
+/// Launch parameters of attn_fa_kernel (strides in elements, all resolved: no 0 = dense here).
+struct FlashArgs {
+  const bf16* q;
+  int64_t q_ts, q_hs;
+  const bf16* gate;  // nullptr: no output gate
+  int64_t g_ts, g_hs;
+  const bf16* kc;
+  const bf16* vc;
+  const int32_t* bt;
+  int max_blocks;
+  const int32_t* cu;
+  const int32_t* ctx;
+  bf16* out;
+  int Hq, Hkv, G;         // query heads, KV heads, Hq / Hkv
+  int HB, TB, head_chunks;  // q heads per tile, tokens per tile, tiles over a group's heads
+  int block_size, bs_shift;  // bs_shift = log2(block_size) when a power of two, else -1
+  int dh;                    // head_dim (<= the kernel's instance size; multiple of 16)
+  int qtiles;
+  float scale_log2;  // softmax scale * log2(e)
+};
+
+/// Whether the flash kernel runs this head size: multiples of 16 from 16 to 256 (64, 80, 96, 128,
+/// 192, 256 and 32 have their own instances; the others run on the next larger one, zero-padded).
+bool flash_supports_head_dim(int head_dim);
+
+/// Fills the tile fields of `a` (HB, TB, head_chunks, qtiles) for max_q_len and launches the
+/// kernel. Throws moefold::Error for an unsupported head size or too many query tiles.
+void launch_attention_flash(FlashArgs a, int num_seqs, int max_q_len, cudaStream_t stream);
+
+/// The wgmma (sm_90a) variant of the same kernel (attention_wgmma.cu): head_dim 64, 128, 192, 256.
+/// variant 0: V read MN-major; 1: V transposed through shared memory (K-major B); 2: as 0 with the
+/// softmax of each tile overlapped with the previous tile's P V.
+bool wgmma_supports_head_dim(int head_dim);
+void launch_attention_wgmma(FlashArgs a, int num_seqs, int max_q_len, int variant, cudaStream_t stream);
+
+}  // namespace moefold::cuda::detail
