@@ -61,6 +61,7 @@ struct GpuOpts {
   bool enforce_eager = false;
   bool batch_invariant = true;
 };
+std::string g_quantization;  ///< --quantization of the model commands
 GpuOpts g_gpu;
 
 /// A runner for one sequence of up to `tokens` tokens on `device` ("cpu" or "cuda").
@@ -70,7 +71,7 @@ std::unique_ptr<ModelRunner> make_runner(const std::string& dir, LoadFormat form
   const int32_t bs = 16;
   RunnerOptions opt{(tokens + bs - 1) / bs + 1, bs, 1};
   if (device == "cpu") {
-    cpu_model = load_model(dir, format, seed);
+    cpu_model = load_model(dir, format, seed, parse_quantization(g_quantization));
     return std::make_unique<ModelRunner>(*cpu_model, opt);
   }
   if (device == "cuda") {
@@ -83,6 +84,7 @@ std::unique_ptr<ModelRunner> make_runner(const std::string& dir, LoadFormat form
     co.max_blocks_per_seq = opt.num_blocks;
     co.enforce_eager = g_gpu.enforce_eager;
     co.batch_invariant = g_gpu.batch_invariant;
+    co.quantization = parse_quantization(g_quantization);
     return std::make_unique<ModelRunner>(make_cuda_executor(dir, format, seed, co), opt);
 #else
     fail("--device cuda: this binary was built without the CUDA backend");
@@ -207,6 +209,9 @@ int run_command(int argc, char** argv) {
     c->add_option("--load-format", load_format, "auto | safetensors | dummy (seeded random weights)");
     device_choices(c->add_option("--device", device));
     c->add_option("--seed", seed, "seed for dummy weights");
+    c->add_option("--quantization,-q", g_quantization,
+                  "fp8: quantise the weights at load into 128x128 block-scaled FP8 (an FP8 checkpoint needs no flag)")
+        ->check(CLI::IsMember({"", "none", "fp8"}));
     c->add_flag("--enforce-eager", g_gpu.enforce_eager, "--device cuda: run decode steps eagerly (no CUDA graphs)");
     c->add_flag("--batch-invariant,!--no-batch-invariant", g_gpu.batch_invariant,
                 "--device cuda: kernels whose per-row results do not depend on the rest of the batch (default: on)");

@@ -55,6 +55,9 @@ struct ModelConfig {
   bool mlp_bias = false;
 
   std::vector<int32_t> eos_token_ids;  ///< generation_config.json's eos_token_id, else config's
+  /// quantization_config.quant_method: "" (none) or "fp8" (block-scaled, weight_block_size [128, 128],
+  /// dynamic activation scales: the Qwen3.x-FP8 releases); any other method fails to parse.
+  std::string quant_method;
 
   // Derived sizes.
   int64_t key_dim() const { return linear_num_key_heads * linear_key_head_dim; }

@@ -798,9 +798,7 @@ std::unique_ptr<Executor> make_cuda_executor(const std::string& dir, LoadFormat 
   MOEFOLD_CHECK(cuda_available(), "--device cuda: no usable CUDA device");
   ModelConfig cfg = ModelConfig::from_dir(dir);
   auto exec = std::make_unique<CudaExecutor>(cfg, opt);
-  std::unique_ptr<WeightSource> src = format == LoadFormat::Dummy
-                                          ? dummy_source(seed, cfg.family == Family::Qwen3_5Moe, opt.dummy_on_device)
-                                          : checkpoint_source(dir);
+  std::unique_ptr<WeightSource> src = make_weight_source(dir, cfg, format, seed, opt.quantization, opt.dummy_on_device);
   ModelWeights w = load_weights(cfg, *src, [&](Param& p) { exec->place(p); });
   exec->finish_load(std::move(w));
   return exec;
