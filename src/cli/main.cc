@@ -22,6 +22,7 @@
 #include "cli/bench_command.h"
 #include "cli/device_option.h"
 #include "cli/generation_stats.h"
+#include "cli/fp8_commands.h"
 #include "cli/profile_command.h"
 #include "cli/serve_command.h"
 #include "cli/version.h"
@@ -246,6 +247,7 @@ int run_command(int argc, char** argv) {
   auto serve = add_serve_command(app);
   auto bench = add_bench_command(app);
   auto profile = add_profile_command(app);
+  auto fp8 = add_fp8_commands(app);
   // serve declares --device in serve_command.cc; the choices are set here so every model command
   // lists and checks the same devices.
   device_choices(serve->app->get_option("--device"));
@@ -257,6 +259,7 @@ int run_command(int argc, char** argv) {
     if (*inspect) return cmd_inspect(model_dir, as_json);
     if (*serve->app) return serve->run();
     if (*bench->app) return bench->run();
+    if (*fp8->probe || *fp8->drift) return fp8->run();
     if (*profile->app) {
       for (int i = 0; i < argc; ++i) profile->command_line += (i ? " " : "") + std::string(argv[i]);
       return profile->run();

@@ -15,7 +15,9 @@
 #include "core/error.h"
 #include "core/fp8_block.h"
 #include "io/safetensors.h"
+#include "models/fp8_probe.h"
 #include "models/load_model.h"
+#include "ops/cpu/fp8_ideal.h"
 #include "models/weight_loader.h"
 #include "runtime/model_runner.h"
 #include "fixture_util.h"
@@ -261,6 +263,60 @@ TEST(Fp8Loader, MissingScaleInvFailsNamingIt) {
     EXPECT_NE(std::string(e.what()).find(victim), std::string::npos) << e.what();
   }
   fs::remove_all(out);
+}
+
+}  // namespace
+
+namespace {
+
+TEST(Fp8Ideal, LinearIsTheExactProductOfTheQuantisedWeights) {
+  const int64_t T = 3, K = 300, N = 130;
+  std::vector<float> w(size_t(N * K)), x(size_t(T * K));
+  std::mt19937 g(1);
+  std::normal_distribution<float> nd;
+  for (auto& v : w) v = nd(g);
+  for (auto& v : x) v = nd(g);
+  const Fp8Weight q = fp8_quantize(w.data(), 1, N, K);
+  const auto y = cpu::fp8_linear_ideal(x.data(), T, q, false);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t n = 0; n < N; ++n) {
+      long double s = 0;
+      for (int64_t k = 0; k < K; ++k)  // the exact product f8 * scale (not its fp32 rounding, Fp8Weight::value)
+        s += (long double)f8e4m3_to_f32(q.q[size_t(n * K + k)]) * q.scale[size_t(n * 3 + k / 128)] * x[size_t(t * K + k)];
+      ASSERT_NEAR(y[size_t(t * N + n)], double(s), 1e-12 * (1 + std::fabs(double(s))));
+    }
+  // With 1 x 128 activation quantisation the result moves by about e4m3's precision, no more.
+  const auto y8 = cpu::fp8_linear_ideal(x.data(), T, q, true);
+  const double e = cpu::rel_err(y8.data(), y.data(), y.size());
+  EXPECT_GT(e, 1e-3);
+  EXPECT_LT(e, 0.05);
+}
+
+TEST(Fp8Ideal, ActivationBlocksAreOneTokenBy128) {
+  std::vector<float> x(2 * 200, 0.01f);
+  x[5] = 4.48f;          // token 0, block 0: scale 0.01
+  x[200 + 150] = -8.96f;  // token 1, block 1: scale 0.02
+  const auto q = cpu::fp8_quantize_activations(x.data(), 2, 200);
+  EXPECT_DOUBLE_EQ(q[5], double(4.48f / 448.0f) * 448.0);
+  EXPECT_DOUBLE_EQ(q[200 + 150], -double(8.96f / 448.0f) * 448.0);
+  EXPECT_NEAR(q[130], 0.01, 0.01 / 16);   // token 0, block 1: its own scale (0.01 / 448)
+  EXPECT_NEAR(q[200 + 10], 0.01, 0.01 / 16);
+}
+
+// On the CPU the tested chain is the fp32 one over the same dequantised weights: the ideal chain up to
+// fp32 rounding; the FP8-activation variant of the ideal chain differs by FP8 rounding.
+TEST(Fp8Probe, CpuChainIsTheIdealChainUpToFp32Rounding) {
+  auto model = load_model((test::kFixtures / "qwen3_5_moe").string(), LoadFormat::Safetensors, 0, Quantization::Fp8);
+  const ProbeReport r = probe_moe_layer(*model, kPrompt, -1, moe_stages_cpu, "cpu");
+  EXPECT_EQ(r.layer, 0);
+  for (double e : {r.gemms, r.per_slot, r.combine, r.layer_out}) EXPECT_LT(e, 1e-5);
+  for (double e : {r.a8_gemms, r.a8_per_slot, r.a8_combine}) {
+    EXPECT_GT(e, 1e-3);
+    EXPECT_LT(e, 0.1);
+  }
+  auto plain = load_model((test::kFixtures / "qwen3_5_moe").string(), LoadFormat::Safetensors);
+  EXPECT_THROW(probe_moe_layer(*plain, kPrompt, -1, moe_stages_cpu, "cpu"), Error);
+  EXPECT_THROW(probe_moe_layer(*model, kPrompt, 99, moe_stages_cpu, "cpu"), Error);
 }
 
 }  // namespace
