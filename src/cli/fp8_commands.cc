@@ -64,7 +64,8 @@ std::vector<std::vector<int32_t>> load_prompts(const Fp8Commands& o, const Model
     if (line.empty()) continue;
     const json j = json::parse(line, nullptr, false);
     MOEFOLD_CHECK(j.is_object(), "--prompts-file {}: a line is not a JSON object", o.prompts_file);
-    const std::string text = j.value("question", j.value("prompt", std::string()));
+    std::string text = j.value("question", j.value("prompt", std::string()));
+    if (o.with_answers && j.contains("answer") && j["answer"].is_string()) text += "\n" + j["answer"].get<std::string>();
     if (!text.empty()) out.push_back(tok.encode(text, true));
   }
   MOEFOLD_CHECK(!out.empty(), "--prompts-file {}: no \"question\" or \"prompt\" strings", o.prompts_file);
@@ -111,12 +112,24 @@ double top2_margin(const float* v, int64_t n) {
 struct Decoded {
   std::vector<int32_t> tokens;
   std::vector<double> margins;  ///< top-2 margin of the logits each token was chosen from
+  double nll = 0;               ///< sum of -log p(prompt[i] | prompt[< i]) over i >= 1 (teacher-forced)
 };
+
+/// -log softmax(logits)[target], in fp64.
+double neg_log_prob(const float* logits, int64_t V, int32_t target) {
+  double mx = -INFINITY, sum = 0;
+  for (int64_t i = 0; i < V; ++i) mx = std::max(mx, double(logits[i]));
+  for (int64_t i = 0; i < V; ++i) sum += std::exp(double(logits[i]) - mx);
+  return std::log(sum) + mx - double(logits[target]);
+}
 
 Decoded greedy(ModelRunner& r, const std::vector<int32_t>& prompt, int max_tokens, int64_t V) {
   Decoded d;
   const int32_t s = r.add_sequence(prompt);
-  auto logits = r.step({{s, int32_t(prompt.size()), false}})[0];
+  const int64_t n = int64_t(prompt.size());
+  auto all = r.step({{s, int32_t(n), true}})[0];  // every position: the prompt's perplexity too
+  for (int64_t i = 0; i + 1 < n; ++i) d.nll += neg_log_prob(all.data() + i * V, V, prompt[size_t(i + 1)]);
+  std::vector<float> logits(all.end() - V, all.end());
   for (int i = 0; i < max_tokens; ++i) {
     const int32_t t = argmax(logits.data(), V);
     d.tokens.push_back(t);
@@ -210,7 +223,7 @@ int run_drift(const Fp8Commands& o) {
   auto rb = runner_for(o.model_dir, o.b_device, parse_quantization(o.b_quant), tokens, mb);
   const int64_t V = cfg.vocab_size;
   int matches = 0;
-  double first_sum = 0, margin_sum = 0;
+  double first_sum = 0, margin_sum = 0, nll_a = 0, nll_b = 0, scored = 0;
   int diverged = 0;
   json rows = json::array();
   std::printf("drift: A = %s on %s, B = %s on %s; %zu prompts, %d greedy tokens each\n", o.a_quant.c_str(),
@@ -225,6 +238,9 @@ int run_drift(const Fp8Commands& o) {
         break;
       }
     const double margin = first >= 0 ? a.margins[size_t(first)] : NAN;
+    nll_a += a.nll;
+    nll_b += b.nll;
+    scored += double(prompts[i].size() - 1);
     if (first < 0) ++matches;
     else {
       ++diverged;
@@ -241,11 +257,15 @@ int run_drift(const Fp8Commands& o) {
     std::printf("; diverged ones: mean first divergence at token %.1f, mean A top-2 margin there %.4f",
                 first_sum / diverged, margin_sum / diverged);
   std::printf("\n");
+  const double ppl_a = std::exp(nll_a / std::max(scored, 1.0)), ppl_b = std::exp(nll_b / std::max(scored, 1.0));
+  std::printf("drift: prompt perplexity (teacher-forced, %.0f tokens): A %.4f, B %.4f (B / A - 1 = %+.3f%%)\n",
+              scored, ppl_a, ppl_b, 100.0 * (ppl_b / ppl_a - 1.0));
   if (!o.json_out.empty())
     std::ofstream(o.json_out) << json{{"a", {{"quantization", o.a_quant}, {"device", o.a_device}}},
                                       {"b", {{"quantization", o.b_quant}, {"device", o.b_device}}},
                                       {"max_tokens", o.max_tokens},
                                       {"matches", matches},
+                                      {"perplexity", {{"a", ppl_a}, {"b", ppl_b}, {"tokens", scored}}},
                                       {"prompts", rows}}
                                      .dump(2)
                               << "\n";
@@ -280,6 +300,8 @@ std::unique_ptr<Fp8Commands> add_fp8_commands(CLI::App& app) {
   d->add_option("--prompts-file", o->prompts_file,
                 "JSONL with \"question\" or \"prompt\" strings (e.g. GSM8K test.jsonl); default: seeded random ids");
   d->add_option("--prompt-len", o->prompt_len, "length of the seeded random prompts");
+  d->add_flag("--with-answers", o->with_answers,
+              "--prompts-file: append each line's \"answer\" to its prompt (perplexity over questions and answers)");
   d->add_option("--seed", o->seed, "seed of the random prompts");
   d->add_option("--json", o->json_out, "also write the report as JSON to this file");
   o->drift = d;

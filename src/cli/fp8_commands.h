@@ -4,7 +4,8 @@
 //          against the CPU's fp32 chain over the same FP8 weights, and against the unquantised model
 //          when --quantization fp8 quantised it).
 //   drift: N prompts decoded greedily under two configurations (--a-* / --b-*: quantization, device):
-//          how many outputs match, where the first divergence falls, and config A's top-2 margin there.
+//          how many outputs match, where the first divergence falls, and config A's top-2 margin there;
+//          plus both configurations' perplexity over the prompts (teacher-forced).
 #pragma once
 #include <CLI/CLI.hpp>
 #include <memory>
@@ -20,6 +21,7 @@ struct Fp8Commands {
   // drift
   std::string a_quant = "none", b_quant = "fp8", a_device = "cpu", b_device = "cpu";
   int num_prompts = 30, max_tokens = 32, prompt_len = 16;
+  bool with_answers = false;
   uint64_t seed = 0;
   /// Runs whichever subcommand was parsed; prints its report (and writes JSON with --json). Returns the
   /// exit code. Throws moefold::Error.
