@@ -320,8 +320,11 @@ TEST(Fp8Bench, DecodeBandwidth) {
     std::vector<float> x = test::rand_bf16(size_t(T) * m.H, uint64_t(T));
     auto dx = test::dev_bf16(x);
     DeviceBuffer<bf16> out(size_t(T) * m.H);
+    DeviceBuffer<int32_t> live(1);
+    live.upload(std::vector<int32_t>{T});
     moe_fp8_forward(dx.data(), m.drouter.data(), m.dgu->q.data(), m.dgu->s.data(), m.ddn->q.data(), m.ddn->s.data(),
-                    nullptr, nullptr, nullptr, nullptr, s, true, ws, out.data(), nullptr);
+                    nullptr, nullptr, nullptr, live.data(), s, true, ws, out.data(), nullptr);
+    MOEFOLD_CUDA_CHECK(cudaDeviceSynchronize());
     std::vector<int32_t> counts(size_t(m.E));
     MOEFOLD_CUDA_CHECK(cudaMemcpy(counts.data(), ws.counts, size_t(m.E) * 4, cudaMemcpyDeviceToHost));
     const double touched = double(std::count_if(counts.begin(), counts.end(), [](int c) { return c > 0; }));

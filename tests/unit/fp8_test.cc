@@ -36,6 +36,12 @@ const std::vector<std::pair<std::string, std::string>> kFp8Fixtures = {
     {"qwen3_moe_fused_bf16", "qwen3_moe"}};
 const std::vector<int32_t> kPrompt = {1, 7, 42, 99, 3, 250, 17, 5, 64, 128, 11};
 
+/// The FP8 fixtures are generated (scripts/test.sh runs scripts/make_fp8_fixtures.py before CTest).
+#define REQUIRE_FP8_FIXTURES()                                                                              \
+  do {                                                                                                      \
+    if (!fs::is_directory(kFp8)) GTEST_SKIP() << kFp8 << " is missing: run python3 scripts/make_fp8_fixtures.py"; \
+  } while (0)
+
 std::vector<float> prompt_logits(const Model& m) {
   ModelRunner r(m, {8, 16, 1});
   int32_t s = r.add_sequence(kPrompt);
@@ -144,6 +150,7 @@ class Fp8Fixture : public ::testing::TestWithParam<std::pair<std::string, std::s
 // The loader's dequantisation equals the definition exactly (same fp32 products), so the logits of the
 // FP8 checkpoint equal those of its dequantised F32 copy bit for bit; both are near the bf16 original.
 TEST_P(Fp8Fixture, LoadsAndEqualsItsDequantisedCheckpoint) {
+  REQUIRE_FP8_FIXTURES();
   const fs::path dir = kFp8 / GetParam().first;
   ASSERT_EQ(ModelConfig::from_dir(dir.string()).quant_method, "fp8");
   auto fp8 = load_model(dir.string(), LoadFormat::Safetensors);
@@ -175,6 +182,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, Fp8Fixture, ::testing::ValuesIn(kFp8Fixtures)
 // Which tensors arrive FP8: the released set (experts, attention / DeltaNet / shared-expert projections),
 // not embeddings, lm_head, norms, the router, shared_expert_gate or in_proj_a / in_proj_b.
 TEST(Fp8Loader, ReleasedModulesStayFp8OrBf16) {
+  REQUIRE_FP8_FIXTURES();
   const std::string dir = (kFp8 / "qwen3_5_moe_per_expert_bf16").string();
   const ModelConfig cfg = ModelConfig::from_dir(dir);
   auto src = checkpoint_source(dir);
@@ -200,6 +208,7 @@ TEST(Fp8Loader, ReleasedModulesStayFp8OrBf16) {
 // --quantization fp8 on the bf16 fixture gives exactly the script's fused fp32-scale FP8 checkpoint
 // (same blocks, scale = max|block| / 448 in fp32, round to nearest even), so both logits agree bitwise.
 TEST(Fp8Loader, QuantizationFlagEqualsTheScriptsCheckpoint) {
+  REQUIRE_FP8_FIXTURES();
   auto quantised = load_model((test::kFixtures / "qwen3_5_moe").string(), LoadFormat::Safetensors, 0,
                               Quantization::Fp8);
   auto script = load_model((kFp8 / "qwen3_5_moe_fused_f32").string(), LoadFormat::Safetensors);
@@ -225,6 +234,7 @@ json fp8_config(json q) {
 }
 
 TEST(Fp8Config, UnsupportedQuantizationConfigsFailWithTheirName) {
+  REQUIRE_FP8_FIXTURES();
   auto msg = [](const json& c) {
     try {
       ModelConfig::from_json(c);
@@ -245,6 +255,7 @@ TEST(Fp8Config, UnsupportedQuantizationConfigsFailWithTheirName) {
 
 // An F8_E4M3 tensor without its scales fails naming both.
 TEST(Fp8Loader, MissingScaleInvFailsNamingIt) {
+  REQUIRE_FP8_FIXTURES();
   const fs::path src = kFp8 / "qwen3_moe_per_expert_f32";
   const fs::path out = fs::temp_directory_path() / ("moefold_fp8_noscale_" + std::to_string(::getpid()));
   fs::remove_all(out);

@@ -31,8 +31,9 @@ MoeStageOutputs moe_stages_gpu(const float* x, int64_t T, const std::vector<int3
   cuda::MoeWorkspace ws = cuda::moe_workspace_bind(wsb.data(), wsb.size(), s);
   cuda::DeviceBuffer<bf16> out(size_t(T * H));
   cuda::DeviceBuffer<int32_t> rep = cuda::to_device(ids);
+  cuda::DeviceBuffer<int32_t> live = cuda::to_device(std::vector<int32_t>{int32_t(T)});  // the chain reads it
   cuda::moe_fp8_forward(dx.data(), drouter.data(), gq.data(), gs.data(), dq.data(), ds.data(), nullptr, nullptr,
-                        nullptr, nullptr, s, c.norm_topk_prob, ws, out.data(), nullptr, rep.data());
+                        nullptr, live.data(), s, c.norm_topk_prob, ws, out.data(), nullptr, rep.data());
   MOEFOLD_CUDA_CHECK(cudaDeviceSynchronize());
   const size_t P = size_t(T) * k;
   std::vector<int32_t> pairs(P);

@@ -199,6 +199,7 @@ void moe_fp8_forward(const bf16* x, const bf16* w_router, const uint8_t* gate_up
   MoeShape s = shape;
   s.expert_tiles = kMoeExpertGemv;  // the plan's 8-pair tiles
   check(s, ws, "moe_fp8_forward");
+  MOEFOLD_CHECK(num_rows && x && w_router && out, "moe_fp8_forward: null pointer (num_rows is a device int32)");
   moe_router_logits(x, w_router, num_rows, s, ws.logits, stream);
   moe_route(ws.logits, num_rows, s, renormalize, ws, stream, replay);
   moe_fp8_expert_gate_up(x, gate_up, gate_up_scale, s, ws, stream);
