@@ -24,6 +24,7 @@
 #include "cli/bench_command.h"
 #include "cli/device_option.h"
 #include "cli/generation_stats.h"
+#include "cli/fp8_commands.h"
 #include "cli/profile_command.h"
 #include "cli/serve_command.h"
 #include "cli/version.h"
@@ -63,6 +64,7 @@ struct GpuOpts {
   bool enforce_eager = false;
   bool batch_invariant = true;
 };
+std::string g_quantization;  ///< --quantization of the model commands
 GpuOpts g_gpu;
 
 /// A runner for one sequence of up to `tokens` tokens on `device` ("cpu" or "cuda").
@@ -75,7 +77,7 @@ std::unique_ptr<ModelRunner> make_runner(const std::string& dir, LoadFormat form
     return std::make_unique<ModelRunner>(
         make_deepseek_v4_executor(dir, format == LoadFormat::Dummy, seed, opt.num_blocks, opt.max_seqs), opt);
   if (device == "cpu") {
-    cpu_model = load_model(dir, format, seed);
+    cpu_model = load_model(dir, format, seed, parse_quantization(g_quantization));
     return std::make_unique<ModelRunner>(*cpu_model, opt);
   }
   if (device == "cuda") {
@@ -88,6 +90,7 @@ std::unique_ptr<ModelRunner> make_runner(const std::string& dir, LoadFormat form
     co.max_blocks_per_seq = opt.num_blocks;
     co.enforce_eager = g_gpu.enforce_eager;
     co.batch_invariant = g_gpu.batch_invariant;
+    co.quantization = parse_quantization(g_quantization);
     return std::make_unique<ModelRunner>(make_cuda_executor(dir, format, seed, co), opt);
 #else
     fail("--device cuda: this binary was built without the CUDA backend");
@@ -246,6 +249,9 @@ int run_command(int argc, char** argv) {
     c->add_option("--load-format", load_format, "auto | safetensors | dummy (seeded random weights)");
     device_choices(c->add_option("--device", device));
     c->add_option("--seed", seed, "seed for dummy weights");
+    c->add_option("--quantization,-q", g_quantization,
+                  "fp8: quantise the weights at load into 128x128 block-scaled FP8 (an FP8 checkpoint needs no flag)")
+        ->check(CLI::IsMember({"", "none", "fp8"}));
     c->add_flag("--enforce-eager", g_gpu.enforce_eager, "--device cuda: run decode steps eagerly (no CUDA graphs)");
     c->add_flag("--batch-invariant,!--no-batch-invariant", g_gpu.batch_invariant,
                 "--device cuda: kernels whose per-row results do not depend on the rest of the batch (default: on)");
@@ -280,6 +286,7 @@ int run_command(int argc, char** argv) {
   auto serve = add_serve_command(app);
   auto bench = add_bench_command(app);
   auto profile = add_profile_command(app);
+  auto fp8 = add_fp8_commands(app);
   // serve declares --device in serve_command.cc; the choices are set here so every model command
   // lists and checks the same devices.
   device_choices(serve->app->get_option("--device"));
@@ -291,6 +298,7 @@ int run_command(int argc, char** argv) {
     if (*inspect) return cmd_inspect(model_dir, as_json);
     if (*serve->app) return serve->run();
     if (*bench->app) return bench->run();
+    if (*fp8->probe || *fp8->drift) return fp8->run();
     if (*profile->app) {
       for (int i = 0; i < argc; ++i) profile->command_line += (i ? " " : "") + std::string(argv[i]);
       return profile->run();

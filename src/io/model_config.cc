@@ -265,6 +265,24 @@ ModelConfig ModelConfig::from_json(const json& root) {
 
   c.eos_token_ids = ids_of(present(j, "eos_token_id") ? j["eos_token_id"] : root.value("eos_token_id", json()),
                            "config.json");
+  // quantization_config (top level as released, or in text_config): block-scaled FP8 only.
+  const json& qroot = present(root, "quantization_config") ? root : j;
+  if (present(qroot, "quantization_config")) {
+    const json& q = qroot["quantization_config"];
+    if (!q.is_object()) fail("config.json: field 'quantization_config' must be an object, not {}", q.dump());
+    const std::string method = str_field(q, "quant_method", "");
+    if (method != "fp8")
+      fail("config.json: quantization_config.quant_method '{}' is not supported (supported: fp8 with "
+           "weight_block_size [128, 128])", method);
+    const json bs = q.value("weight_block_size", json());
+    if (bs != json::array({128, 128}))
+      fail("config.json: quantization_config.weight_block_size {} is not supported (supported: [128, 128])",
+           bs.dump());
+    const std::string act = str_field(q, "activation_scheme", "dynamic");
+    if (act != "dynamic")
+      fail("config.json: quantization_config.activation_scheme '{}' is not supported (supported: dynamic)", act);
+    c.quant_method = method;
+  }
   return c;
 }
 

@@ -65,6 +65,9 @@ struct ModelConfig {
   YarnRopeConfig yarn;
 
   std::vector<int32_t> eos_token_ids;  ///< generation_config.json's eos_token_id, else config's
+  /// quantization_config.quant_method: "" (none) or "fp8" (block-scaled, weight_block_size [128, 128],
+  /// dynamic activation scales: the Qwen3.x-FP8 releases); any other method fails to parse.
+  std::string quant_method;
 
   /// deepseek_v4 only: the family's own config (io/deepseek_v4_config.h); the generic fields above hold
   /// vocab, hidden, layers, heads and head_dim, and its layers count as full attention.

@@ -138,6 +138,7 @@ void Model::forward(const ForwardBatch& b, KvCache& kv, StatePool& st, std::vect
     } else {
       mlp(l, x.data(), y.data(), T);
     }
+    if (ffn_tap_) ffn_tap_(l, h.data(), x.data(), y.data(), T);
     timed(kResidual, add_work, [&] { for (size_t i = 0; i < h.size(); ++i) h[i] += y[i]; });
     round_act(h.data(), T * H);
   }

@@ -4,6 +4,7 @@
 // Mixer is gated softmax attention or Gated DeltaNet by layer type; FFN is the MoE block or a dense
 // SwiGLU MLP. logits = lm_head(RMSNorm_final(h)).
 #pragma once
+#include <functional>
 #include <vector>
 
 #include "io/model_config.h"
@@ -35,6 +36,14 @@ class Model {
   /// DeltaNet state, the MoE combine): the ideal bf16 chain the GPU forward is checked against.
   void set_emulate_bf16(bool on) { emulate_bf16_ = on; }
 
+  /// Probe tap (moefold probe): called in forward() for every layer once its FFN has run, before the
+  /// residual add, with h (the residual stream after the mixer), x (the FFN input) and y (the FFN
+  /// output), each [T, hidden]. Empty: no tap.
+  using FfnTap = std::function<void(size_t layer, const float* h, const float* x, const float* y, int64_t T)>;
+  void set_ffn_tap(FfnTap tap) { ffn_tap_ = std::move(tap); }
+  /// The weights as loaded (FP8 ones keep Param::fp8).
+  const ModelWeights& weights() const { return w_; }
+
  private:
   void attention(size_t layer, const ForwardBatch& b, const float* x, float* out, KvCache& kv) const;
   /// DeepSeek-V3.2 MLA with the lightning indexer (models/deepseek_v32.cc).
@@ -49,6 +58,7 @@ class Model {
   ModelConfig cfg_;
   ModelWeights w_;
   bool emulate_bf16_ = false;
+  FfnTap ffn_tap_;
   std::vector<double> inv_freq_;
   double rope_attention_factor_ = 1.0;  ///< YaRN's cos/sin scale (1 without YaRN)
 };

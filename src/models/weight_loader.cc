@@ -21,7 +21,10 @@ class CheckpointSource : public WeightSource {
  public:
   explicit CheckpointSource(const std::string& dir) : dir_(dir), ckpt_(dir) {}
   bool has(const std::string& name) const override { return ckpt_.has(name); }
-  std::vector<float> load(const TensorSpec& spec) override {
+  std::vector<float> load(const TensorSpec& spec) override { return load_param(spec, false).host; }
+  /// The tensor as fp32; a block-scaled FP8 one (F8_E4M3 with `<name>_scale_inv`) also keeps its e4m3
+  /// values and scales (Param::fp8), of which the fp32 copy is the exact dequantisation.
+  Param load_param(const TensorSpec& spec, bool) override {
     if (!ckpt_.has(spec.name))
       fail("tensor '{}' (shape {} implied by config.json) is missing from the checkpoint in '{}'", spec.name,
            shape_str(spec.shape), dir_);
@@ -32,19 +35,26 @@ class CheckpointSource : public WeightSource {
     if (t.dtype != DType::F32 && t.dtype != DType::BF16 && t.dtype != DType::F16 && t.dtype != DType::F8_E4M3)
       fail("tensor '{}' has dtype {}; weights must be F32, BF16, F16 or F8_E4M3", spec.name, dtype_name(t.dtype));
     used_.insert(spec.name);
-    std::vector<float> w = t.to_f32();
-    if (t.dtype == DType::F8_E4M3 && ckpt_.has(spec.name + "_scale_inv")) dequantize_block_fp8(t, w);
-    return w;
+    if (t.dtype != DType::F8_E4M3) return Param(t.to_f32());
+    if (!ckpt_.has(spec.name + "_scale_inv"))
+      fail("tensor '{}' is F8_E4M3 but the checkpoint has no '{}_scale_inv' (block-scaled FP8 needs its scales)",
+           spec.name, spec.name);
+    auto fp8 = std::make_shared<Fp8Weight>(block_fp8(t));
+    Param p(fp8_dequantize(*fp8));
+    p.fp8 = std::move(fp8);
+    return p;
   }
   /// FP8 with block scales (HF FineGrainedFP8 / Qwen FP8 release): W[i, j] = W8[i, j] * scale_inv[i / 128, j / 128]
-  /// over the last two dims; scale_inv has shape [..., ceil(rows / 128), ceil(cols / 128)].
-  void dequantize_block_fp8(const TensorView& t, std::vector<float>& w) {
+  /// over the last two dims; scale_inv (BF16, F16 or F32) has shape [..., ceil(rows / 128), ceil(cols / 128)].
+  Fp8Weight block_fp8(const TensorView& t) {
     const std::string sname = t.name + "_scale_inv";
     const TensorView& sc = ckpt_.get(sname);
     used_.insert(sname);
     MOEFOLD_CHECK(t.shape.size() >= 2, "tensor '{}': block-scaled FP8 needs at least 2 dims, has {}", t.name,
                   shape_str(t.shape));
-    const int64_t rows = t.shape[t.shape.size() - 2], cols = t.shape.back(), blk = 128;
+    MOEFOLD_CHECK(sc.dtype == DType::F32 || sc.dtype == DType::BF16 || sc.dtype == DType::F16,
+                  "tensor '{}' has dtype {}; FP8 block scales must be F32, BF16 or F16", sname, dtype_name(sc.dtype));
+    const int64_t rows = t.shape[t.shape.size() - 2], cols = t.shape.back(), blk = kFp8BlockSize;
     const int64_t mats = t.numel() / (rows * cols), br = (rows + blk - 1) / blk, bc = (cols + blk - 1) / blk;
     std::vector<int64_t> want(t.shape.begin(), t.shape.end() - 2);
     want.push_back(br);
@@ -53,14 +63,13 @@ class CheckpointSource : public WeightSource {
       fail("tensor '{}' has shape {} but block size 128 over {} implies {}", sname, shape_str(sc.shape),
            shape_str(t.shape), shape_str(want));
     std::vector<float> s = sc.to_f32();
-    for (int64_t m = 0; m < mats; ++m)
-      for (int64_t i = 0; i < rows; ++i)
-        for (int64_t j = 0; j < cols; ++j)
-          w[size_t((m * rows + i) * cols + j)] *= s[size_t((m * br + i / blk) * bc + j / blk)];
+    for (float v : s)
+      MOEFOLD_CHECK(std::isfinite(v), "tensor '{}' holds a non-finite scale", sname);
+    return fp8_from_blocks(static_cast<const uint8_t*>(t.data), s.data(), mats, rows, cols);
   }
   /// Throws if the checkpoint holds language-model tensors the config does not account for.
   /// `skip`: name prefixes of tensors left unread on purpose (DeepSeek's MTP layers after the decoder).
-  void check_all_used(const std::vector<std::string>& skip = {}) const {
+  void check_complete(const std::vector<std::string>& skip) const override {
     std::vector<std::string> extra;
     for (auto& n : ckpt_.names()) {
       if (used_.count(n) || n.rfind("model.visual.", 0) == 0 || n.rfind("mtp.", 0) == 0 ||
@@ -142,6 +151,42 @@ class DummySource : public WeightSource {
   bool fused_, defer_;
 };
 
+/// --quantization fp8: every tensor the FP8 releases quantise (fp8_quantisable) is quantised with
+/// 128 x 128 blocks as it arrives; what the inner source already holds in FP8 is kept as is.
+class QuantizingSource : public WeightSource {
+ public:
+  explicit QuantizingSource(std::unique_ptr<WeightSource> inner) : inner_(std::move(inner)) {}
+  bool has(const std::string& name) const override { return inner_->has(name); }
+  std::vector<float> load(const TensorSpec& spec) override { return load_param(spec, false).host; }
+  Param load_param(const TensorSpec& spec, bool may_defer) override {
+    if (!fp8_quantisable(spec)) return inner_->load_param(spec, may_defer);
+    Param p = inner_->load_param(spec, false);  // quantisation needs the values: never deferred
+    if (p.fp8 || p.host.empty()) return p;
+    const int64_t cols = spec.shape.back(), rows = spec.shape[spec.shape.size() - 2];
+    auto f = std::make_shared<Fp8Weight>(fp8_quantize(p.host.data(), p.numel / (rows * cols), rows, cols));
+    Param out(fp8_dequantize(*f));
+    out.fp8 = std::move(f);
+    return out;
+  }
+  void check_complete(const std::vector<std::string>& skip) const override { inner_->check_complete(skip); }
+
+ private:
+  std::unique_ptr<WeightSource> inner_;
+};
+
+/// Rows of b stacked under a's: the fp32 values and, when both are FP8, the FP8 form (else none).
+Param stack_rows(Param a, const Param& b) {
+  std::shared_ptr<const Fp8Weight> fa = std::move(a.fp8);
+  a.host.insert(a.host.end(), b.host.begin(), b.host.end());
+  Param out(std::move(a.host));
+  if (fa && b.fp8) {
+    auto f = std::make_shared<Fp8Weight>(*fa);
+    fp8_append_rows(*f, *b.fp8);
+    out.fp8 = std::move(f);
+  }
+  return out;
+}
+
 Linear make_linear(WeightSource& src, const std::string& name, int64_t out, int64_t in, bool bias,
                    TensorRole role = TensorRole::Linear, bool may_defer = true) {
   Linear l;
@@ -196,6 +241,18 @@ bool CountingSource::has(const std::string& name) const {
 std::unique_ptr<WeightSource> checkpoint_source(const std::string& dir) { return std::make_unique<CheckpointSource>(dir); }
 std::unique_ptr<WeightSource> dummy_source(uint64_t seed, bool fused_experts, bool defer) {
   return std::make_unique<DummySource>(seed, fused_experts, defer);
+}
+std::unique_ptr<WeightSource> fp8_quantizing_source(std::unique_ptr<WeightSource> inner) {
+  return std::make_unique<QuantizingSource>(std::move(inner));
+}
+
+bool fp8_quantisable(const TensorSpec& spec) {
+  if (spec.shape.size() < 2) return false;
+  if (spec.role == TensorRole::RoutedExpert) return true;
+  if (spec.role != TensorRole::Linear) return false;
+  for (const char* keep : {"in_proj_a.", "in_proj_b.", "in_proj_ba.", "shared_expert_gate."})
+    if (spec.name.find(keep) != std::string::npos) return false;
+  return true;
 }
 
 ModelWeights load_weights(const ModelConfig& c, WeightSource& src, const std::function<void(Param&)>& place) {
@@ -264,18 +321,31 @@ ModelWeights load_weights(const ModelConfig& c, WeightSource& src, const std::fu
         m.gate_up = src.load_param({mp + "experts.gate_up_proj", {E, 2 * I, H}, TensorRole::RoutedExpert}, true);
         m.down = src.load_param({mp + "experts.down_proj", {E, H, I}, TensorRole::RoutedExpert}, true);
       } else {
+        // Per-expert tensors (each FP8 one with its own block scales) stacked into the fused layout.
         std::vector<float> gate_up, down;
+        auto gu8 = std::make_shared<Fp8Weight>(), d8 = std::make_shared<Fp8Weight>();
+        bool all_fp8 = true;
         for (int64_t e = 0; e < E; ++e) {
           const std::string ep = mp + "experts." + std::to_string(e) + ".";
-          auto gp = src.load({ep + "gate_proj.weight", {I, H}, TensorRole::RoutedExpert});
-          auto up = src.load({ep + "up_proj.weight", {I, H}, TensorRole::RoutedExpert});
-          auto dp = src.load({ep + "down_proj.weight", {H, I}, TensorRole::RoutedExpert});
-          gate_up.insert(gate_up.end(), gp.begin(), gp.end());
-          gate_up.insert(gate_up.end(), up.begin(), up.end());
-          down.insert(down.end(), dp.begin(), dp.end());
+          Param gp = src.load_param({ep + "gate_proj.weight", {I, H}, TensorRole::RoutedExpert}, false);
+          Param up = src.load_param({ep + "up_proj.weight", {I, H}, TensorRole::RoutedExpert}, false);
+          Param dp = src.load_param({ep + "down_proj.weight", {H, I}, TensorRole::RoutedExpert}, false);
+          gate_up.insert(gate_up.end(), gp.host.begin(), gp.host.end());
+          gate_up.insert(gate_up.end(), up.host.begin(), up.host.end());
+          down.insert(down.end(), dp.host.begin(), dp.host.end());
+          all_fp8 = all_fp8 && gp.fp8 && up.fp8 && dp.fp8;
+          if (all_fp8) {
+            fp8_append_rows(*gu8, *gp.fp8);
+            fp8_append_rows(*gu8, *up.fp8);
+            fp8_append_rows(*d8, *dp.fp8);
+          }
         }
         m.gate_up = std::move(gate_up);
         m.down = std::move(down);
+        if (all_fp8 && E > 0) {
+          m.gate_up.fp8 = std::move(gu8);
+          m.down.fp8 = std::move(d8);
+        }
       }
       if (const int64_t Is = c.shared_expert_intermediate_size; Is > 0) {
         // DeepSeek: "shared_experts", always added (no gate); Qwen: "shared_expert" scaled by a sigmoid gate.
@@ -283,7 +353,7 @@ ModelWeights load_weights(const ModelConfig& c, WeightSource& src, const std::fu
         const std::string sp = mp + (deepseek ? "shared_experts." : "shared_expert.");
         auto gp = make_linear(src, sp + "gate_proj", Is, H, false, TensorRole::Linear, false);
         auto up = make_linear(src, sp + "up_proj", Is, H, false, TensorRole::Linear, false);
-        m.shared_gate_up = {2 * Is, H, concat_rows(std::move(gp.w.host), up.w.host), {}};
+        m.shared_gate_up = {2 * Is, H, stack_rows(std::move(gp.w), up.w), {}};
         m.shared_down = make_linear(src, sp + "down_proj", H, Is, false);
         if (!deepseek) m.shared_expert_gate = make_linear(src, mp + "shared_expert_gate", 1, H, false);
       }
@@ -291,15 +361,15 @@ ModelWeights load_weights(const ModelConfig& c, WeightSource& src, const std::fu
       const int64_t I = c.intermediate_size;
       auto gp = make_linear(src, mp + "gate_proj", I, H, c.mlp_bias, TensorRole::Linear, false);
       auto up = make_linear(src, mp + "up_proj", I, H, c.mlp_bias, TensorRole::Linear, false);
-      L.mlp.gate_up = {2 * I, H, concat_rows(std::move(gp.w.host), up.w.host), concat_rows(std::move(gp.b.host), up.b.host)};
+      L.mlp.gate_up = {2 * I, H, stack_rows(std::move(gp.w), up.w), concat_rows(std::move(gp.b.host), up.b.host)};
       L.mlp.down = make_linear(src, mp + "down_proj", H, I, c.mlp_bias);
     }
   }
-  if (auto* cs = dynamic_cast<CheckpointSource*>(&src)) {
+  {
     std::vector<std::string> skip;  // DeepSeek's MTP (next-token prediction) layers: not used yet
     for (int64_t i = 0; i < c.mla.num_nextn_predict_layers; ++i)
       skip.push_back(P + "layers." + std::to_string(c.num_layers + i) + ".");
-    cs->check_all_used(skip);
+    src.check_complete(skip);
   }
   if (place) {
     place(w.embed);

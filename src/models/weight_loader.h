@@ -34,6 +34,9 @@ class WeightSource {
     (void)may_defer;
     return Param(load(spec));
   }
+  /// Called once every tensor has been loaded: a checkpoint throws if it holds language-model tensors
+  /// the config does not account for, except names starting with one of the `skip` prefixes.
+  virtual void check_complete(const std::vector<std::string>& skip = {}) const { (void)skip; }
 };
 
 /// Dummy tensors of at least this many elements may be deferred (smaller ones, e.g. norms and the
@@ -48,6 +51,14 @@ std::unique_ptr<WeightSource> checkpoint_source(const std::string& dir);
 /// `defer`: large tensors used whole (projections, experts, embedding, lm_head) are returned as a
 /// DummyRecipe for the executor to generate on its device (models/dummy_init.h); same values.
 std::unique_ptr<WeightSource> dummy_source(uint64_t seed, bool fused_experts, bool defer = false);
+/// --quantization fp8 over `inner`: tensors for which fp8_quantisable() holds arrive block-scaled FP8
+/// (128 x 128 blocks, scale_inv = max |block| / 448; Param::fp8 set and host = its exact dequantisation);
+/// tensors already FP8 in a checkpoint are kept as they are. Quantised tensors are never deferred.
+std::unique_ptr<WeightSource> fp8_quantizing_source(std::unique_ptr<WeightSource> inner);
+/// The tensors the FP8 releases (Qwen3.x-FP8) store in FP8: routed experts and the dense projections
+/// (attention, DeltaNet qkv / z / out, shared expert, dense MLP); not embeddings, lm_head, norms, the
+/// router, shared_expert_gate nor the DeltaNet in_proj_a / in_proj_b.
+bool fp8_quantisable(const TensorSpec& spec);
 /// Records every spec and allocates nothing.
 class CountingSource : public WeightSource {
  public:

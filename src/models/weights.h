@@ -4,9 +4,11 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <vector>
 
+#include "core/fp8_block.h"
 #include "io/model_config.h"
 #include "models/dummy_init.h"
 
@@ -14,10 +16,15 @@ namespace moefold {
 
 /// One weight tensor: an fp32 host copy (what the CPU backend computes with) and, once an executor has
 /// placed it on a GPU, a device copy it owns (`device`); a GPU executor may drop the host copy then.
+/// A block-scaled FP8 weight (an FP8 checkpoint, or --quantization fp8) also carries `fp8`: its e4m3
+/// values and per-row block scales, of which `host` is the exact fp32 dequantisation; a GPU executor
+/// that keeps it in FP8 points `device` at the e4m3 bytes and `device_scale` at the fp32 scales.
 struct Param {
   std::vector<float> host;
   int64_t numel = 0;
   void* device = nullptr;
+  std::shared_ptr<const Fp8Weight> fp8;
+  void* device_scale = nullptr;  ///< set only when the device copy is FP8
   /// Set for a dummy tensor left unmaterialised (host empty): its values are dummy_value(*dummy, i).
   std::optional<DummyRecipe> dummy;
   Param() = default;

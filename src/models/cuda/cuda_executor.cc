@@ -27,7 +27,9 @@
 #include "ops/cuda/gated_delta_net.h"
 #include "ops/cuda/gated_rms_norm.h"
 #include "ops/cuda/gemm.h"
+#include "ops/cuda/fp8_gemv.h"
 #include "ops/cuda/gemv.h"
+#include "ops/cuda/moe_fp8.h"
 #include "ops/cuda/moe.h"
 #include "ops/cuda/rope.h"
 
@@ -80,6 +82,17 @@ class CudaExecutor : public Executor {
   /// Uploads one finished Param as bf16 and drops its host copy (small ones are kept: the fp32
   /// DeltaNet parameters are uploaded again as fp32 from them).
   void place(Param& p) {
+    if (p.fp8) {  // block-scaled FP8 (checkpoint or --quantization fp8): stays FP8 on the GPU
+      fp8_store_.emplace_back(p.fp8->q.size());
+      fp8_store_.back().upload(p.fp8->q);
+      scale_store_.push_back(cuda::to_device(p.fp8->scale));
+      p.device = fp8_store_.back().data();
+      p.device_scale = scale_store_.back().data();
+      p.fp8.reset();
+      p.host.clear();
+      p.host.shrink_to_fit();
+      return;
+    }
     if (p.dummy) {  // unmaterialised dummy tensor: generate it here
       weights_store_.emplace_back(size_t(p.numel));
       cuda::dummy_fill_bf16(*p.dummy, weights_store_.back().data(), p.numel, nullptr);
@@ -107,7 +120,7 @@ class CudaExecutor : public Executor {
     const int64_t in = (*parts.begin())->in;
     const bool biased = !(*parts.begin())->b.empty();
     for (const Linear* l : parts)
-      if (l->in != in || l->b.empty() == biased || !l->w.device) return nullptr;
+      if (l->in != in || l->b.empty() == biased || !l->w.device || l->w.device_scale) return nullptr;
     for (const Linear* l : parts) rows += l->out;
     DeviceBuffer<bf16> fused(size_t(rows * in)), fused_b(biased ? size_t(rows) : 0);
     int64_t r0 = 0;
@@ -154,6 +167,17 @@ class CudaExecutor : public Executor {
                            &L.gdn.in_proj_b, &L.gdn.in_proj_a})
         part->w.device = part->b.device = nullptr;  // freed: only the fused copy remains
     }
+    // Scratch for dequantised FP8 weights (steps the FP8 kernels do not take), allocated here so that no
+    // graph capture allocates.
+    size_t scratch = 0;
+    for (const LayerWeights& L : w_.layers) {
+      for_each_linear(L, [&](const Linear& l) {
+        if (l.w.device_scale) scratch = std::max(scratch, size_t(l.out * l.in));
+      });
+      if (L.moe.gate_up.device_scale && opt_.max_rows > cuda::kMoeFp8MaxRows)
+        scratch = std::max(scratch, size_t(3 * c.num_experts * c.moe_intermediate_size * c.hidden_size));
+    }
+    if (scratch) fp8_scratch(scratch);
     const int64_t cap = opt_.max_rows, H = c.hidden_size, S = opt_.num_slots;
     // fp32 copies of A_log and dt_bias for the DeltaNet kernels.
     for (auto& L : w_.layers)
@@ -392,7 +416,20 @@ class CudaExecutor : public Executor {
     return sh;
   }
   void gemm(const Linear& l, const bf16* x, bf16* y, int64_t T) {
-    dense(x, dev(l.w), l.b.empty() ? nullptr : dev(l.b), y, T, l.in, l.out);
+    const bf16* b = l.b.empty() ? nullptr : dev(l.b);
+    if (!l.w.device_scale) return dense(x, dev(l.w), b, y, T, l.in, l.out);
+    // FP8 weight: the FP8 GEMV for decode-sized steps, else a bf16 copy and the bf16 GEMMs (prefill).
+    const auto* w8 = static_cast<const uint8_t*>(l.w.device);
+    const auto* sc = static_cast<const float*>(l.w.device_scale);
+    if (T <= cuda::kFp8GemvMaxRows && cuda::fp8_gemv_supported(l.in, x, 0, w8))
+      return cuda::fp8_gemv(x, w8, sc, b, y, T, l.in, l.out, counts_.data(), stream_);
+    cuda::fp8_dequantize_bf16(w8, sc, l.out, l.in, fp8_scratch(size_t(l.out * l.in)), stream_);
+    dense(x, fp8_scratch_.data(), b, y, T, l.in, l.out);
+  }
+  /// bf16 scratch of at least n elements for dequantised FP8 weights (prefill steps, never captured).
+  bf16* fp8_scratch(size_t n) {
+    if (fp8_scratch_.size() < n) fp8_scratch_ = DeviceBuffer<bf16>(n);
+    return fp8_scratch_.data();
   }
   /// y[T, out] = x[T, in] . w^T (+ b) over the step's live rows (counts_[live_index] on the device):
   /// with batch_invariant (default), up to 256 rows run the decode GEMM, whose per-row reduction order
@@ -441,6 +478,9 @@ class CudaExecutor : public Executor {
   cudaStream_t stream_ = nullptr;
   ModelWeights w_;
   std::vector<DeviceBuffer<bf16>> weights_store_;
+  std::vector<DeviceBuffer<uint8_t>> fp8_store_;   // e4m3 weights (Param::device_scale set)
+  std::vector<DeviceBuffer<float>> scale_store_;   // their per-row block scales
+  DeviceBuffer<bf16> fp8_scratch_;                 // dequantised FP8 weights of a prefill step
   std::vector<DeviceBuffer<float>> fp32_store_;
   std::vector<const float*> a_log_, dt_bias_;
   /// Per layer: the fused input projection (attention q|k|v or DeltaNet qkv|z|b|a) [rows, H], or null
@@ -853,10 +893,28 @@ void CudaExecutor::ffn(size_t l, int64_t T, size_t moe_index) {
     cuda::MoeShape step_shape = moe_shape_;
     step_shape.capacity = int(T);
     step_shape.batch_invariant = opt_.batch_invariant;
-    cuda::moe_forward(x_.data(), dev(m.router.w), dev(m.gate_up), dev(m.down), shared_out,
-                      shared_out ? dev(m.shared_expert_gate.w) : nullptr, h_.data(), num_rows, step_shape,
-                      c.norm_topk_prob, moe_ws_, h_.data(), stream_,
-                      routing_.replay ? replay_ids_.data() + moe_index * pairs : nullptr);
+    const int32_t* replay = routing_.replay ? replay_ids_.data() + moe_index * pairs : nullptr;
+    const bf16* shared_gate = shared_out ? dev(m.shared_expert_gate.w) : nullptr;
+    if (m.gate_up.device_scale && T <= cuda::kMoeFp8MaxRows) {  // FP8 experts, decode sizes
+      cuda::moe_fp8_forward(x_.data(), dev(m.router.w), static_cast<const uint8_t*>(m.gate_up.device),
+                            static_cast<const float*>(m.gate_up.device_scale), static_cast<const uint8_t*>(m.down.device),
+                            static_cast<const float*>(m.down.device_scale), shared_out, shared_gate, h_.data(),
+                            num_rows, step_shape, c.norm_topk_prob, moe_ws_, h_.data(), stream_, replay);
+    } else {
+      const bf16 *gate_up = dev(m.gate_up), *down = dev(m.down);
+      if (m.gate_up.device_scale) {  // FP8 experts, prefill: bf16 copies of this layer's experts
+        const int64_t E = c.num_experts, I = c.moe_intermediate_size, H = c.hidden_size;
+        bf16* buf = fp8_scratch(size_t(E * 3 * I * H));
+        cuda::fp8_dequantize_bf16(static_cast<const uint8_t*>(m.gate_up.device),
+                                  static_cast<const float*>(m.gate_up.device_scale), E * 2 * I, H, buf, stream_);
+        cuda::fp8_dequantize_bf16(static_cast<const uint8_t*>(m.down.device),
+                                  static_cast<const float*>(m.down.device_scale), E * H, I, buf + E * 2 * I * H, stream_);
+        gate_up = buf;
+        down = buf + E * 2 * I * H;
+      }
+      cuda::moe_forward(x_.data(), dev(m.router.w), gate_up, down, shared_out, shared_gate, h_.data(), num_rows,
+                        step_shape, c.norm_topk_prob, moe_ws_, h_.data(), stream_, replay);
+    }
     if (routing_.capture)
       MOEFOLD_CUDA_CHECK(cudaMemcpyAsync(routing_.capture->layers[moe_index].data(), moe_ws_.ids,
                                          pairs * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
@@ -881,9 +939,7 @@ std::unique_ptr<Executor> make_cuda_executor(const std::string& dir, LoadFormat 
                 "--device cuda: attention head_dim {} is not supported on the GPU (prefill: multiples of 16 up to 256; "
                 "decode: 32, 64, 96, 128, 192, 256)", cfg.head_dim);
   auto exec = std::make_unique<CudaExecutor>(cfg, opt);
-  std::unique_ptr<WeightSource> src = format == LoadFormat::Dummy
-                                          ? dummy_source(seed, cfg.family == Family::Qwen3_5Moe, opt.dummy_on_device)
-                                          : checkpoint_source(dir);
+  std::unique_ptr<WeightSource> src = make_weight_source(dir, cfg, format, seed, opt.quantization, opt.dummy_on_device);
   ModelWeights w = load_weights(cfg, *src, [&](Param& p) { exec->place(p); });
   exec->finish_load(std::move(w));
   return exec;

@@ -34,6 +34,9 @@ struct CudaExecutorOptions {
   /// (GEMV up to 16 rows, the MoE GEMV), whose bits depend on the step's row count.
   bool batch_invariant = true;
   bool log_graphs = false;     ///< print the graph captures (time, memory) to stderr
+  /// --quantization fp8: weights quantised at load into block-scaled FP8 (an FP8 checkpoint is FP8
+  /// without it); FP8 weights stay FP8 on the GPU (docs/fp8.md).
+  Quantization quantization = Quantization::None;
   static std::vector<int32_t> default_cuda_graph_sizes() { return {1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256}; }
 };
 

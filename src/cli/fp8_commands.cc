@@ -1,0 +1,316 @@
+#include "cli/fp8_commands.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "cli/device_option.h"
+#include "core/error.h"
+#include "models/fp8_probe.h"
+#include "models/load_model.h"
+#include "runtime/model_runner.h"
+#include "text/tokenizer.h"
+#ifdef MOEFOLD_HAVE_CUDA
+#include "models/cuda/cuda_executor.h"
+#include "models/cuda/fp8_probe_gpu.h"
+#endif
+
+namespace moefold {
+
+namespace {
+
+using json = nlohmann::json;
+
+std::vector<int32_t> parse_id_list(const std::string& s) {
+  std::vector<int32_t> ids;
+  size_t i = 0;
+  while (i < s.size()) {
+    size_t j = s.find(',', i);
+    if (j == std::string::npos) j = s.size();
+    try {
+      ids.push_back(int32_t(std::stol(s.substr(i, j - i))));
+    } catch (const std::exception&) {
+      fail("--prompt-ids: '{}' is not an integer", s.substr(i, j - i));
+    }
+    i = j + 1;
+  }
+  return ids;
+}
+
+/// Seeded prompts of token ids in [0, vocab) (models without a tokenizer, or no prompts file).
+std::vector<std::vector<int32_t>> random_prompts(int n, int len, int64_t vocab, uint64_t seed) {
+  std::vector<std::vector<int32_t>> out(static_cast<size_t>(n));
+  uint64_t s = seed * 0x9e3779b97f4a7c15ull + 1;
+  for (auto& p : out)
+    for (int i = 0; i < len; ++i) {
+      s = s * 6364136223846793005ull + 1442695040888963407ull;
+      p.push_back(int32_t((s >> 33) % uint64_t(vocab)));
+    }
+  return out;
+}
+
+/// The prompts of drift / probe: a JSONL file's "question" (or "prompt") strings through the model's
+/// tokenizer, else seeded random ids.
+std::vector<std::vector<int32_t>> load_prompts(const Fp8Commands& o, const ModelConfig& cfg, int n) {
+  if (o.prompts_file.empty()) return random_prompts(n, o.prompt_len, cfg.vocab_size, o.seed);
+  Tokenizer tok = Tokenizer::from_file(o.model_dir);
+  std::ifstream in(o.prompts_file);
+  MOEFOLD_CHECK(in.good(), "--prompts-file {}: cannot open", o.prompts_file);
+  std::vector<std::vector<int32_t>> out;
+  std::string line;
+  while (int(out.size()) < n && std::getline(in, line)) {
+    if (line.empty()) continue;
+    const json j = json::parse(line, nullptr, false);
+    MOEFOLD_CHECK(j.is_object(), "--prompts-file {}: a line is not a JSON object", o.prompts_file);
+    std::string text = j.value("question", j.value("prompt", std::string()));
+    if (o.with_answers && j.contains("answer") && j["answer"].is_string()) text += "\n" + j["answer"].get<std::string>();
+    if (!text.empty()) out.push_back(tok.encode(text, true));
+  }
+  MOEFOLD_CHECK(!out.empty(), "--prompts-file {}: no \"question\" or \"prompt\" strings", o.prompts_file);
+  return out;
+}
+
+/// A runner for one sequence of up to `tokens` tokens.
+std::unique_ptr<ModelRunner> runner_for(const std::string& dir, const std::string& device, Quantization q,
+                                        int32_t tokens, std::unique_ptr<Model>& cpu_model) {
+  const int32_t bs = 16;
+  RunnerOptions opt{(tokens + bs - 1) / bs + 1, bs, 1};
+  if (device == "cpu") {
+    cpu_model = load_model(dir, LoadFormat::Safetensors, 0, q);
+    return std::make_unique<ModelRunner>(*cpu_model, opt);
+  }
+#ifdef MOEFOLD_HAVE_CUDA
+  CudaExecutorOptions co;
+  co.num_blocks = opt.num_blocks;
+  co.block_size = bs;
+  co.num_slots = 1;
+  co.max_rows = std::max(tokens, 1);
+  co.max_blocks_per_seq = opt.num_blocks;
+  co.quantization = q;
+  return std::make_unique<ModelRunner>(make_cuda_executor(dir, LoadFormat::Safetensors, 0, co), opt);
+#else
+  fail("--device cuda: this binary was built without the CUDA backend");
+#endif
+}
+
+int argmax(const float* v, int64_t n) { return int(std::max_element(v, v + n) - v); }
+double top2_margin(const float* v, int64_t n) {
+  float a = -INFINITY, b = -INFINITY;
+  for (int64_t i = 0; i < n; ++i) {
+    if (v[i] > a) {
+      b = a;
+      a = v[i];
+    } else if (v[i] > b) {
+      b = v[i];
+    }
+  }
+  return double(a) - double(b);
+}
+
+struct Decoded {
+  std::vector<int32_t> tokens;
+  std::vector<double> margins;  ///< top-2 margin of the logits each token was chosen from
+  double nll = 0;               ///< sum of -log p(prompt[i] | prompt[< i]) over i >= 1 (teacher-forced)
+};
+
+/// -log softmax(logits)[target], in fp64.
+double neg_log_prob(const float* logits, int64_t V, int32_t target) {
+  double mx = -INFINITY, sum = 0;
+  for (int64_t i = 0; i < V; ++i) mx = std::max(mx, double(logits[i]));
+  for (int64_t i = 0; i < V; ++i) sum += std::exp(double(logits[i]) - mx);
+  return std::log(sum) + mx - double(logits[target]);
+}
+
+Decoded greedy(ModelRunner& r, const std::vector<int32_t>& prompt, int max_tokens, int64_t V) {
+  Decoded d;
+  const int32_t s = r.add_sequence(prompt);
+  const int64_t n = int64_t(prompt.size());
+  auto all = r.step({{s, int32_t(n), true}})[0];  // every position: the prompt's perplexity too
+  for (int64_t i = 0; i + 1 < n; ++i) d.nll += neg_log_prob(all.data() + i * V, V, prompt[size_t(i + 1)]);
+  std::vector<float> logits(all.end() - V, all.end());
+  for (int i = 0; i < max_tokens; ++i) {
+    const int32_t t = argmax(logits.data(), V);
+    d.tokens.push_back(t);
+    d.margins.push_back(top2_margin(logits.data(), V));
+    if (i + 1 == max_tokens) break;
+    r.append_token(s, t);
+    logits = r.step({{s, 1, false}})[0];
+  }
+  r.release(s);
+  return d;
+}
+
+double logits_rel(const std::vector<float>& a, const std::vector<float>& b) {
+  double e = 0, n = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    e += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    n += double(b[i]) * b[i];
+  }
+  return n > 0 ? std::sqrt(e / n) : 0.0;
+}
+
+std::vector<float> prompt_logits(ModelRunner& r, const std::vector<int32_t>& ids) {
+  const int32_t s = r.add_sequence(ids);
+  auto out = r.step({{s, int32_t(ids.size()), true}})[0];
+  r.release(s);
+  return out;
+}
+
+int run_probe(const Fp8Commands& o) {
+  const Quantization q = parse_quantization(o.quantization);
+  auto model = load_model(o.model_dir, LoadFormat::Safetensors, 0, q);
+  const ModelConfig& cfg = model->config();
+  std::vector<int32_t> ids;
+  if (!o.prompt_ids.empty()) ids = parse_id_list(o.prompt_ids);
+  else if (!o.prompt.empty()) ids = Tokenizer::from_file(o.model_dir).encode(o.prompt, true);
+  else ids = random_prompts(1, o.prompt_len, cfg.vocab_size, o.seed)[0];
+  json out = {{"model", o.model_dir}, {"quantization", o.quantization}, {"tokens", ids.size()}};
+  // MoE stage probes (models with MoE layers only).
+  const bool has_moe = std::find(cfg.layer_is_moe.begin(), cfg.layer_is_moe.end(), true) != cfg.layer_is_moe.end();
+  if (has_moe) {
+    MoeStageRunner tested = moe_stages_cpu;
+#ifdef MOEFOLD_HAVE_CUDA
+    if (o.device == "cuda") tested = moe_stages_gpu;
+#endif
+    MOEFOLD_CHECK(o.device == "cpu" || o.device == "cuda", "--device {}: expected cpu or cuda", o.device);
+    const ProbeReport r = probe_moe_layer(*model, ids, o.layer, tested, o.device);
+    std::printf("probe: MoE layer %d, %lld tokens, tested chain: %s, reference: the ideal quantised chain (fp64, "
+                "same FP8 weights, bf16 activations)\n",
+                r.layer, (long long)r.tokens, r.tested.c_str());
+    std::printf("  %-26s %12s %22s\n", "stage", "rel err", "ideal W8A8(1x128) vs W8A16");
+    std::printf("  %-26s %12.3e %22.3e\n", "after the expert GEMMs", r.gemms, r.a8_gemms);
+    std::printf("  %-26s %12.3e %22.3e\n", "per slot (expert output)", r.per_slot, r.a8_per_slot);
+    std::printf("  %-26s %12.3e %22.3e\n", "after the combine", r.combine, r.a8_combine);
+    std::printf("  %-26s %12.3e\n", "layer output", r.layer_out);
+    out["moe"] = {{"layer", r.layer},         {"tested", r.tested},           {"after_gemms", r.gemms},
+                  {"per_slot", r.per_slot},   {"after_combine", r.combine},   {"layer_output", r.layer_out},
+                  {"a8_after_gemms", r.a8_gemms}, {"a8_per_slot", r.a8_per_slot}, {"a8_after_combine", r.a8_combine}};
+  }
+  // Whole forward: the device's logits against the CPU's fp32 chain over the same FP8 weights, and the
+  // FP8 model against the unquantised one.
+  std::unique_ptr<Model> keep;
+  const int32_t n = int32_t(ids.size());
+  ModelRunner ref(*model, {(n + 15) / 16 + 1, 16, 1});
+  const auto l_ref = prompt_logits(ref, ids);
+  double fwd = 0;
+  if (o.device == "cuda") {
+    auto gpu = runner_for(o.model_dir, "cuda", q, n, keep);
+    fwd = logits_rel(prompt_logits(*gpu, ids), l_ref);
+    std::printf("  %-26s %12.3e  (cuda logits vs the CPU fp32 chain, same FP8 weights)\n", "whole forward", fwd);
+    out["forward_vs_cpu_fp8"] = fwd;
+  }
+  if (q == Quantization::Fp8) {
+    auto plain = load_model(o.model_dir, LoadFormat::Safetensors, 0, Quantization::None);
+    ModelRunner pr(*plain, {(n + 15) / 16 + 1, 16, 1});
+    const double unq = logits_rel(l_ref, prompt_logits(pr, ids));
+    std::printf("  %-26s %12.3e  (FP8 vs the unquantised weights, CPU logits)\n", "quantisation (forward)", unq);
+    out["forward_fp8_vs_unquantised"] = unq;
+  }
+  if (!o.json_out.empty()) std::ofstream(o.json_out) << out.dump(2) << "\n";
+  return 0;
+}
+
+int run_drift(const Fp8Commands& o) {
+  const ModelConfig cfg = ModelConfig::from_dir(o.model_dir);
+  const auto prompts = load_prompts(o, cfg, o.num_prompts);
+  int32_t longest = 0;
+  for (auto& p : prompts) longest = std::max<int32_t>(longest, int32_t(p.size()));
+  const int32_t tokens = longest + o.max_tokens;
+  std::unique_ptr<Model> ma, mb;
+  auto ra = runner_for(o.model_dir, o.a_device, parse_quantization(o.a_quant), tokens, ma);
+  auto rb = runner_for(o.model_dir, o.b_device, parse_quantization(o.b_quant), tokens, mb);
+  const int64_t V = cfg.vocab_size;
+  int matches = 0;
+  double first_sum = 0, margin_sum = 0, nll_a = 0, nll_b = 0, scored = 0;
+  int diverged = 0;
+  json rows = json::array();
+  std::printf("drift: A = %s on %s, B = %s on %s; %zu prompts, %d greedy tokens each\n", o.a_quant.c_str(),
+              o.a_device.c_str(), o.b_quant.c_str(), o.b_device.c_str(), prompts.size(), o.max_tokens);
+  std::printf("  %6s %8s %16s %14s\n", "prompt", "match", "first diverge", "A top-2 margin");
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const Decoded a = greedy(*ra, prompts[i], o.max_tokens, V), b = greedy(*rb, prompts[i], o.max_tokens, V);
+    int first = -1;
+    for (size_t t = 0; t < a.tokens.size(); ++t)
+      if (a.tokens[t] != b.tokens[t]) {
+        first = int(t);
+        break;
+      }
+    const double margin = first >= 0 ? a.margins[size_t(first)] : NAN;
+    nll_a += a.nll;
+    nll_b += b.nll;
+    scored += double(prompts[i].size() - 1);
+    if (first < 0) ++matches;
+    else {
+      ++diverged;
+      first_sum += first;
+      margin_sum += margin;
+    }
+    std::printf("  %6zu %8s %16s %14s\n", i, first < 0 ? "yes" : "no", first < 0 ? "-" : std::to_string(first).c_str(),
+                first < 0 ? "-" : fmt::format("{:.4f}", margin).c_str());
+    rows.push_back({{"prompt", i}, {"match", first < 0}, {"first_divergence", first},
+                    {"a_top2_margin", first < 0 ? json(nullptr) : json(margin)}});
+  }
+  std::printf("drift: %d / %zu outputs match", matches, prompts.size());
+  if (diverged)
+    std::printf("; diverged ones: mean first divergence at token %.1f, mean A top-2 margin there %.4f",
+                first_sum / diverged, margin_sum / diverged);
+  std::printf("\n");
+  const double ppl_a = std::exp(nll_a / std::max(scored, 1.0)), ppl_b = std::exp(nll_b / std::max(scored, 1.0));
+  std::printf("drift: prompt perplexity (teacher-forced, %.0f tokens): A %.4f, B %.4f (B / A - 1 = %+.3f%%)\n",
+              scored, ppl_a, ppl_b, 100.0 * (ppl_b / ppl_a - 1.0));
+  if (!o.json_out.empty())
+    std::ofstream(o.json_out) << json{{"a", {{"quantization", o.a_quant}, {"device", o.a_device}}},
+                                      {"b", {{"quantization", o.b_quant}, {"device", o.b_device}}},
+                                      {"max_tokens", o.max_tokens},
+                                      {"matches", matches},
+                                      {"perplexity", {{"a", ppl_a}, {"b", ppl_b}, {"tokens", scored}}},
+                                      {"prompts", rows}}
+                                     .dump(2)
+                              << "\n";
+  return 0;
+}
+
+}  // namespace
+
+std::unique_ptr<Fp8Commands> add_fp8_commands(CLI::App& app) {
+  auto o = std::make_unique<Fp8Commands>();
+  auto quant_check = CLI::IsMember({"none", "fp8"});
+  CLI::App* p = app.add_subcommand("probe", "FP8 stage probes of one MoE layer and the forward vs the ideal quantised chain");
+  p->add_option("--model", o->model_dir, "model directory")->required();
+  p->add_option("--quantization,-q", o->quantization, "fp8: quantise at load (none: the checkpoint must be FP8)")
+      ->check(quant_check);
+  device_choices(p->add_option("--device", o->device));
+  p->add_option("--layer", o->layer, "MoE layer to probe (-1: the first)");
+  p->add_option("--prompt", o->prompt, "prompt text (needs tokenizer.json)");
+  p->add_option("--prompt-ids", o->prompt_ids, "comma-separated token ids");
+  p->add_option("--prompt-len", o->prompt_len, "length of the seeded random prompt otherwise");
+  p->add_option("--seed", o->seed, "seed of the random prompt");
+  p->add_option("--json", o->json_out, "also write the report as JSON to this file");
+  o->probe = p;
+  CLI::App* d = app.add_subcommand("drift", "greedy outputs of N prompts under two configurations: matches, first divergence, margin");
+  d->add_option("--model", o->model_dir, "model directory")->required();
+  d->add_option("--a-quantization", o->a_quant, "configuration A: none | fp8")->check(quant_check);
+  d->add_option("--b-quantization", o->b_quant, "configuration B: none | fp8")->check(quant_check);
+  device_choices(d->add_option("--a-device", o->a_device));
+  device_choices(d->add_option("--b-device", o->b_device));
+  d->add_option("--num-prompts", o->num_prompts, "prompts")->check(CLI::Range(1, 100000));
+  d->add_option("--max-tokens", o->max_tokens, "greedy tokens per prompt")->check(CLI::Range(1, 100000));
+  d->add_option("--prompts-file", o->prompts_file,
+                "JSONL with \"question\" or \"prompt\" strings (e.g. GSM8K test.jsonl); default: seeded random ids");
+  d->add_option("--prompt-len", o->prompt_len, "length of the seeded random prompts");
+  d->add_flag("--with-answers", o->with_answers,
+              "--prompts-file: append each line's \"answer\" to its prompt (perplexity over questions and answers)");
+  d->add_option("--seed", o->seed, "seed of the random prompts");
+  d->add_option("--json", o->json_out, "also write the report as JSON to this file");
+  o->drift = d;
+  return o;
+}
+
+int Fp8Commands::run() {
+  if (*probe) return run_probe(*this);
+  return run_drift(*this);
+}
+
+}  // namespace moefold

@@ -1,0 +1,34 @@
+// `moefold probe` and `moefold drift`: FP8 accuracy tools (docs/fp8.md).
+//   probe: stage probes of one MoE layer with FP8 experts against the ideal quantised chain (after the
+//          expert GEMMs, per slot, after the combine, the layer output) and the whole forward (logits
+//          against the CPU's fp32 chain over the same FP8 weights, and against the unquantised model
+//          when --quantization fp8 quantised it).
+//   drift: N prompts decoded greedily under two configurations (--a-* / --b-*: quantization, device):
+//          how many outputs match, where the first divergence falls, and config A's top-2 margin there;
+//          plus both configurations' perplexity over the prompts (teacher-forced).
+#pragma once
+#include <CLI/CLI.hpp>
+#include <memory>
+#include <string>
+
+namespace moefold {
+
+struct Fp8Commands {
+  CLI::App* probe = nullptr;
+  CLI::App* drift = nullptr;
+  std::string model_dir, device = "cpu", quantization = "fp8", prompt, prompt_ids, json_out, prompts_file;
+  int layer = -1;
+  // drift
+  std::string a_quant = "none", b_quant = "fp8", a_device = "cpu", b_device = "cpu";
+  int num_prompts = 30, max_tokens = 32, prompt_len = 16;
+  bool with_answers = false;
+  uint64_t seed = 0;
+  /// Runs whichever subcommand was parsed; prints its report (and writes JSON with --json). Returns the
+  /// exit code. Throws moefold::Error.
+  int run();
+};
+
+/// Adds `probe` and `drift` to `app`. The returned object must live until parsing and run() are done.
+std::unique_ptr<Fp8Commands> add_fp8_commands(CLI::App& app);
+
+}  // namespace moefold

@@ -1,0 +1,58 @@
+#include "models/cuda/fp8_probe_gpu.h"
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "ops/cuda/cuda_check.h"
+#include "ops/cuda/device_buffer.h"
+#include "ops/cuda/moe_fp8.h"
+
+namespace moefold {
+
+MoeStageOutputs moe_stages_gpu(const float* x, int64_t T, const std::vector<int32_t>& ids,
+                               const std::vector<float>& weights, const MoeWeights& m, const ModelConfig& c) {
+  (void)weights;  // recomputed on the GPU from its own router logits (same experts, replayed)
+  MOEFOLD_CHECK(m.gate_up.fp8 && m.down.fp8, "probe --device cuda: the experts are not FP8");
+  const int E = int(c.num_experts), k = int(c.num_experts_per_tok), H = int(c.hidden_size),
+            I = int(c.moe_intermediate_size);
+  MOEFOLD_CHECK(T >= 1 && T <= cuda::kMoeFp8MaxRows, "probe --device cuda: {} tokens (1 .. {})", T,
+                cuda::kMoeFp8MaxRows);
+  using bf16 = __nv_bfloat16;
+  auto bf = [](const float* p, size_t n) {
+    std::vector<float> v(p, p + n);
+    return cuda::to_device_bf16(v);
+  };
+  auto dx = bf(x, size_t(T * H));
+  auto drouter = bf(m.router.w.data(), size_t(E) * H);
+  auto gq = cuda::to_device(m.gate_up.fp8->q), dq = cuda::to_device(m.down.fp8->q);
+  auto gs = cuda::to_device(m.gate_up.fp8->scale), ds = cuda::to_device(m.down.fp8->scale);
+  cuda::MoeShape s{int(T), E, k, H, I};
+  s.expert_tiles = cuda::kMoeExpertGemv;
+  cuda::DeviceBuffer<uint8_t> wsb(cuda::moe_workspace_bytes(s));
+  cuda::MoeWorkspace ws = cuda::moe_workspace_bind(wsb.data(), wsb.size(), s);
+  cuda::DeviceBuffer<bf16> out(size_t(T * H));
+  cuda::DeviceBuffer<int32_t> rep = cuda::to_device(ids);
+  cuda::DeviceBuffer<int32_t> live = cuda::to_device(std::vector<int32_t>{int32_t(T)});  // the chain reads it
+  cuda::moe_fp8_forward(dx.data(), drouter.data(), gq.data(), gs.data(), dq.data(), ds.data(), nullptr, nullptr,
+                        nullptr, live.data(), s, c.norm_topk_prob, ws, out.data(), nullptr, rep.data());
+  MOEFOLD_CUDA_CHECK(cudaDeviceSynchronize());
+  const size_t P = size_t(T) * k;
+  std::vector<int32_t> pairs(P);
+  std::vector<uint16_t> act(P * I), y(P * H), o(size_t(T * H));
+  MoeStageOutputs r;
+  r.weights.resize(P);
+  MOEFOLD_CUDA_CHECK(cudaMemcpy(pairs.data(), ws.pairs, P * 4, cudaMemcpyDeviceToHost));
+  MOEFOLD_CUDA_CHECK(cudaMemcpy(r.weights.data(), ws.weights, P * 4, cudaMemcpyDeviceToHost));
+  MOEFOLD_CUDA_CHECK(cudaMemcpy(act.data(), ws.act, act.size() * 2, cudaMemcpyDeviceToHost));
+  MOEFOLD_CUDA_CHECK(cudaMemcpy(y.data(), ws.y, y.size() * 2, cudaMemcpyDeviceToHost));
+  MOEFOLD_CUDA_CHECK(cudaMemcpy(o.data(), out.data(), o.size() * 2, cudaMemcpyDeviceToHost));
+  r.act.resize(P * I);
+  for (size_t j = 0; j < P; ++j)
+    for (int i = 0; i < I; ++i) r.act[size_t(pairs[j]) * I + i] = bf16_to_f32(act[j * I + i]);
+  r.y.resize(y.size());
+  for (size_t i = 0; i < y.size(); ++i) r.y[i] = bf16_to_f32(y[i]);
+  r.out.resize(o.size());
+  for (size_t i = 0; i < o.size(); ++i) r.out[i] = bf16_to_f32(o[i]);
+  return r;
+}
+
+}  // namespace moefold

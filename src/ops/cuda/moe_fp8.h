@@ -1,0 +1,45 @@
+// Routed experts with block-scaled FP8 weights (core/fp8_block.h) at decode sizes: the split GEMV of
+// moe_gemv.cu over the same plan (tiles of <= 8 pairs of one expert), streaming each touched expert's
+// e4m3 weights and fp32 per-row block scales once over all SMs (W8A16: bf16 activations, weights decoded
+// exactly, fp32 accumulation; reduction order of fp8.cuh, fixed by the shape: bitwise batch-invariant at
+// every capacity). Router, top-k, plan and combine are the bf16 chain's own (moe.h), so expert 0 and
+// expert E-1 are routed, planned and combined like any other and padding rows are never touched.
+//
+// Layouts: gate_up [E, 2I, H] e4m3 (rows 0..I-1 gate, I..2I-1 up of each expert; per-expert checkpoints
+// stacked so), gate_up_scale [E * 2I, ceil(H / 128)] fp32; down [E, H, I] e4m3, down_scale
+// [E * H, ceil(I / 128)]. Math per pair (row t, expert e): act = bf16(silu(g) * u) with g, u the fp32
+// sums; y = bf16(act . down_e). Shapes: moe.h's MoeShape (H % 128 == 0, I % 64 == 0).
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "ops/cuda/moe.h"
+
+namespace moefold::cuda {
+
+/// The most step rows the FP8 expert GEMV path takes (larger steps dequantise to bf16 and run the tiles).
+inline constexpr int kMoeFp8MaxRows = 256;
+
+/// ws.act[j, :] for every planned pair j (see the header). The plan must come from moe_route / moe_plan
+/// with a shape whose expert_tiles is kMoeExpertGemv (8-pair tiles), e.g. moe_fp8_forward's.
+/// Asynchronous; throws moefold::Error for an unsupported shape or a launch failure.
+void moe_fp8_expert_gate_up(const __nv_bfloat16* x, const uint8_t* gate_up, const float* gate_up_scale,
+                            const MoeShape& shape, const MoeWorkspace& ws, cudaStream_t stream);
+
+/// ws.y[pair, :] for every planned pair. Same preconditions. Asynchronous.
+void moe_fp8_expert_down(const uint8_t* down, const float* down_scale, const MoeShape& shape,
+                         const MoeWorkspace& ws, cudaStream_t stream);
+
+/// The routed chain of moe_forward with FP8 experts: router logits -> moe_route (GEMV tiles) -> FP8
+/// gate_up -> FP8 down -> moe_combine (fp32, slot order, + gated shared expert + residual).
+/// shape.capacity <= kMoeFp8MaxRows. Arguments otherwise as moe_forward.
+void moe_fp8_forward(const __nv_bfloat16* x, const __nv_bfloat16* w_router, const uint8_t* gate_up,
+                     const float* gate_up_scale, const uint8_t* down, const float* down_scale,
+                     const __nv_bfloat16* shared_out, const __nv_bfloat16* shared_gate_w,
+                     const __nv_bfloat16* residual, const int32_t* num_rows, const MoeShape& shape, bool renormalize,
+                     const MoeWorkspace& ws, __nv_bfloat16* out, cudaStream_t stream,
+                     const int32_t* replay = nullptr);
+
+}  // namespace moefold::cuda

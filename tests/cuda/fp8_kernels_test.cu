@@ -1,0 +1,363 @@
+// Contract tests of the block-scaled FP8 kernels (src/ops/cuda/fp8_gemv.h, moe_fp8.h) against the ideal
+// quantised chain in fp64 (src/ops/cpu/fp8_ideal.h: the same quantised weights, exact arithmetic; the
+// kernels are W8A16, so the reference takes the activations as given): rows 1, 2, 17, 64, 113, 256 (dense)
+// and 1, 2, 17, 64 (experts) at a capacity above the live count (live count read from device memory),
+// poisoned outputs, padding rows untouched (bytes), a row alone bitwise equal to the same row in the
+// batch, partial blocks (K = 576, N = 192, I = 192), E 8 .. 512, and routing replays in which only expert
+// 0 (resp. only expert E-1) is routed. The stage probes (after the expert GEMMs, per slot, after the
+// combine) are printed against the chain with FP8 activations (1 x 128) too, for scale. Skips without a
+// GPU. Fp8Bench.* (MOEFOLD_FP8_BENCH=1) prints the decode-size bandwidth table (L2 flushed per run).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <array>
+#include <functional>
+#include <memory>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/fp8_block.h"
+#include "cuda/contract.h"
+#include "cuda/cuda_test_util.h"
+#include "ops/cpu/fp8_ideal.h"
+#include "ops/cuda/cuda_check.h"
+#include "ops/cuda/fp8_gemv.h"
+#include "ops/cuda/moe_fp8.h"
+
+namespace moefold::cuda {
+namespace {
+
+using test::contract;
+using test::contract_exact;
+using bf16 = __nv_bfloat16;
+
+/// A random [rows, cols] weight quantised to FP8 (std ~ 1/sqrt(cols)), with a few blocks scaled up and
+/// down by 2^+-6 so the block scales differ a lot.
+Fp8Weight rand_fp8(int64_t rows, int64_t cols, uint64_t seed) {
+  std::vector<float> w = test::rand_bf16(size_t(rows * cols), seed, 1.7f / std::sqrt(float(cols)));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      const int64_t b = (r / 128) * 7 + c / 128;
+      if (b % 5 == 1) w[size_t(r * cols + c)] *= 64.0f;
+      if (b % 5 == 3) w[size_t(r * cols + c)] /= 64.0f;
+    }
+  return fp8_quantize(w.data(), 1, rows, cols);
+}
+
+struct DevFp8 {
+  DeviceBuffer<uint8_t> q;
+  DeviceBuffer<float> s;
+  explicit DevFp8(const Fp8Weight& w) : q(w.q.size()), s(w.scale.size()) {
+    q.upload(w.q);
+    s.upload(w.scale);
+  }
+};
+
+std::vector<uint16_t> bits_of(const DeviceBuffer<bf16>& d) { return test::host_bits(d); }
+
+std::vector<float> to_f32(const std::vector<uint16_t>& b, size_t from, size_t to) {
+  std::vector<float> v;
+  for (size_t i = from; i < to; ++i) v.push_back(bf16_to_f32(b[i]));
+  return v;
+}
+
+// ---- dense ---------------------------------------------------------------------------------------
+
+void dense_case(int64_t K, int64_t N, int64_t T, int64_t cap, bool bias) {
+  const std::string shape = "K=" + std::to_string(K) + ",N=" + std::to_string(N) + ",T=" + std::to_string(T) +
+                            ",cap=" + std::to_string(cap) + (bias ? ",bias" : "");
+  const Fp8Weight w = rand_fp8(N, K, uint64_t(K * 31 + N));
+  DevFp8 dw(w);
+  std::vector<float> x = test::rand_bf16(size_t(cap * K), uint64_t(T + 7));
+  std::vector<float> b = test::rand_bf16(size_t(N), 99, 0.5f);
+  auto dx = test::dev_bf16(x);
+  auto db = test::dev_bf16(b);
+  DeviceBuffer<bf16> y(size_t(cap * N));
+  y.fill_bytes(0xFF);
+  DeviceBuffer<int32_t> live(1);
+  live.upload(std::vector<int32_t>{int32_t(T)});
+  fp8_gemv(dx.data(), dw.q.data(), dw.s.data(), bias ? db.data() : nullptr, y.data(), cap, K, N, live.data(), nullptr);
+  MOEFOLD_CUDA_CHECK(cudaDeviceSynchronize());
+  const auto yb = bits_of(y);
+  std::vector<double> ref = cpu::fp8_linear_ideal(x.data(), T, w, false);
+  if (bias)
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t n = 0; n < N; ++n) ref[size_t(t * N + n)] += double(b[size_t(n)]);
+  const auto got = to_f32(yb, 0, size_t(T * N));
+  EXPECT_TRUE(contract("fp8_gemv", shape, cpu::rel_err(got.data(), ref.data(), got.size()), 4e-3));
+  EXPECT_TRUE(contract_exact("fp8_gemv:padding_untouched", shape, test::touched(yb, size_t(T * N), yb.size())));
+  // Batch invariance: the last live row computed alone (max_rows 1) has the same bits.
+  DeviceBuffer<bf16> y1(static_cast<size_t>(N));
+  fp8_gemv(dx.data() + (T - 1) * K, dw.q.data(), dw.s.data(), bias ? db.data() : nullptr, y1.data(), 1, K, N, nullptr,
+           nullptr);
+  MOEFOLD_CUDA_CHECK(cudaDeviceSynchronize());
+  const auto y1b = bits_of(y1);
+  size_t diff = 0;
+  for (int64_t n = 0; n < N; ++n) diff += y1b[size_t(n)] != yb[size_t((T - 1) * N + n)];
+  EXPECT_TRUE(contract_exact("fp8_gemv:row_alone_bitwise", shape, diff));
+}
+
+/// MOEFOLD_FP8_SMALL=1: the small shapes only (compute-sanitizer runs).
+bool small_only() { return std::getenv("MOEFOLD_FP8_SMALL") != nullptr; }
+
+TEST(Fp8Gemv, ContractVsIdealChain) {
+  MOEFOLD_REQUIRE_GPU();
+  std::vector<std::pair<int64_t, int64_t>> shapes = {{2048, 512}, {576, 192}, {144, 100}, {4096, 272}};
+  if (small_only()) shapes = {{576, 192}, {144, 100}};
+  for (auto [K, N] : shapes)
+    for (int64_t T : {1, 2, 17, 64, 113, 256}) dense_case(K, N, T, T == 256 ? 256 : std::max<int64_t>(T + 3, 64), false);
+  dense_case(576, 1536, 17, 32, true);
+}
+
+TEST(Fp8Gemv, DequantiseIsExactBf16OfTheProduct) {
+  MOEFOLD_REQUIRE_GPU();
+  const Fp8Weight w = rand_fp8(300, 576, 5);
+  DevFp8 dw(w);
+  DeviceBuffer<bf16> out(w.q.size());
+  fp8_dequantize_bf16(dw.q.data(), dw.s.data(), w.rows, w.cols, out.data(), nullptr);
+  MOEFOLD_CUDA_CHECK(cudaDeviceSynchronize());
+  const auto ob = bits_of(out);
+  size_t bad = 0;
+  for (int64_t r = 0; r < w.rows; ++r)
+    for (int64_t c = 0; c < w.cols; ++c) bad += ob[size_t(r * w.cols + c)] != f32_to_bf16(w.value(r, c));
+  EXPECT_TRUE(contract_exact("fp8_dequantize_bf16", "300x576", bad));
+}
+
+// ---- routed experts ------------------------------------------------------------------------------
+
+struct MoeCase {
+  int E, k, H, I;
+  Fp8Weight gate_up, down;
+  std::vector<float> router;
+  std::unique_ptr<DevFp8> dgu, ddn;
+  DeviceBuffer<bf16> drouter;
+  MoeCase(int E_, int k_, int H_, int I_) : E(E_), k(k_), H(H_), I(I_) {
+    // Per expert: gate [I, H] and up [I, H] quantised separately (the per-expert release), stacked.
+    for (int e = 0; e < E; ++e) {
+      fp8_append_rows(gate_up, rand_fp8(I, H, uint64_t(e * 3 + 1)));
+      fp8_append_rows(gate_up, rand_fp8(I, H, uint64_t(e * 3 + 2)));
+      fp8_append_rows(down, rand_fp8(H, I, uint64_t(e * 3 + 3)));
+    }
+    dgu = std::make_unique<DevFp8>(gate_up);
+    ddn = std::make_unique<DevFp8>(down);
+    router = test::rand_bf16(size_t(E) * H, 77, 2.0f / std::sqrt(float(H)));
+    drouter = test::dev_bf16(router);
+  }
+  std::string name(int T, int cap) const {
+    char b[128];
+    std::snprintf(b, sizeof b, "E=%d,k=%d,H=%d,I=%d,T=%d,cap=%d", E, k, H, I, T, cap);
+    return b;
+  }
+};
+
+struct MoeRun {
+  std::vector<int32_t> ids, pairs;
+  std::vector<float> weights;
+  std::vector<uint16_t> act, y, out;
+};
+
+MoeRun run_moe(MoeCase& m, const DeviceBuffer<bf16>& x, int T, int cap, const std::vector<int32_t>* replay) {
+  MoeShape s{cap, m.E, m.k, m.H, m.I};
+  s.expert_tiles = kMoeExpertGemv;
+  DeviceBuffer<uint8_t> wsb(moe_workspace_bytes(s));
+  MoeWorkspace ws = moe_workspace_bind(wsb.data(), wsb.size(), s);
+  fill_device_bytes(ws.act, 0xFF, size_t(cap) * m.k * m.I * 2, nullptr);
+  fill_device_bytes(ws.y, 0xFF, size_t(cap) * m.k * m.H * 2, nullptr);
+  DeviceBuffer<bf16> out(size_t(cap) * m.H);
+  out.fill_bytes(0xFF);
+  DeviceBuffer<int32_t> live(1), rep(replay ? replay->size() : 1);
+  live.upload(std::vector<int32_t>{T});
+  if (replay) rep.upload(*replay);
+  moe_fp8_forward(x.data(), m.drouter.data(), m.dgu->q.data(), m.dgu->s.data(), m.ddn->q.data(), m.ddn->s.data(),
+                  nullptr, nullptr, nullptr, live.data(), s, true, ws, out.data(), nullptr,
+                  replay ? rep.data() : nullptr);
+  MOEFOLD_CUDA_CHECK(cudaDeviceSynchronize());
+  MoeRun r;
+  const size_t P = size_t(T) * m.k;
+  r.ids.resize(P);
+  r.weights.resize(P);
+  r.pairs.resize(P);
+  MOEFOLD_CUDA_CHECK(cudaMemcpy(r.ids.data(), ws.ids, P * 4, cudaMemcpyDeviceToHost));
+  MOEFOLD_CUDA_CHECK(cudaMemcpy(r.weights.data(), ws.weights, P * 4, cudaMemcpyDeviceToHost));
+  MOEFOLD_CUDA_CHECK(cudaMemcpy(r.pairs.data(), ws.pairs, P * 4, cudaMemcpyDeviceToHost));
+  r.act.resize(size_t(cap) * m.k * m.I);
+  r.y.resize(size_t(cap) * m.k * m.H);
+  MOEFOLD_CUDA_CHECK(cudaMemcpy(r.act.data(), ws.act, r.act.size() * 2, cudaMemcpyDeviceToHost));
+  MOEFOLD_CUDA_CHECK(cudaMemcpy(r.y.data(), ws.y, r.y.size() * 2, cudaMemcpyDeviceToHost));
+  r.out = bits_of(out);
+  return r;
+}
+
+/// Runs one case and checks it against the ideal chain (routing: the kernel's own, or `replay`).
+void moe_case(MoeCase& m, int T, int cap, const std::vector<int32_t>* replay = nullptr, const char* tag = "") {
+  const std::string shape = m.name(T, cap) + tag;
+  std::vector<float> x = test::rand_bf16(size_t(cap) * m.H, uint64_t(T * 13 + m.E));
+  auto dx = test::dev_bf16(x);
+  MoeRun r = run_moe(m, dx, T, cap, replay);
+  const size_t P = size_t(T) * m.k;
+  if (replay) {
+    size_t bad = 0;
+    for (size_t i = 0; i < P; ++i) bad += r.ids[i] != (*replay)[i];
+    EXPECT_TRUE(contract_exact("moe_fp8:replayed_ids", shape, bad));
+  }
+  const cpu::MoeIdealStages ideal =
+      cpu::moe_fp8_ideal(x.data(), T, r.ids.data(), r.weights.data(), m.k, m.gate_up, m.down, m.E, m.H, m.I, false);
+  const cpu::MoeIdealStages ideal_a8 =
+      cpu::moe_fp8_ideal(x.data(), T, r.ids.data(), r.weights.data(), m.k, m.gate_up, m.down, m.E, m.H, m.I, true);
+  // Stage 1: act, stored at the pair's position j in the plan.
+  std::vector<double> act_ref(P * m.I), act_a8(P * m.I);
+  std::vector<float> act_got(P * m.I);
+  for (size_t j = 0; j < P; ++j) {
+    const size_t pr = size_t(r.pairs[j]);
+    for (int i = 0; i < m.I; ++i) {
+      act_got[j * m.I + i] = bf16_to_f32(r.act[j * m.I + i]);
+      act_ref[j * m.I + i] = ideal.act[pr * m.I + i];
+      act_a8[j * m.I + i] = ideal_a8.act[pr * m.I + i];
+    }
+  }
+  const double e_act = cpu::rel_err(act_got.data(), act_ref.data(), act_got.size());
+  const auto y_got = to_f32(r.y, 0, P * m.H);
+  const double e_y = cpu::rel_err(y_got.data(), ideal.y.data(), y_got.size());
+  const auto out_got = to_f32(r.out, 0, size_t(T) * m.H);
+  const double e_out = cpu::rel_err(out_got.data(), ideal.out.data(), out_got.size());
+  EXPECT_TRUE(contract("moe_fp8:after_gemms(act)", shape, e_act, 5e-3));
+  EXPECT_TRUE(contract("moe_fp8:per_slot(y)", shape, e_y, 5e-3));
+  EXPECT_TRUE(contract("moe_fp8:after_combine", shape, e_out, 5e-3));
+  std::printf("PROBE %s act=%.3e y=%.3e out=%.3e | vs FP8-activation chain: act=%.3e y=%.3e out=%.3e | "
+              "the A8 chain vs the W8A16 one: out=%.3e\n",
+              shape.c_str(), e_act, e_y, e_out, cpu::rel_err(act_got.data(), act_a8.data(), act_got.size()),
+              cpu::rel_err(y_got.data(), ideal_a8.y.data(), y_got.size()),
+              cpu::rel_err(out_got.data(), ideal_a8.out.data(), out_got.size()),
+              cpu::rel_err(ideal_a8.out.data(), ideal.out.data(), ideal.out.size()));
+  // Padding: y rows of pairs >= T * k and out rows >= T are never written.
+  EXPECT_TRUE(contract_exact("moe_fp8:padding_untouched", shape,
+                             test::touched(r.y, P * m.H, r.y.size()) + test::touched(r.out, size_t(T) * m.H, r.out.size())));
+  // Batch invariance: the last live row alone (capacity 1) has the same bits.
+  if (!replay && T > 1) {
+    std::vector<float> xl(x.begin() + ptrdiff_t(size_t(T - 1) * m.H), x.begin() + ptrdiff_t(size_t(T) * m.H));
+    auto dxl = test::dev_bf16(xl);
+    MoeRun one = run_moe(m, dxl, 1, 1, nullptr);
+    size_t diff = 0;
+    for (int h = 0; h < m.H; ++h) diff += one.out[size_t(h)] != r.out[size_t(T - 1) * m.H + h];
+    EXPECT_TRUE(contract_exact("moe_fp8:row_alone_bitwise", shape, diff));
+  }
+}
+
+/// The Qwen3.6-35B-A3B expert shape, built once per binary (its 800 MB of weights take seconds).
+MoeCase& real_shape() {
+  static MoeCase m(256, 8, 2048, 512);
+  return m;
+}
+
+TEST(MoeFp8, ContractVsIdealChain) {
+  MOEFOLD_REQUIRE_GPU();
+  std::vector<std::array<int, 4>> shapes = {{8, 2, 128, 64}, {16, 4, 256, 192}, {256, 8, 2048, 512}, {512, 10, 512, 128}};
+  if (small_only()) shapes = {{8, 2, 128, 64}, {16, 4, 256, 192}};
+  for (auto [E, k, H, I] : shapes) {
+    std::unique_ptr<MoeCase> own;
+    MoeCase& m = E == 256 ? real_shape() : *(own = std::make_unique<MoeCase>(E, k, H, I));
+    for (int T : {1, 2, 17, 64}) moe_case(m, T, std::max(T, 64));
+    moe_case(m, 17, 17);
+  }
+}
+
+// Only expert 0 routed (resp. only expert E-1): k = 1 replays send every token there, so one expert holds
+// all pairs in several 8-pair tiles; nothing may be dropped (the seeds' `expert_id > 0` bug).
+TEST(MoeFp8, OnlyFirstOrOnlyLastExpert) {
+  MOEFOLD_REQUIRE_GPU();
+  for (int E : small_only() ? std::vector<int>{8} : std::vector<int>{8, 256, 512}) {
+    MoeCase m(E, 1, 256, 128);
+    for (int which : {0, E - 1}) {
+      std::vector<int32_t> rep(64, which);
+      moe_case(m, 64, 64, &rep, which == 0 ? ",only_expert_0" : ",only_expert_E-1");
+      moe_case(m, 17, 64, &rep, which == 0 ? ",only_expert_0" : ",only_expert_E-1");
+    }
+  }
+}
+
+// ---- decode-size bandwidth (MOEFOLD_FP8_BENCH=1) ---------------------------------------------------
+
+/// Median us of f() with L2 flushed (a 256 MiB memset) before every timed run.
+double time_cold(const std::function<void()>& f, int iters = 15) {
+  static DeviceBuffer<uint8_t> flush(size_t(256) << 20);
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  std::vector<float> ms;
+  f();
+  for (int i = 0; i < iters; ++i) {
+    flush.fill_bytes(i & 0xFF);
+    cudaEventRecord(a);
+    f();
+    cudaEventRecord(b);
+    cudaEventSynchronize(b);
+    float t = 0;
+    cudaEventElapsedTime(&t, a, b);
+    ms.push_back(t);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(ms.begin(), ms.end());
+  return double(ms[ms.size() / 2]) * 1e3;
+}
+
+TEST(Fp8Bench, DecodeBandwidth) {
+  MOEFOLD_REQUIRE_GPU();
+  if (!std::getenv("MOEFOLD_FP8_BENCH")) GTEST_SKIP() << "set MOEFOLD_FP8_BENCH=1";
+  // The ceiling measured in this run: a device-to-device copy of 1 GiB (read + write bytes).
+  const size_t cb = size_t(1) << 30;
+  DeviceBuffer<uint8_t> c0(cb), c1(cb);
+  const double copy_us = test::time_us([&] { cudaMemcpyAsync(c1.data(), c0.data(), cb, cudaMemcpyDeviceToDevice); }, 2, 10);
+  const double peak = 2.0 * double(cb) / copy_us * 1e-3;  // GB/s
+  std::printf("BENCH ceiling d2d_copy GB/s=%.0f\n", peak);
+  // Routed experts at the Qwen3.6-35B-A3B shape.
+  MoeCase& m = real_shape();
+  for (int T : {1, 2, 4, 8, 16, 32, 64}) {
+    MoeShape s{T, m.E, m.k, m.H, m.I};
+    s.expert_tiles = kMoeExpertGemv;
+    DeviceBuffer<uint8_t> wsb(moe_workspace_bytes(s));
+    MoeWorkspace ws = moe_workspace_bind(wsb.data(), wsb.size(), s);
+    std::vector<float> x = test::rand_bf16(size_t(T) * m.H, uint64_t(T));
+    auto dx = test::dev_bf16(x);
+    DeviceBuffer<bf16> out(size_t(T) * m.H);
+    DeviceBuffer<int32_t> live(1);
+    live.upload(std::vector<int32_t>{T});
+    moe_fp8_forward(dx.data(), m.drouter.data(), m.dgu->q.data(), m.dgu->s.data(), m.ddn->q.data(), m.ddn->s.data(),
+                    nullptr, nullptr, nullptr, live.data(), s, true, ws, out.data(), nullptr);
+    MOEFOLD_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<int32_t> counts(size_t(m.E));
+    MOEFOLD_CUDA_CHECK(cudaMemcpy(counts.data(), ws.counts, size_t(m.E) * 4, cudaMemcpyDeviceToHost));
+    const double touched = double(std::count_if(counts.begin(), counts.end(), [](int c) { return c > 0; }));
+    const double gu_bytes = touched * 2 * m.I * (m.H + double(m.H / 128) * 4);
+    const double dn_bytes = touched * m.H * (m.I + double(m.I / 128) * 4);
+    const double tg = time_cold([&] { moe_fp8_expert_gate_up(dx.data(), m.dgu->q.data(), m.dgu->s.data(), s, ws, nullptr); });
+    const double td = time_cold([&] { moe_fp8_expert_down(m.ddn->q.data(), m.ddn->s.data(), s, ws, nullptr); });
+    std::printf("BENCH moe_fp8 T=%d touched=%.0f gate_up us=%.1f GB/s=%.0f (%.0f%%) down us=%.1f GB/s=%.0f (%.0f%%) "
+                "both GB/s=%.0f (%.0f%%)\n",
+                T, touched, tg, gu_bytes / tg * 1e-3, 100 * gu_bytes / tg * 1e-3 / peak, td, dn_bytes / td * 1e-3,
+                100 * dn_bytes / td * 1e-3 / peak, (gu_bytes + dn_bytes) / (tg + td) * 1e-3,
+                100 * (gu_bytes + dn_bytes) / (tg + td) * 1e-3 / peak);
+  }
+  // Dense projections of that model: q|gate (8192 x 2048), o_proj (2048 x 4096), DeltaNet qkv|z (12288 x 2048).
+  for (auto [N, K] : std::vector<std::pair<int64_t, int64_t>>{{8192, 2048}, {2048, 4096}, {12288, 2048}}) {
+    const Fp8Weight w = rand_fp8(N, K, 1);
+    DevFp8 dw(w);
+    for (int T : {1, 2, 4, 8, 16, 32, 64}) {
+      auto dx = test::dev_bf16(test::rand_bf16(size_t(T) * K, 3));
+      DeviceBuffer<bf16> y(size_t(T) * N);
+      const double us = time_cold([&] { fp8_gemv(dx.data(), dw.q.data(), dw.s.data(), nullptr, y.data(), T, K, N, nullptr, nullptr); });
+      const double bytes = double(N) * (K + double(K / 128) * 4);
+      std::printf("BENCH fp8_gemv N=%lld K=%lld T=%d us=%.1f GB/s=%.0f (%.0f%%)\n", (long long)N, (long long)K, T, us,
+                  bytes / us * 1e-3, 100 * bytes / us * 1e-3 / peak);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace moefold::cuda

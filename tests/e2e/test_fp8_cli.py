@@ -1,0 +1,66 @@
+"""`moefold probe` and `moefold drift` (docs/fp8.md) and `--quantization fp8` on the command line, on the
+tiny qwen3_5_moe fixture (CPU): the probe's CPU chain equals the ideal quantised chain up to fp32
+rounding while the FP8-activation variant differs by FP8 rounding; drift of a configuration against
+itself matches everywhere; FP8 against bf16 reports each prompt with a divergence and its margin."""
+
+import json
+import subprocess
+
+import pytest
+
+from conftest import ROOT, binary
+
+FIXTURE = ROOT / "tests" / "fixtures" / "qwen3_5_moe"
+FP8_FIXTURE = ROOT / "tests" / "fixtures" / "fp8" / "qwen3_5_moe_per_expert_bf16"
+
+
+def run(*args, timeout=120):
+    return subprocess.run([binary(), *map(str, args)], capture_output=True, text=True, timeout=timeout)
+
+
+def test_probe_reports_stages_against_the_ideal_chain(tmp_path):
+    out = tmp_path / "probe.json"
+    r = run("probe", "--model", FIXTURE, "-q", "fp8", "--prompt-ids", "1,2,3,4,5,6,7,8", "--json", out)
+    assert r.returncode == 0, r.stderr
+    assert "after the combine" in r.stdout
+    j = json.loads(out.read_text())
+    moe = j["moe"]
+    for key in ("after_gemms", "per_slot", "after_combine", "layer_output"):
+        assert moe[key] < 1e-5, (key, moe)
+    for key in ("a8_after_gemms", "a8_per_slot", "a8_after_combine"):
+        assert 1e-3 < moe[key] < 0.1, (key, moe)
+    assert 0 < j["forward_fp8_vs_unquantised"] < 1
+
+
+def test_probe_of_an_fp8_checkpoint_needs_no_flag():
+    if not FP8_FIXTURE.is_dir():
+        pytest.skip("tests/fixtures/fp8 is made by scripts/make_fp8_fixtures.py (scripts/test.sh runs it)")
+    r = run("probe", "--model", FP8_FIXTURE, "-q", "none", "--prompt-len", "5")
+    assert r.returncode == 0, r.stderr
+    r = run("probe", "--model", FIXTURE, "-q", "none")
+    assert r.returncode != 0 and "not FP8" in r.stderr
+
+
+def test_drift_against_itself_matches_and_fp8_against_bf16_reports_divergences(tmp_path):
+    out = tmp_path / "drift.json"
+    r = run("drift", "--model", FIXTURE, "--a-quantization", "fp8", "--b-quantization", "fp8", "--num-prompts", "3",
+            "--max-tokens", "6", "--json", out)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(out.read_text())["matches"] == 3
+    r = run("drift", "--model", FIXTURE, "--num-prompts", "4", "--max-tokens", "6", "--json", out)
+    assert r.returncode == 0, r.stderr
+    j = json.loads(out.read_text())
+    assert len(j["prompts"]) == 4 and j["b"]["quantization"] == "fp8"
+    for p in j["prompts"]:
+        assert p["match"] == (p["first_divergence"] == -1)
+        if not p["match"]:
+            assert 0 <= p["first_divergence"] < 6 and p["a_top2_margin"] >= 0
+
+
+def test_generate_takes_quantization_fp8():
+    r = run("generate", "--model", FIXTURE, "--prompt-ids", "1,2,3", "--max-tokens", "4", "--output", "json",
+            "--quantization", "fp8")
+    assert r.returncode == 0, r.stderr
+    assert len(json.loads(r.stdout)["tokens"]) == 4
+    r = run("generate", "--model", FIXTURE, "--prompt-ids", "1", "--quantization", "int4")
+    assert r.returncode != 0
