@@ -272,7 +272,7 @@ std::unique_ptr<DeepseekV4Model> load_deepseek_v4(const std::string& dir, bool d
   if (mt != "deepseek_v4") fail("'{}': model_type '{}' is not deepseek_v4", path, mt);
   DeepseekV4Config cfg = DeepseekV4Config::from_json(j);
   check_memory_fits(count_deepseek_v4_params(cfg).total * 4, available_memory_bytes(),
-                    fmt::format("model '{}' (deepseek_v4 fp32 weights)", dir));
+                    fmt::format("model '{}' (deepseek_v4 fp32 weights)", dir), /*gpu_runs_it=*/false);
   Dsv4Weights w;
   if (dummy) {
     DummyReader r(seed);

@@ -34,7 +34,8 @@ std::unique_ptr<Model> load_model(const std::string& dir, LoadFormat format, uin
          "Model", dir);
   // Both sources materialise every tensor in fp32 on the host: refuse before allocating any of it.
   check_memory_fits(cpu_weight_bytes(cfg), available_memory_bytes(),
-                    fmt::format("model '{}' ({} fp32 weights)", dir, family_name(cfg.family)));
+                    fmt::format("model '{}' ({} fp32 weights)", dir, family_name(cfg.family)),
+                    /*gpu_runs_it=*/!cfg.mla.enabled());
   std::unique_ptr<WeightSource> src = make_weight_source(dir, cfg, format, seed, quant);
   ModelWeights w = load_weights(cfg, *src);
   return std::make_unique<Model>(std::move(cfg), std::move(w));

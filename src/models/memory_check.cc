@@ -68,11 +68,13 @@ int64_t cpu_cache_bytes(const ModelConfig& cfg, int64_t num_blocks, int64_t bloc
   return num_blocks * block_size * cfg.kv_bytes_per_token(4) + num_slots * cfg.deltanet_state_bytes_per_seq(4);
 }
 
-void check_memory_fits(int64_t needed, std::optional<int64_t> available, const std::string& what) {
+void check_memory_fits(int64_t needed, std::optional<int64_t> available, const std::string& what,
+                       bool gpu_runs_it) {
   if (!available || needed <= *available) return;
-  fail("{} needs {} ({} bytes) but only {} ({} bytes) of memory is available (MemAvailable, cgroup limit); "
-       "use a smaller model or --load-format dummy on a GPU (--device cuda)",
-       what, gib(needed), needed, gib(*available), *available);
+  fail("{} needs {} ({} bytes) but only {} ({} bytes) of memory is available (MemAvailable, cgroup limit); {}",
+       what, gib(needed), needed, gib(*available), *available,
+       gpu_runs_it ? "use a smaller model or --load-format dummy on a GPU (--device cuda)"
+                   : "this family runs on the CPU backend only, so use a smaller config (fewer layers or experts)");
 }
 
 }  // namespace moefold

@@ -28,7 +28,9 @@ int64_t cpu_weight_bytes(const ModelConfig& cfg);
 int64_t cpu_cache_bytes(const ModelConfig& cfg, int64_t num_blocks, int64_t block_size, int64_t num_slots);
 
 /// Throws Error "<what> needs N GiB ... but only M GiB of memory is available" when `needed` exceeds
-/// `available`; does nothing when `available` is nullopt (unknown).
-void check_memory_fits(int64_t needed, std::optional<int64_t> available, const std::string& what);
+/// `available`; does nothing when `available` is nullopt (unknown). The message suggests dummy weights on
+/// a GPU only when `gpu_runs_it` (the model's family has a CUDA path).
+void check_memory_fits(int64_t needed, std::optional<int64_t> available, const std::string& what,
+                       bool gpu_runs_it = true);
 
 }  // namespace moefold

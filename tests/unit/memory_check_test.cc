@@ -49,6 +49,17 @@ TEST(MemoryCheck, The35BShapeDoesNotFitInLessThanItsWeights) {
   EXPECT_NO_THROW(check_memory_fits(need, std::nullopt, "x"));
 }
 
+TEST(MemoryCheck, ACpuOnlyFamilyIsNotToldToUseTheGpu) {
+  try {
+    check_memory_fits(int64_t(2) << 30, int64_t(1) << 30, "model 'v4'", /*gpu_runs_it=*/false);
+    FAIL() << "2 GiB fit in 1 GiB";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_EQ(msg.find("--device cuda"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("CPU backend only"), std::string::npos) << msg;
+  }
+}
+
 TEST(MemoryCheck, CacheBytesFollowTheConfig) {
   std::ifstream f(moefold::test::kSourceDir.string() + "/tests/fixtures/qwen3_5_moe_text/config.json");
   ModelConfig c = ModelConfig::from_json(json::parse(f));
