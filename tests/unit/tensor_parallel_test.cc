@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <map>
 #include <memory>
 
@@ -217,6 +218,28 @@ TEST(TensorParallelFp8, ShardsInsideAScaleBlockTakeItsScale) {
     const ParallelConfig p{N, false, 0};
     auto r = runner_for(m, &p);
     EXPECT_LE(max_diff(prompt_logits(*r, kPrompts[0]), ref_logits), tolerance(ref_logits)) << "TP " << N;
+  }
+}
+
+// The FP8 checkpoints of tests/fixtures/fp8 (scripts/make_fp8_fixtures.py, run by scripts/test.sh
+// before CTest): per-expert and fused experts, bf16 and f32 scales, every shard cutting a scale block.
+TEST(TensorParallelFp8, Fp8CheckpointsGiveTp1TokensAtTp2Tp4AndEp4) {
+  const auto dir = test::kFixtures / "fp8";
+  if (!std::filesystem::is_directory(dir)) GTEST_SKIP() << dir << " is missing: run scripts/make_fp8_fixtures.py";
+  for (const char* name : {"qwen3_5_moe_per_expert_bf16", "qwen3_moe_fused_bf16", "qwen3_moe_per_expert_f32"}) {
+    SCOPED_TRACE(name);
+    const Model& m = fixture_model(std::string("fp8/") + name);
+    ASSERT_TRUE(m.weights().layers[0].moe.down.fp8);
+    const int64_t V = m.config().vocab_size;
+    auto ref = runner_for(m, nullptr);
+    const auto ref_logits = prompt_logits(*ref, kPrompts[0]);
+    const auto ref_tokens = test::greedy_together(*ref, kPrompts, {0, 1}, 4, V);
+    for (const ParallelConfig& p : {ParallelConfig{2, false, 0}, ParallelConfig{4, false, 0}, ParallelConfig{4, true, 0}}) {
+      auto r = runner_for(m, &p);
+      EXPECT_LE(max_diff(prompt_logits(*r, kPrompts[0]), ref_logits), tolerance(ref_logits))
+          << "TP " << p.tensor_parallel_size << " EP " << p.ep_size();
+      EXPECT_EQ(test::greedy_together(*r, kPrompts, {0, 1}, 4, V), ref_tokens);
+    }
   }
 }
 
