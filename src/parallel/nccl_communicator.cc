@@ -27,7 +27,10 @@ void nvls_off() { setenv("NCCL_NVLS_ENABLE", "0", 0); }
 class NcclCommunicator : public Communicator {
  public:
   NcclCommunicator(ncclComm_t c, int rank, int world, int device) : comm_(c), rank_(rank), world_(world), device_(device) {}
-  ~NcclCommunicator() override { ncclCommDestroy(comm_); }
+  ~NcclCommunicator() override {
+    if (scratch_) cudaFree(scratch_);
+    ncclCommDestroy(comm_);
+  }
   int rank() const override { return rank_; }
   int world_size() const override { return world_; }
   std::string backend() const override { return "nccl"; }
@@ -64,7 +67,7 @@ class NcclCommunicator : public Communicator {
   }
   // A one-element all-reduce on a scratch word, waited for on the host.
   void barrier() override {
-    if (!scratch_) check_cuda(cudaMalloc(&scratch_, sizeof(float)), "cudaMalloc (barrier scratch)");
+    if (!scratch_) check_cuda(cudaMalloc(reinterpret_cast<void**>(&scratch_), sizeof(float)), "cudaMalloc (barrier scratch)");
     check(ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, comm_, stream_), "barrier");
     check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize (barrier)");
   }

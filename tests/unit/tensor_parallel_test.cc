@@ -9,6 +9,9 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <unistd.h>
 #include <map>
 #include <memory>
 
@@ -126,6 +129,34 @@ TEST_P(TensorParallel, RepeatedStepsAreBitwiseDeterministic) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, TensorParallel, ::testing::ValuesIn(test::fixture_families()));
+
+// A vocabulary that the ranks do not divide (the last shard is short and padded in the all-gather)
+// and projections with biases (a row-parallel bias is added once, by rank 0): the qwen3 and llama
+// fixture configs changed so, with dummy weights.
+TEST(TensorParallel, UnevenVocabularyAndBiasesMatchTp1) {
+  for (auto [fam, vocab] : std::vector<std::pair<std::string, int>>{{"qwen3", 383}, {"llama", 385}}) {
+    SCOPED_TRACE(fam);
+    const auto dir = std::filesystem::temp_directory_path() / ("moefold_tp_" + fam + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir);
+    std::ifstream in(test::kFixtures / fam / "config.json");
+    nlohmann::json cfg = nlohmann::json::parse(in);
+    cfg["vocab_size"] = vocab;
+    cfg["attention_bias"] = true;
+    if (fam == "llama") cfg["mlp_bias"] = true;
+    std::ofstream(dir / "config.json") << cfg.dump();
+    auto m = load_model(dir.string(), LoadFormat::Dummy, 3);
+    auto ref = runner_for(*m, nullptr);
+    const auto ref_logits = prompt_logits(*ref, kPrompts[1]);
+    for (int N : {2, 4}) {
+      const ParallelConfig p{N, false, 0};
+      auto r = runner_for(*m, &p);
+      const auto logits = prompt_logits(*r, kPrompts[1]);
+      ASSERT_EQ(logits.size(), ref_logits.size());
+      EXPECT_LE(max_diff(logits, ref_logits), tolerance(ref_logits)) << "TP " << N;
+    }
+    std::filesystem::remove_all(dir);
+  }
+}
 
 TEST(TensorParallelPlan, HeadsSplitOrReplicateWithTheirGroups) {
   const ModelConfig c = fixture_model("qwen3_next").config();  // 4 q / 2 kv heads, DeltaNet 2 key / 4 value
