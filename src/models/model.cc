@@ -53,8 +53,8 @@ const prof::Kernel kExperts{"cpu::moe_experts", Category::RoutedExpertGemm};
 const prof::Kernel kSwiglu{"cpu::swiglu", Category::Other};
 const prof::Kernel kSharedCombine{"cpu::shared_expert_combine", Category::MoeRouting};
 // Tensor / expert parallel collectives (CPU communicator: shared-memory copies and sums).
-const prof::Kernel kAllReduce{"cpu::all_reduce", Category::Glue};
-const prof::Kernel kAllGather{"cpu::all_gather:logits", Category::Glue};
+const prof::Kernel kAllReduce{"cpu::all_reduce", Category::Communication};
+const prof::Kernel kAllGather{"cpu::all_gather:logits", Category::Communication};
 
 /// Runs f as one call of op k (a HostScope around it).
 template <class F>
@@ -408,10 +408,9 @@ void Model::moe_expert_parallel(size_t l, const float* x, float* out, int64_t T,
   const RankShard& s = shard_.shard;
   const LocalExperts ex{m.gate_up.data(), m.down.data(), s.experts.begin, s.experts.count, cfg_.hidden_size,
                         cfg_.moe_intermediate_size, emulate_bf16_};
-  const int64_t k = cfg_.num_experts_per_tok, H = cfg_.hidden_size, I = cfg_.moe_intermediate_size;
-  timed(kExperts, rw(double(s.experts.count) * 3 * H * I + 2.0 * T * H, double(T * H), 2.0 * T * k * 3 * H * I), [&] {
-    routed_pairs_.fetch_add(expert_parallel_moe(*shard_.comm, s, ex, x, ids, wts, T, k, out), std::memory_order_relaxed);
-  });
+  const int64_t k = cfg_.num_experts_per_tok;
+  // Times its own expert GEMMs (cpu::moe_experts:ep) and messages (cpu::all_to_all:moe_dispatch).
+  routed_pairs_.fetch_add(expert_parallel_moe(*shard_.comm, s, ex, x, ids, wts, T, k, out), std::memory_order_relaxed);
 }
 
 // Dense SwiGLU MLP: out = down(silu(gate(x)) * up(x)).

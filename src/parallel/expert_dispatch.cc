@@ -6,16 +6,32 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/kernel_registry.h"
+#include "core/profiler.h"
 #include "ops/cpu/linear.h"
 
 namespace moefold {
 
 namespace {
 
+const prof::Kernel kEpExperts{"cpu::moe_experts:ep", prof::Category::RoutedExpertGemm};
+const prof::Kernel kDispatch{"cpu::all_to_all:moe_dispatch", prof::Category::Communication};
+
+/// One all_to_all_v of the dispatch, timed as communication (bytes: what this rank sends and receives).
+void exchange(Communicator& comm, const float* send, std::span<const int64_t> sc, std::span<const int64_t> so,
+              float* recv, std::span<const int64_t> rc, std::span<const int64_t> ro) {
+  double n = 0;
+  for (size_t r = 0; r < sc.size(); ++r) n += double(sc[r] + rc[r]);
+  prof::HostScope scope(kDispatch, prof::Work{4.0 * n, 0});
+  comm.all_to_all_v(send, sc, so, recv, rc, ro);
+}
+
 /// ys[i] = E_{local[i]}(xs[i]) for n rows of H: grouped by expert (ascending row order inside each),
 /// each group through the 16-row-tile linear, so a row's bits do not depend on its group.
 void run_experts(const LocalExperts& ex, const float* xs, const int32_t* local, int64_t n, float* ys) {
   const int64_t H = ex.hidden, I = ex.inter;
+  // The weights of the experts used, x read and y written; 3 H x I products per row.
+  prof::HostScope scope(kEpExperts, prof::Work{4.0 * (double(ex.count) * 3 * H * I + 2.0 * n * H), 6.0 * n * H * I});
   std::vector<std::vector<int64_t>> by_expert(static_cast<size_t>(ex.count));
   for (int64_t i = 0; i < n; ++i) by_expert[size_t(local[i])].push_back(i);
   std::vector<float> xg, gu, act, yg;
@@ -98,7 +114,7 @@ int64_t all_to_all_mode(Communicator& comm, const RankShard& s, const LocalExper
   for (int r = 0; r < N; ++r) iota[size_t(r)] = r;
   std::vector<float> n_send(static_cast<size_t>(N)), n_recv(static_cast<size_t>(N));
   for (int r = 0; r < N; ++r) n_send[size_t(r)] = float(to[size_t(r)].size() / size_t(rec));
-  comm.all_to_all_v(n_send.data(), ones, iota, n_recv.data(), ones, iota);
+  exchange(comm, n_send.data(), ones, iota, n_recv.data(), ones, iota);
   // 2. The records.
   std::vector<float> send, recv;
   std::vector<int64_t> sc(static_cast<size_t>(N)), so(static_cast<size_t>(N)), rc(static_cast<size_t>(N)), ro(static_cast<size_t>(N));
@@ -112,7 +128,7 @@ int64_t all_to_all_mode(Communicator& comm, const RankShard& s, const LocalExper
     total_in += int64_t(n_recv[size_t(r)]);
   }
   recv.resize(static_cast<size_t>(total_in * rec));
-  comm.all_to_all_v(send.data(), sc, so, recv.data(), rc, ro);
+  exchange(comm, send.data(), sc, so, recv.data(), rc, ro);
   // 3. This rank's experts on what it received, then the outputs back to where the records came from.
   std::vector<float> xs(static_cast<size_t>(total_in * H)), ys(static_cast<size_t>(total_in * H));
   std::vector<int32_t> local(static_cast<size_t>(total_in));
@@ -133,7 +149,7 @@ int64_t all_to_all_mode(Communicator& comm, const RankShard& s, const LocalExper
     back_total += brc[size_t(r)];
   }
   std::vector<float> outs(static_cast<size_t>(back_total));
-  comm.all_to_all_v(ys.data(), bsc, bso, outs.data(), brc, bro);
+  exchange(comm, ys.data(), bsc, bso, outs.data(), brc, bro);
   // 4. Combine this rank's rows: per slot, the expert's output (its splits summed in split order),
   // weighted, accumulated in slot order.
   std::vector<float> y(static_cast<size_t>(H));

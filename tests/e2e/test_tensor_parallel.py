@@ -62,7 +62,7 @@ def test_sizes_that_do_not_divide_the_model_fail_clearly():
 
 
 def test_help_lists_the_parallel_flags():
-    for cmd in ("generate", "chat", "logits", "serve"):
+    for cmd in ("generate", "chat", "logits", "serve", "profile"):
         r = run(cmd, "--help")
         assert r.returncode == 0
         for flag in ("--tensor-parallel-size", "--enable-expert-parallel", "--expert-parallel-size"):
@@ -82,3 +82,12 @@ def test_serve_with_tp_and_ep_answers_like_tp1(model, start_server):
             assert f'moefold_expert_routed_pairs_total{{rank="{args[1] - 1}"}}' in s.metrics_text()
         s.stop()
     assert texts[1] == texts[0] and texts[2] == texts[0]
+
+
+def test_profile_shows_the_collectives_as_communication():
+    r = run("profile", "--model", FIXTURES / "qwen3_5_moe", "--workload", "prefill:16", "--workload", "decode:1x4",
+            "-tp", 2, "--enable-expert-parallel", "--require-kernel", "cpu::all_to_all:moe_dispatch")
+    assert r.returncode == 0, r.stderr
+    for kernel in ("cpu::all_reduce", "cpu::all_gather:logits", "cpu::all_to_all:moe_dispatch", "cpu::moe_experts:ep"):
+        assert kernel in r.stdout, kernel
+    assert any(line.startswith("communication") for line in r.stdout.splitlines())
