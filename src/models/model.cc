@@ -148,7 +148,7 @@ void Model::forward(const ForwardBatch& b, KvCache& kv, StatePool& st, std::vect
     if (cfg_.mla.enabled()) mla_attention(l, b, x.data(), y.data(), kv);
     else if (cfg_.layer_types[l] == LayerType::FullAttention) attention(l, b, x.data(), y.data(), kv);
     else deltanet(l, b, x.data(), y.data(), st);
-    if (!cfg_.mla.enabled() || !shard_.shard.attention_replicated) all_reduce(y.data(), T * H);  // row-parallel sum
+    all_reduce(y.data(), T * H);  // row-parallel sum
     timed(kResidual, add_work, [&] { for (size_t i = 0; i < h.size(); ++i) h[i] += y[i]; });
     round_act(h.data(), T * H);
     // h = h + FFN(RMSNorm_post(h))

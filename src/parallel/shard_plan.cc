@@ -57,13 +57,14 @@ RankShard plan_shard(const ModelConfig& c, const ParallelConfig& p, int rank) {
   s.rank = rank;
   s.world = N;
   s.dispatch = p.dispatch;
-  s.attention_replicated = c.mla.enabled();
   bool any_full = false, any_linear = false, any_moe = false, any_dense = false;
   for (size_t l = 0; l < c.layer_types.size(); ++l) {
     (c.layer_types[l] == LayerType::FullAttention ? any_full : any_linear) = true;
     (c.layer_is_moe[l] ? any_moe : any_dense) = true;
   }
-  if (any_full && !s.attention_replicated)
+  if (any_full && c.mla.enabled())
+    s.q_heads = even(c.num_heads, N, rank, "MLA attention heads"), s.kv_heads = {0, c.num_kv_heads};
+  else if (any_full)
     std::tie(s.q_heads, s.kv_heads) =
         grouped(c.num_heads, c.num_kv_heads, N, rank, "attention heads", "key/value heads");
   else
@@ -93,10 +94,8 @@ RankShard plan_shard(const ModelConfig& c, const ParallelConfig& p, int rank) {
 ModelConfig local_config(const ModelConfig& c, const RankShard& s) {
   ModelConfig l = c;
   if (s.world == 1) return l;
-  if (!s.attention_replicated) {
-    l.num_heads = s.q_heads.count;
-    l.num_kv_heads = s.kv_heads.count;
-  }
+  l.num_heads = s.q_heads.count;
+  if (!c.mla.enabled()) l.num_kv_heads = s.kv_heads.count;
   if (s.v_heads.count > 0) {
     l.linear_num_value_heads = s.v_heads.count;
     l.linear_num_key_heads = s.k_heads.count;

@@ -42,14 +42,15 @@ struct Range {
   int64_t begin = 0, count = 0;
 };
 
-/// What rank `rank` of a group holds. Grouped heads (query heads over KV heads, DeltaNet value heads
+/// What rank `rank` of a group holds. MLA (DeepSeek-V3.2) splits its query heads (q_b_proj, kv_b_proj
+/// and o_proj per head) and replicates the low-rank projections, the latent cache and the lightning
+/// indexer (every rank keeps the same keys). Grouped heads (query heads over KV heads, DeltaNet value heads
 /// over key heads) split so that a rank's query heads read only its KV heads: KV (key) heads split
 /// when the group size divides them and are replicated (one per rank) when the group size is a
 /// multiple of them.
 struct RankShard {
   int rank = 0, world = 1;
-  bool attention_replicated = false;  ///< MLA (DeepSeek-V3.2): every rank runs the whole attention
-  Range q_heads, kv_heads;            ///< full attention
+  Range q_heads, kv_heads;            ///< full attention (MLA: query heads; its latent cache is per token)
   Range k_heads, v_heads;             ///< Gated DeltaNet
   Range mlp_cols;                     ///< dense MLP intermediate columns
   Range shared_cols;                  ///< shared expert intermediate columns

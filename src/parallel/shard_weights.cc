@@ -106,8 +106,14 @@ ModelWeights shard_weights(const ModelConfig& c, const ModelWeights& w, const Ra
       G.A_log = rows_of(g.A_log, 1, {s.v_heads});
       G.norm = copy(g.norm);  // per value head dim: the same for every head
       G.out_proj = row_parallel(g.out_proj, v, s.rank);
-    } else if (s.attention_replicated) {
-      O.mla = L.mla;
+    } else if (c.mla.enabled()) {  // per-head q_b_proj, kv_b_proj, o_proj; the rest replicated
+      const MlaWeights& a = L.mla;
+      MlaWeights& A = O.mla;
+      A = a;
+      const MlaConfig& m = c.mla;
+      A.q_b_proj = col_parallel(a.q_b_proj, {scaled(s.q_heads, m.qk_head_dim())});
+      A.kv_b_proj = col_parallel(a.kv_b_proj, {scaled(s.q_heads, m.qk_nope_head_dim + m.v_head_dim)});
+      A.o_proj = row_parallel(a.o_proj, scaled(s.q_heads, m.v_head_dim), s.rank);
     } else {
       const AttentionWeights& a = L.attn;
       AttentionWeights& A = O.attn;

@@ -158,6 +158,20 @@ TEST(TensorParallel, UnevenVocabularyAndBiasesMatchTp1) {
   }
 }
 
+// DeepSeek-V3.2 past index_topk (24 in the fixture): the replicated lightning indexer keeps the same
+// keys on every rank while the MLA heads split.
+TEST(TensorParallel, DeepseekV32BeyondTheIndexerTopkMatchesTp1) {
+  const Model& m = fixture_model("deepseek_v32");
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 40; ++i) prompt.push_back((i * 37 + 11) % 128);
+  auto ref = runner_for(m, nullptr);
+  const auto ref_logits = prompt_logits(*ref, prompt);
+  for (const ParallelConfig& p : {ParallelConfig{2, false, 0}, ParallelConfig{4, true, 0}}) {
+    auto r = runner_for(m, &p);
+    EXPECT_LE(max_diff(prompt_logits(*r, prompt), ref_logits), tolerance(ref_logits)) << "TP " << p.tensor_parallel_size;
+  }
+}
+
 TEST(TensorParallelPlan, HeadsSplitOrReplicateWithTheirGroups) {
   const ModelConfig c = fixture_model("qwen3_next").config();  // 4 q / 2 kv heads, DeltaNet 2 key / 4 value
   for (int r = 0; r < 4; ++r) {
