@@ -41,10 +41,10 @@ class CpuParallelExecutor : public Executor {
           std::make_unique<Model>(local, shard_weights(cfg_, full.weights(), s), ShardContext{&group_.comm(r), s}),
           KvCache(local, nb, bs), StatePool(local, ns)));
     }
-    // The ranks' matrix products share the cores: OpenBLAS gets cores / ranks threads per call.
+    // The ranks' matrix products share the cores: each OpenBLAS call gets its share of the threads
+    // OpenBLAS had (the cores, or OPENBLAS_NUM_THREADS), so N ranks never run N full pools.
     blas_threads_before_ = openblas_get_num_threads();
-    const int hw = int(std::max(1u, std::thread::hardware_concurrency()));
-    openblas_set_num_threads(std::max(1, hw / N));
+    openblas_set_num_threads(std::max(1, blas_threads_before_ / N));
     for (int r = 1; r < N; ++r) workers_.emplace_back([this, r] { worker(r); });
   }
 
@@ -59,7 +59,7 @@ class CpuParallelExecutor : public Executor {
   }
 
   const ModelConfig& config() const override { return cfg_; }
-  std::string device() const override { return fmt::format("cpu (tensor parallel {})", ranks_.size()); }
+  std::string device() const override { return "cpu"; }
   int32_t num_kv_blocks() const override { return ranks_[0]->kv.num_blocks; }
   void reset_slot(int32_t s) override {
     for (auto& r : ranks_) r->states.reset(s);

@@ -2,8 +2,9 @@
 // each rank a Model over its shard (parallel/shard_weights.h) with its own KV cache and DeltaNet
 // state pool (sharded with their heads), stepping together on every ForwardBatch. What the runner,
 // the scheduler and the CLI see is one Executor, as with one device. The ranks share the machine's
-// cores: while the executor lives, OpenBLAS runs max(1, cores / ranks) threads per call, so N ranks
-// doing their own matrix products never start N full pools.
+// cores: while the executor lives, OpenBLAS runs max(1, its threads / ranks) threads per call (its
+// threads: the cores or OPENBLAS_NUM_THREADS), so N ranks doing their own products never start N
+// full pools.
 #pragma once
 #include <cstdint>
 #include <memory>

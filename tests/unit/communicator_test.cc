@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <functional>
 #include <thread>
 #include <vector>
@@ -52,7 +53,11 @@ TEST_P(CommContract, AllReduceSumEqualsRankOrderSumOnEveryRank) {
     std::vector<float> ref = bufs[0];
     for (int r = 1; r < N; ++r)
       for (int64_t i = 0; i < n; ++i) ref[size_t(i)] += bufs[size_t(r)][size_t(i)];
-    run_ranks(g, [&](Communicator& c) { c.all_reduce_sum(bufs[size_t(c.rank())].data(), n); });
+    run_ranks(g, [&](Communicator& c) {
+      // Different arrival orders per call: the result must not depend on them.
+      std::this_thread::sleep_for(std::chrono::microseconds(((c.rank() * 7 + int(call) * 3) % 4) * 200));
+      c.all_reduce_sum(bufs[size_t(c.rank())].data(), n);
+    });
     for (int r = 0; r < N; ++r) EXPECT_EQ(bufs[size_t(r)], ref) << "rank " << r << " call " << call;
   }
 }
