@@ -24,6 +24,8 @@
 #include "cli/bench_command.h"
 #include "cli/device_option.h"
 #include "cli/generation_stats.h"
+#include "cli/parallel_options.h"
+#include "parallel/cpu_parallel_executor.h"
 #include "cli/fp8_commands.h"
 #include "cli/profile_command.h"
 #include "cli/serve_command.h"
@@ -66,6 +68,7 @@ struct GpuOpts {
 };
 std::string g_quantization;  ///< --quantization of the model commands
 GpuOpts g_gpu;
+ParallelConfig g_parallel;  ///< --tensor-parallel-size, --enable-expert-parallel, --expert-parallel-size
 
 /// A runner for one sequence of up to `tokens` tokens on `device` ("cpu" or "cuda").
 std::unique_ptr<ModelRunner> make_runner(const std::string& dir, LoadFormat format, uint64_t seed,
@@ -73,9 +76,23 @@ std::unique_ptr<ModelRunner> make_runner(const std::string& dir, LoadFormat form
                                          std::unique_ptr<Model>& cpu_model) {
   const int32_t bs = 16;
   RunnerOptions opt{(tokens + bs - 1) / bs + 1, bs, 1};
-  if (device == "cpu" && ModelConfig::from_dir(dir).family == Family::DeepseekV4)
+  validate(g_parallel);
+  const bool tp = g_parallel.tensor_parallel_size > 1;
+  if (device == "cpu" && ModelConfig::from_dir(dir).family == Family::DeepseekV4) {
+    MOEFOLD_CHECK(!tp, "--tensor-parallel-size {}: DeepSeek-V4 runs on its own forward, which has no sharding yet",
+                  g_parallel.tensor_parallel_size);
     return std::make_unique<ModelRunner>(
         make_deepseek_v4_executor(dir, format == LoadFormat::Dummy, seed, opt.num_blocks, opt.max_seqs), opt);
+  }
+  if (device == "cpu" && tp) {  // the whole model is loaded, sharded over the ranks, then freed
+    auto full = load_model(dir, format, seed, parse_quantization(g_quantization));
+    return std::make_unique<ModelRunner>(
+        make_cpu_parallel_executor(*full, g_parallel, opt.num_blocks, opt.block_size, opt.max_seqs), opt);
+  }
+  MOEFOLD_CHECK(!tp || device == "cpu",
+                "--tensor-parallel-size {} --device {}: tensor parallelism runs on the CPU backend only so far (the "
+                "GPU executor has no NCCL sharding yet)",
+                g_parallel.tensor_parallel_size, device);
   if (device == "cpu") {
     cpu_model = load_model(dir, format, seed, parse_quantization(g_quantization));
     return std::make_unique<ModelRunner>(*cpu_model, opt);
@@ -255,6 +272,7 @@ int run_command(int argc, char** argv) {
     c->add_flag("--enforce-eager", g_gpu.enforce_eager, "--device cuda: run decode steps eagerly (no CUDA graphs)");
     c->add_flag("--batch-invariant,!--no-batch-invariant", g_gpu.batch_invariant,
                 "--device cuda: kernels whose per-row results do not depend on the rest of the batch (default: on)");
+    add_parallel_options(c, g_parallel);
   };
   auto* inspect = app.add_subcommand("inspect", "model facts from config.json, without loading weights");
   inspect->add_option("--model", model_dir, "model directory")->required();
@@ -292,7 +310,10 @@ int run_command(int argc, char** argv) {
   device_choices(serve->app->get_option("--device"));
   for (CLI::App* c : {logits, generate, chat, serve->app, bench->offline->app, profile->app}) add_require_kernel(c);
 
-  CLI11_PARSE(app, argc, argv);
+  std::vector<std::string> args = expand_parallel_short_flags(argc, argv);  // -tp N (vLLM's short name)
+  std::vector<char*> arg_ptrs;
+  for (auto& a : args) arg_ptrs.push_back(a.data());
+  CLI11_PARSE(app, int(arg_ptrs.size()), arg_ptrs.data());
   try {
     prof::check_kernel_names(g_required_kernels);  // a typo fails before the model loads
     if (*inspect) return cmd_inspect(model_dir, as_json);

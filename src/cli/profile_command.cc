@@ -1,6 +1,9 @@
 // `moefold profile` (contract: profile_command.h).
 #include "cli/profile_command.h"
 
+#include "cli/parallel_options.h"
+#include "parallel/cpu_parallel_executor.h"
+
 #include <chrono>
 #include <cstdio>
 #include <ctime>
@@ -30,6 +33,7 @@ std::unique_ptr<ProfileCommand> add_profile_command(CLI::App& app) {
   c->add_option("--load-format", p->load_format, "auto | safetensors | dummy (seeded random weights)");
   device_choices(c->add_option("--device", p->device));
   c->add_option("--seed", p->seed, "seed for dummy weights");
+  add_parallel_options(c, p->parallel);
   c->add_option("--workload", p->workloads,
                 "prefill:N | decode:BxC | mixed:BxPxD (repeatable; run in order on one model load)")
       ->required();
@@ -110,7 +114,15 @@ int ProfileCommand::run() {
   std::fflush(stdout);
 
   const auto t_load = std::chrono::steady_clock::now();
-  if (device == "cpu") {
+  MOEFOLD_CHECK(parallel.tensor_parallel_size == 1 || device == "cpu",
+                "--tensor-parallel-size {} --device {}: tensor parallelism runs on the CPU backend only so far",
+                parallel.tensor_parallel_size, device);
+  if (device == "cpu" && parallel.tensor_parallel_size > 1) {  // the ranks' ops overlap on the timeline
+    auto full = load_model(model_dir, format, seed);
+    runner = std::make_unique<ModelRunner>(
+        make_cpu_parallel_executor(*full, parallel, ro.num_blocks, ro.block_size, ro.max_seqs), ro);
+    prof::set_device_timer(nullptr);
+  } else if (device == "cpu") {
     cpu_model = load_model(model_dir, format, seed);
     runner = std::make_unique<ModelRunner>(*cpu_model, ro);
     prof::set_device_timer(nullptr);

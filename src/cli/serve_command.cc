@@ -1,6 +1,8 @@
 // `moefold serve` options (contract: serve_command.h).
 #include "cli/serve_command.h"
 
+#include "cli/parallel_options.h"
+
 namespace moefold {
 
 std::unique_ptr<ServeCommand> add_serve_command(CLI::App& app) {
@@ -73,6 +75,7 @@ std::unique_ptr<ServeCommand> add_serve_command(CLI::App& app) {
       ->check(CLI::IsMember({"qwen3_coder", "hermes"}));
   c->add_flag("--enable-auto-tool-choice", o.enable_auto_tool_choice,
               "parse tool calls when a request's tool_choice is \"auto\" (the default with tools)");
+  add_parallel_options(c, o.parallel);
   c->add_option("--reasoning-parser", o.reasoning_parser,
                 "split thinking into reasoning_content: qwen3 | deepseek_r1 (default: none)")
       ->check(CLI::IsMember({"qwen3", "deepseek_r1"}));

@@ -1,5 +1,6 @@
 #include "core/fp8_block.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 
@@ -80,6 +81,44 @@ void fp8_append_rows(Fp8Weight& a, const Fp8Weight& b) {
   a.rows += b.rows;
   a.q.insert(a.q.end(), b.q.begin(), b.q.end());
   a.scale.insert(a.scale.end(), b.scale.begin(), b.scale.end());
+}
+
+Fp8Weight fp8_slice_rows(const Fp8Weight& w, int64_t r0, int64_t n) {
+  MOEFOLD_CHECK(r0 >= 0 && n >= 0 && r0 + n <= w.rows, "fp8: rows [{}, {}) outside a weight of {} rows", r0, r0 + n,
+                w.rows);
+  Fp8Weight out;
+  out.rows = n;
+  out.cols = w.cols;
+  const int64_t bc = w.col_blocks();
+  out.q.assign(w.q.begin() + r0 * w.cols, w.q.begin() + (r0 + n) * w.cols);
+  out.scale.assign(w.scale.begin() + r0 * bc, w.scale.begin() + (r0 + n) * bc);
+  return out;
+}
+
+bool fp8_cols_sliceable(int64_t cols, int64_t c0, int64_t n) {
+  if (c0 < 0 || n <= 0 || c0 + n > cols) return false;
+  return c0 % kFp8BlockSize == 0 || c0 / kFp8BlockSize == (c0 + n - 1) / kFp8BlockSize;
+}
+
+Fp8Weight fp8_slice_cols(const Fp8Weight& w, int64_t c0, int64_t n) {
+  MOEFOLD_CHECK(c0 >= 0 && n > 0 && c0 + n <= w.cols, "fp8: columns [{}, {}) outside a weight of {} columns", c0,
+                c0 + n, w.cols);
+  MOEFOLD_CHECK(fp8_cols_sliceable(w.cols, c0, n),
+                "fp8: columns [{}, {}) start inside a 128-wide scale block and cross into the next one: the "
+                "slice's blocks would need two scales",
+                c0, c0 + n);
+  Fp8Weight out;
+  out.rows = w.rows;
+  out.cols = n;
+  const int64_t bc = w.col_blocks(), obc = out.col_blocks();
+  out.q.resize(size_t(w.rows * n));
+  out.scale.resize(size_t(w.rows * obc));
+  for (int64_t r = 0; r < w.rows; ++r) {
+    std::copy(w.q.begin() + r * w.cols + c0, w.q.begin() + r * w.cols + c0 + n, out.q.begin() + r * n);
+    for (int64_t kb = 0; kb < obc; ++kb)
+      out.scale[size_t(r * obc + kb)] = w.scale[size_t(r * bc + (c0 + kb * kFp8BlockSize) / kFp8BlockSize)];
+  }
+  return out;
 }
 
 }  // namespace moefold

@@ -42,4 +42,20 @@ std::vector<float> fp8_dequantize(const Fp8Weight& w);
 /// Appends b's rows below a's (same cols; throws Error otherwise). An empty `a` becomes b.
 void fp8_append_rows(Fp8Weight& a, const Fp8Weight& b);
 
+/// Rows [r0, r0 + n) of `w` (a tensor-parallel shard of a column-parallel weight): scales are per row,
+/// so any row range is exact. Throws Error for a range outside w.
+Fp8Weight fp8_slice_rows(const Fp8Weight& w, int64_t r0, int64_t n);
+
+/// Whether columns [c0, c0 + n) of a `cols`-wide weight keep whole scale blocks in the slice's own
+/// 128-column grid: c0 a multiple of 128, or the slice lying inside one 128-wide block (a shard of
+/// 64 or 32 columns of a shared block, as a 512-wide expert split 8 ways gives).
+bool fp8_cols_sliceable(int64_t cols, int64_t c0, int64_t n);
+
+/// Columns [c0, c0 + n) of `w` (a shard of a row-parallel weight): the slice's block kb takes the
+/// scale of the source block holding its columns, so a shard inside a shared 128-wide block takes
+/// that block's scale; dequantising the slice gives exactly the same values as slicing the
+/// dequantised weight. Throws Error when !fp8_cols_sliceable (the slice would straddle two source
+/// blocks inside one of its own) or the range is outside w.
+Fp8Weight fp8_slice_cols(const Fp8Weight& w, int64_t c0, int64_t n);
+
 }  // namespace moefold

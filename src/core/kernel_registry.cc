@@ -55,6 +55,7 @@ std::string_view category_name(Category c) {
     case Category::Glue: return "glue";
     case Category::Sampling: return "sampling";
     case Category::Other: return "other";
+    case Category::Communication: return "communication";
   }
   return "other";
 }
@@ -72,6 +73,7 @@ std::string_view category_label(Category c) {
     case Category::Glue: return "glue (copies, casts)";
     case Category::Sampling: return "sampling";
     case Category::Other: return "other";
+    case Category::Communication: return "communication";
   }
   return "other";
 }

@@ -35,8 +35,9 @@ enum class Category : uint8_t {
   Glue,              ///< copies and casts: uploads, downloads, memsets, gathers, KV-cache writes, bf16 rounding
   Sampling,          ///< token selection (GPU sampling kernels, the CPU sampler)
   Other,             ///< elementwise math that is none of the above (SwiGLU, residual adds, output gate)
+  Communication,     ///< tensor / expert parallel collectives: all-reduce, all-gather, all-to-all
 };
-inline constexpr int kNumCategories = 11;
+inline constexpr int kNumCategories = 12;
 
 /// Machine name of a category ("routed_expert_gemm", "dense_gemm", ..., "other").
 std::string_view category_name(Category c);

@@ -15,6 +15,8 @@
 #include "ops/cpu/moe.h"
 #include "ops/cpu/norm.h"
 #include "ops/cpu/rope.h"
+#include "parallel/communicator.h"
+#include "parallel/expert_dispatch.h"
 
 namespace moefold {
 
@@ -50,6 +52,9 @@ const prof::Kernel kZero{"cpu::zero_fill", Category::Glue};
 const prof::Kernel kExperts{"cpu::moe_experts", Category::RoutedExpertGemm};
 const prof::Kernel kSwiglu{"cpu::swiglu", Category::Other};
 const prof::Kernel kSharedCombine{"cpu::shared_expert_combine", Category::MoeRouting};
+// Tensor / expert parallel collectives (CPU communicator: shared-memory copies and sums).
+const prof::Kernel kAllReduce{"cpu::all_reduce", Category::Communication};
+const prof::Kernel kAllGather{"cpu::all_gather:logits", Category::Communication};
 
 /// Runs f as one call of op k (a HostScope around it).
 template <class F>
@@ -84,6 +89,18 @@ void Model::proj(const Linear& l, const float* x, float* y, int64_t T) const {
   round_act(y, T * l.out);
 }
 
+Model::Model(ModelConfig cfg, ModelWeights weights, ShardContext shard) : Model(std::move(cfg), std::move(weights)) {
+  shard_ = std::move(shard);
+  MOEFOLD_CHECK(!shard_.comm || shard_.comm->world_size() == shard_.shard.world,
+                "Model: a shard of a {}-rank group was given a communicator of {} ranks", shard_.shard.world,
+                shard_.comm ? shard_.comm->world_size() : 0);
+}
+
+void Model::all_reduce(float* p, int64_t n) const {
+  if (!sharded()) return;
+  timed(kAllReduce, rw(double(n) * shard_.shard.world, double(n)), [&] { shard_.comm->all_reduce_sum(p, n); });
+}
+
 Model::Model(ModelConfig cfg, ModelWeights weights) : cfg_(std::move(cfg)), w_(std::move(weights)) {
   inv_freq_ = rope_inv_freq(cfg_.rotary_dim, cfg_.rope_theta, cfg_.rope_llama3_factor, cfg_.rope_llama3_low_freq,
                             cfg_.rope_llama3_high_freq, cfg_.rope_llama3_original_max);
@@ -109,13 +126,18 @@ void Model::forward(const ForwardBatch& b, KvCache& kv, StatePool& st, std::vect
 
   // h = embed(tokens)
   std::vector<float> h(static_cast<size_t>(T * H)), x(static_cast<size_t>(T * H)), y(static_cast<size_t>(T * H));
+  // Vocab-parallel: a rank holds rows [v0, v0 + vn) and zeros the others; the all-reduce adds each
+  // row to zeros only, so h is the same bits as unsharded.
+  const int64_t v0 = sharded() ? shard_.shard.vocab.begin : 0, vn = sharded() ? shard_.shard.vocab.count : V;
   timed(kEmbed, rw(double(T * H), double(T * H)), [&] {
     for (int64_t t = 0; t < T; ++t) {
       const int32_t id = b.token_ids[size_t(t)];
       MOEFOLD_CHECK(id >= 0 && id < V, "token id {} is outside the vocabulary [0, {})", id, V);
-      std::memcpy(&h[size_t(t * H)], w_.embed.data() + size_t(id) * size_t(H), size_t(H) * 4);
+      if (id >= v0 && id < v0 + vn)
+        std::memcpy(&h[size_t(t * H)], w_.embed.data() + size_t(id - v0) * size_t(H), size_t(H) * 4);
     }
   });
+  all_reduce(h.data(), T * H);
   const prof::Work norm_work = rw(double(T * H + H), double(T * H)), add_work = rw(2.0 * T * H, double(T * H));
 
   for (size_t l = 0; l < w_.layers.size(); ++l) {
@@ -126,6 +148,7 @@ void Model::forward(const ForwardBatch& b, KvCache& kv, StatePool& st, std::vect
     if (cfg_.mla.enabled()) mla_attention(l, b, x.data(), y.data(), kv);
     else if (cfg_.layer_types[l] == LayerType::FullAttention) attention(l, b, x.data(), y.data(), kv);
     else deltanet(l, b, x.data(), y.data(), st);
+    all_reduce(y.data(), T * H);  // row-parallel sum
     timed(kResidual, add_work, [&] { for (size_t i = 0; i < h.size(); ++i) h[i] += y[i]; });
     round_act(h.data(), T * H);
     // h = h + FFN(RMSNorm_post(h))
@@ -138,6 +161,7 @@ void Model::forward(const ForwardBatch& b, KvCache& kv, StatePool& st, std::vect
     } else {
       mlp(l, x.data(), y.data(), T);
     }
+    all_reduce(y.data(), T * H);  // row-parallel / expert-parallel sum
     if (ffn_tap_) ffn_tap_(l, h.data(), x.data(), y.data(), T);
     timed(kResidual, add_work, [&] { for (size_t i = 0; i < h.size(); ++i) h[i] += y[i]; });
     round_act(h.data(), T * H);
@@ -154,8 +178,23 @@ void Model::forward(const ForwardBatch& b, KvCache& kv, StatePool& st, std::vect
   }
   round_act(hr.data(), R * H);
   logits.resize(size_t(R * V));
-  timed(kLmHead, rw(double(R * H + H * V), double(R * V), 2.0 * double(R) * H * V),
-        [&] { linear(hr.data(), w_.lm_head_param().data(), nullptr, logits.data(), R, H, V); });
+  if (!sharded()) {
+    timed(kLmHead, rw(double(R * H + H * V), double(R * V), 2.0 * double(R) * H * V),
+          [&] { linear(hr.data(), w_.lm_head_param().data(), nullptr, logits.data(), R, H, V); });
+    return;
+  }
+  // Vocab-parallel lm_head: each rank's [R, vocab_shard] block (zero-padded), gathered in rank order.
+  const int64_t N = shard_.shard.world, Vs = shard_.shard.vocab_shard;
+  std::vector<float> part(static_cast<size_t>(R * Vs), 0.0f), all(static_cast<size_t>(N * R * Vs));
+  std::vector<float> mine(static_cast<size_t>(R * vn));
+  timed(kLmHead, rw(double(R * H + H * vn), double(R * vn), 2.0 * double(R) * H * vn),
+        [&] { linear(hr.data(), w_.lm_head_param().data(), nullptr, mine.data(), R, H, vn); });
+  for (int64_t r = 0; r < R; ++r) std::copy_n(&mine[size_t(r * vn)], vn, &part[size_t(r * Vs)]);
+  timed(kAllGather, rw(double(R * Vs), double(N * R * Vs)), [&] { shard_.comm->all_gather(part.data(), all.data(), R * Vs); });
+  for (int64_t k = 0; k < N; ++k) {
+    const int64_t b0 = k * Vs, n = std::min(V, b0 + Vs) - std::min(V, b0);
+    for (int64_t r = 0; r < R; ++r) std::copy_n(&all[size_t((k * R + r) * Vs)], n, &logits[size_t(r * V + b0)]);
+  }
 }
 
 // Gated softmax attention (transformers Qwen3_5MoeAttention; Qwen3Attention and LlamaAttention are the
@@ -331,15 +370,20 @@ void Model::moe(size_t l, const float* x, float* out, int64_t T, const int32_t* 
   }
   if (chosen) std::copy(ids.begin(), ids.end(), chosen);
   timed(kZero, rw(0, double(T * H)), [&] { std::fill_n(out, T * H, 0.0f); });
-  // The touched experts' weights, x and the routing read, out read and written; 3 H x I products per pair.
-  std::vector<bool> touched(size_t(E), false);
-  for (int32_t e : ids) touched[size_t(e)] = true;
-  const double n_touched = double(std::count(touched.begin(), touched.end(), true));
-  const prof::Work expert_work = rw(n_touched * 3 * H * I + double(T * H) + 2.0 * T * k + double(T * H),
-                                    double(T * H), 2.0 * T * k * 3 * H * I);
-  timed(kExperts, expert_work, [&] {
-    moe_experts(x, m.gate_up.data(), m.down.data(), ids.data(), wts.data(), out, T, H, I, E, k, emulate_bf16_);
-  });
+  if (sharded() && shard_.shard.experts.count < E) {
+    moe_expert_parallel(l, x, out, T, ids.data(), wts.data());
+  } else {
+    routed_pairs_.fetch_add(T * k, std::memory_order_relaxed);
+    // The touched experts' weights, x and the routing read, out read and written; 3 H x I products per pair.
+    std::vector<bool> touched(size_t(E), false);
+    for (int32_t e : ids) touched[size_t(e)] = true;
+    const double n_touched = double(std::count(touched.begin(), touched.end(), true));
+    const prof::Work expert_work = rw(n_touched * 3 * H * I + double(T * H) + 2.0 * T * k + double(T * H),
+                                      double(T * H), 2.0 * T * k * 3 * H * I);
+    timed(kExperts, expert_work, [&] {
+      moe_experts(x, m.gate_up.data(), m.down.data(), ids.data(), wts.data(), out, T, H, I, E, k, emulate_bf16_);
+    });
+  }
   if (cfg_.shared_expert_intermediate_size > 0) {
     const int64_t Is = cfg_.shared_expert_intermediate_size;
     std::vector<float> gu(static_cast<size_t>(T * 2 * Is)), act(static_cast<size_t>(T * Is)), ys(static_cast<size_t>(T * H)), sg(static_cast<size_t>(T));
@@ -356,6 +400,17 @@ void Model::moe(size_t l, const float* x, float* out, int64_t T, const int32_t* 
       }
     });
   }
+}
+
+void Model::moe_expert_parallel(size_t l, const float* x, float* out, int64_t T, const int32_t* ids,
+                                const float* wts) const {
+  const MoeWeights& m = w_.layers[l].moe;
+  const RankShard& s = shard_.shard;
+  const LocalExperts ex{m.gate_up.data(), m.down.data(), s.experts.begin, s.experts.count, cfg_.hidden_size,
+                        cfg_.moe_intermediate_size, emulate_bf16_};
+  const int64_t k = cfg_.num_experts_per_tok;
+  // Times its own expert GEMMs (cpu::moe_experts:ep) and messages (cpu::all_to_all:moe_dispatch).
+  routed_pairs_.fetch_add(expert_parallel_moe(*shard_.comm, s, ex, x, ids, wts, T, k, out), std::memory_order_relaxed);
 }
 
 // Dense SwiGLU MLP: out = down(silu(gate(x)) * up(x)).

@@ -4,11 +4,13 @@
 // Mixer is gated softmax attention or Gated DeltaNet by layer type; FFN is the MoE block or a dense
 // SwiGLU MLP. logits = lm_head(RMSNorm_final(h)).
 #pragma once
+#include <atomic>
 #include <functional>
 #include <vector>
 
 #include "io/model_config.h"
 #include "models/weights.h"
+#include "parallel/shard_plan.h"
 #include "runtime/forward_batch.h"
 #include "runtime/kv_cache.h"
 #include "runtime/routed_experts.h"
@@ -18,6 +20,11 @@ namespace moefold {
 class Model {
  public:
   Model(ModelConfig cfg, ModelWeights weights);
+  /// One rank of a tensor / expert parallel group (parallel/shard_plan.h): `cfg` is the rank's local
+  /// config (local_config), `weights` its shard (shard_weights); forward() then runs the collectives
+  /// of `shard.comm` at the block boundaries and returns the full vocabulary's logits on every rank.
+  /// A null comm is the unsharded model.
+  Model(ModelConfig cfg, ModelWeights weights, ShardContext shard);
 
   /// Runs one step. Writes K/V of every row into the KV cache and advances each sequence's DeltaNet
   /// state in `states`. logits: resized to [batch.logits_rows.size(), vocab_size], fp32.
@@ -43,6 +50,9 @@ class Model {
   void set_ffn_tap(FfnTap tap) { ffn_tap_ = std::move(tap); }
   /// The weights as loaded (FP8 ones keep Param::fp8).
   const ModelWeights& weights() const { return w_; }
+  /// (token, expert) pairs this rank's routed experts have computed since construction (expert
+  /// parallel load; with experts split instead, every rank counts every pair).
+  int64_t routed_pairs() const { return routed_pairs_; }
 
  private:
   void attention(size_t layer, const ForwardBatch& b, const float* x, float* out, KvCache& kv) const;
@@ -50,6 +60,13 @@ class Model {
   void mla_attention(size_t layer, const ForwardBatch& b, const float* x, float* out, KvCache& kv) const;
   void deltanet(size_t layer, const ForwardBatch& b, const float* x, float* out, StatePool& st) const;
   void moe(size_t layer, const float* x, float* out, int64_t T, const int32_t* replay, int32_t* chosen) const;
+  /// The routed experts of an expert-parallel rank (parallel/expert_dispatch.h): out += this rank's
+  /// share of the routed experts' weighted outputs, to be summed by the block's all-reduce.
+  void moe_expert_parallel(size_t layer, const float* x, float* out, int64_t T, const int32_t* ids,
+                           const float* wts) const;
+  bool sharded() const { return shard_.comm != nullptr && shard_.shard.world > 1; }
+  /// In place: the sum over the ranks of [n] floats (a no-op unsharded).
+  void all_reduce(float* p, int64_t n) const;
   void mlp(size_t layer, const float* x, float* out, int64_t T) const;
 
   void round_act(float* p, int64_t n) const;
@@ -61,6 +78,8 @@ class Model {
   FfnTap ffn_tap_;
   std::vector<double> inv_freq_;
   double rope_attention_factor_ = 1.0;  ///< YaRN's cos/sin scale (1 without YaRN)
+  ShardContext shard_;
+  mutable std::atomic<int64_t> routed_pairs_{0};
 };
 
 }  // namespace moefold

@@ -1,6 +1,8 @@
 // Engine loop (contract: engine.h).
 #include "server/engine.h"
 
+#include "parallel/cpu_parallel_executor.h"
+
 #include "core/error.h"
 #include "server/api_error.h"
 
@@ -156,6 +158,7 @@ void Engine::fail_all(const std::string& message) {
 void Engine::publish() {
   SchedulerStats s = scheduler_.stats();
   metrics_.set_engine_stats(s);
+  if (auto load = expert_load_per_rank(runner_->executor()); !load.empty()) metrics_.set_expert_load(std::move(load));
   std::lock_guard<std::mutex> lk(mu_);
   waiting_ = s.num_waiting;
 }

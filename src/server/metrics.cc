@@ -83,6 +83,11 @@ void Metrics::set_engine_stats(const SchedulerStats& s) {
   stats_ = s;
 }
 
+void Metrics::set_expert_load(std::vector<int64_t> pairs_per_rank) {
+  std::lock_guard<std::mutex> lk(mu_);
+  expert_load_ = std::move(pairs_per_rank);
+}
+
 SchedulerStats Metrics::engine_stats() const {
   std::lock_guard<std::mutex> lk(mu_);
   return stats_;
@@ -110,6 +115,12 @@ std::string Metrics::render() const {
   out += fmt::format("moefold_prefix_cache_queries_total {}\n", stats_.prefix_queried_tokens);
   header(out, "moefold_prefix_cache_hits_total", "counter", "Prompt tokens served from the prefix cache.");
   out += fmt::format("moefold_prefix_cache_hits_total {}\n", stats_.prefix_hit_tokens);
+  if (!expert_load_.empty()) {
+    header(out, "moefold_expert_routed_pairs_total", "counter",
+           "Routed (row, expert) pairs computed by each tensor/expert-parallel rank's experts.");
+    for (size_t r = 0; r < expert_load_.size(); ++r)
+      out += fmt::format("moefold_expert_routed_pairs_total{{rank=\"{}\"}} {}\n", r, expert_load_[r]);
+  }
 
   auto gauge = [&](const char* name, const char* help, double v) {
     header(out, name, "gauge", help);

@@ -8,6 +8,8 @@
 //                                                   streams: the tokens generated before the abort)
 //   moefold_preemptions_total                       requests preempted by recompute
 //   moefold_prefix_cache_queries_total / _hits_total prompt tokens looked up in / served from the prefix cache
+//   moefold_expert_routed_pairs_total{rank}         (row, expert) pairs each tensor/expert-parallel rank's
+//                                                   routed experts computed (only with -tp > 1)
 // Gauges (sampled after every engine step):
 //   moefold_num_requests_running / moefold_num_requests_waiting
 //   moefold_kv_cache_blocks_used / _total, moefold_kv_cache_usage_ratio
@@ -57,6 +59,8 @@ class Metrics {
   /// Latest scheduler state (pool usage, queue sizes, preemptions).
   void set_engine_stats(const SchedulerStats& s);
   SchedulerStats engine_stats() const;
+  /// Routed (row, expert) pairs computed per tensor/expert-parallel rank so far (empty: one rank).
+  void set_expert_load(std::vector<int64_t> pairs_per_rank);
   /// The whole exposition text.
   std::string render() const;
 
@@ -67,6 +71,7 @@ class Metrics {
   int64_t prompt_tokens_ = 0, generation_tokens_ = 0;
   Histogram ttft_, itl_, e2e_;
   SchedulerStats stats_;
+  std::vector<int64_t> expert_load_;
 };
 
 }  // namespace moefold::server

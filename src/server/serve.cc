@@ -19,6 +19,7 @@
 #include "core/error.h"
 #include "io/model_config.h"
 #include "models/load_model.h"
+#include "parallel/cpu_parallel_executor.h"
 #include "server/engine.h"
 #include "server/generation_config.h"
 #include "server/http_server.h"
@@ -201,7 +202,16 @@ int run_server(const ServeOptions& o) {
 
   std::unique_ptr<Model> cpu_model;
   std::unique_ptr<ModelRunner> runner;
-  if (o.device == "cpu") {
+  validate(o.parallel);
+  MOEFOLD_CHECK(o.parallel.tensor_parallel_size == 1 || o.device == "cpu",
+                "--tensor-parallel-size {} --device {}: tensor parallelism runs on the CPU backend only so far",
+                o.parallel.tensor_parallel_size, o.device);
+  if (o.device == "cpu" && o.parallel.tensor_parallel_size > 1) {  // sharded over the ranks, then freed
+    auto full = load_model(dir, format, o.seed);
+    runner = std::make_unique<ModelRunner>(
+        make_cpu_parallel_executor(*full, o.parallel, ro.num_blocks, ro.block_size, ro.max_seqs + ro.snapshot_slots),
+        ro);
+  } else if (o.device == "cpu") {
     cpu_model = load_model(dir, format, o.seed);
     runner = std::make_unique<ModelRunner>(*cpu_model, ro);
   } else {
