@@ -76,6 +76,13 @@ DeviceSampler::DeviceSampler(int64_t max_rows, int64_t vocab) : max_rows_(max_ro
   top_lp_ = cuda::DeviceBuffer<float>(M * kTopMax);
   out_host_.reserve(M * (3 + 2 * kTopMax) * 4);
   entry_of_.assign(size_t(vocab), -1);
+  cluster_ = cuda::cluster_sampler_supported(vocab);
+}
+
+void DeviceSampler::set_cluster_kernel(bool on) {
+  MOEFOLD_CHECK(!on || cuda::cluster_sampler_supported(vocab_),
+                "DeviceSampler: the cluster sampler is not supported for vocabulary {} on this device", vocab_);
+  cluster_ = on;
 }
 
 DeviceSampler::~DeviceSampler() = default;
@@ -239,18 +246,34 @@ void DeviceSampler::sample(float* logits, std::span<const RowSampling> rows, std
                            live, stream);
   if (any_bitmask) cuda::apply_token_bitmask_rows(logits, R, V, 0, bm_.data(), at<int32_t>(d, off_bm_row_), live, stream);
   const int32_t* top_n = at<int32_t>(d, off_top_n_);
-  if (any_logprobs) cuda::raw_logprobs_rows(logits, R, V, 0, top_n, lse_.data(), top_ids_.data(), top_lp_.data(), live, stream);
-  if (E > 0) cuda::apply_penalties_rows(logits, R, V, 0, pen, live, stream);
-  if (all_greedy) {
-    cuda::argmax_rows(logits, R, V, 0, tokens_.data(), flags_.data(), live, stream);
+  const cuda::SampleRowParams sp{at<float>(d, off_temp_), at<int32_t>(d, off_top_k_), at<float>(d, off_top_p_),
+                                 at<float>(d, off_min_p_), at<double>(d, off_uniform_)};
+  if (cluster_) {
+    cuda::ClusterSampleArgs ca;
+    if (!all_greedy) ca.sample = sp;
+    if (any_logprobs) {
+      ca.top_n = top_n;
+      ca.lse = lse_.data();
+      ca.top_ids = top_ids_.data();
+      ca.top_logprobs = top_lp_.data();
+      ca.logprob = logprob_.data();
+    }
+    if (E > 0) ca.penalties = pen;
+    ca.tokens = tokens_.data();
+    ca.flags = flags_.data();
+    cuda::sample_rows_cluster(logits, R, V, 0, ca, live, stream);
   } else {
-    const cuda::SampleRowParams sp{at<float>(d, off_temp_), at<int32_t>(d, off_top_k_), at<float>(d, off_top_p_),
-                                   at<float>(d, off_min_p_), at<double>(d, off_uniform_)};
-    cuda::sample_rows(logits, R, V, 0, sp, tokens_.data(), flags_.data(), live, stream);
+    if (any_logprobs) cuda::raw_logprobs_rows(logits, R, V, 0, top_n, lse_.data(), top_ids_.data(), top_lp_.data(), live, stream);
+    if (E > 0) cuda::apply_penalties_rows(logits, R, V, 0, pen, live, stream);
+    if (all_greedy) {
+      cuda::argmax_rows(logits, R, V, 0, tokens_.data(), flags_.data(), live, stream);
+    } else {
+      cuda::sample_rows(logits, R, V, 0, sp, tokens_.data(), flags_.data(), live, stream);
+    }
+    if (any_logprobs)
+      cuda::token_logprobs_rows(logits, R, V, 0, tokens_.data(), top_n, lse_.data(), E > 0 ? &pen : nullptr,
+                                logprob_.data(), live, stream);
   }
-  if (any_logprobs)
-    cuda::token_logprobs_rows(logits, R, V, 0, tokens_.data(), top_n, lse_.data(), E > 0 ? &pen : nullptr,
-                              logprob_.data(), live, stream);
 
   // Downloads, then the one synchronisation.
   const size_t M = size_t(max_rows_), n = size_t(R);
