@@ -16,6 +16,9 @@
 //   then argmax_rows or sample_rows on the penalized rows (steps 3-8), then
 //   token_logprobs_rows : the sampled token's raw logprob (from the saved raw value if penalized).
 // Every kernel runs one block per row and reads the live row count from device memory.
+// sample_rows_cluster (below; sampling_cluster.cu) computes raw logprobs -> penalties -> selection ->
+// token logprob in ONE launch with a thread-block cluster per row and fixed-order sums; DeviceSampler
+// uses it where cluster_sampler_supported(). The per-pass kernels stay as the reference.
 //
 // Exactness. Greedy is exact. For sampling, every comparison the CPU makes is made in the same
 // precision; only the order of double additions differs (tree and shared-memory atomic sums instead
