@@ -92,12 +92,14 @@ struct Shared {
   uint32_t wu[kWarpsT];
   uint32_t bu[kWarpsT][kBins];
   double bd[kWarpsT][kBins];
+  double cw[kT];       // fast path: candidate weights (-1 = dropped)
+  int16_t order[kT];   // fast path: candidate index by rank
+  int16_t crank[kT];   // fast path: rank of each candidate
   Best wb[kWarpsT];
   int32_t wi[kWarpsT];
   double target, acc;
   int64_t need;
   int32_t sel, done, count, tok;
-  uint64_t top[kMaxTopLogprobs];  // the merged top_logprobs keys (rank 0)
 };
 
 __device__ __forceinline__ Best warp_best(Best b) {
@@ -273,7 +275,7 @@ __device__ __forceinline__ double ordered_sum(const Ctx& c, double v) {
 /// Narrows c.act to the selection (see the file comment). kMass = false: the `k` best keys (k < |act|).
 /// kMass = true: the shortest prefix in key-descending order whose weight reaches top_p * (weight of
 /// act); weight(v) gives an entry's weight.
-template <bool kMass, class W>
+template <bool kMass, bool kLocal = false, class W>
 __device__ void radix_select(Ctx& c, int64_t k, float top_p, W weight) {
   Shared* sh = c.sh;
   const int t = c.t;
@@ -330,12 +332,17 @@ __device__ void radix_select(Ctx& c, int64_t k, float top_p, W weight) {
           n += sh->bu[w][t];
           m += sh->bd[w][t];
         }
-        c.mine().u[t] = n;
-        c.mine().d[t] = m;
+        if (kLocal) {
+          sh->gu[t] = n;
+          sh->gd[t] = m;
+        } else {
+          c.mine().u[t] = n;
+          c.mine().d[t] = m;
+        }
       }
     }
-    Slot* s = c.exchange();
-    {  // thread t: bin t / 16 of rank t % 16; ordered sums within each 16-lane group
+    if (!kLocal) {  // thread t: bin t / 16 of rank t % 16; ordered sums within each 16-lane group
+      Slot* s = c.exchange();
       const int g = t >> 4, r = t & 15, lane = t & 31, base = lane & 16;
       uint32_t n = 0;
       double m = 0.0;
@@ -437,10 +444,13 @@ __device__ void radix_select(Ctx& c, int64_t k, float top_p, W weight) {
   for (int w = 0; w < c.nw; ++w) mine_n += __popc(c.wk[w * kT + t]);
   uint32_t cta_total;
   const uint32_t my_off = c.block_excl_scan_u(mine_n, cta_total);
-  if (t == 0) c.mine().u[0] = cta_total;
-  Slot* s = c.exchange();
-  const uint32_t ov = lane_rank(c, s, 0u, [](const Slot* rs) { return rs->u[0]; });
-  const int64_t off = __reduce_add_sync(0xffffffffu, (t & 31) < c.rank ? ov : 0u);
+  int64_t off = 0;
+  if (!kLocal) {
+    if (t == 0) c.mine().u[0] = cta_total;
+    Slot* s = c.exchange();
+    const uint32_t ov = lane_rank(c, s, 0u, [](const Slot* rs) { return rs->u[0]; });
+    off = __reduce_add_sync(0xffffffffu, (t & 31) < c.rank ? ov : 0u);
+  }
   int64_t rank_i = off + my_off;
   for (int w = 0; w < c.nw; ++w) {
     uint32_t ties = c.wk[w * kT + t], keep = 0;
@@ -583,39 +593,48 @@ __global__ void __launch_bounds__(kT, 3)
     if (c.rank == 0 && t == 0) a.lse[row] = lse;
     const int64_t n = min(int64_t(min(top_n, kMaxTopLogprobs)), vocab);
     if (n > 0 && !(rf & kSampleNaN)) {  // a row with NaN fails: lse only
-      c.set_active([](float) { return true; });
-      if (n < vocab) radix_select<false>(c, n, 0.0f, [](float) { return 0.0; });
+      // Each CTA selects its own n best (a CTA-local radix select: no cluster barrier per round),
+      // then rank 0's first warp takes the n best of those <= C * n keys.
+      const uint32_t mine_all = c.set_active([](float) { return true; });
+      const uint32_t cta_all = c.block_sum_u(mine_all);
+      if (int64_t(cta_all) > n) radix_select<false, true>(c, n, 0.0f, [](float) { return 0.0; });
       if (t == 0) sh->count = 0;
       __syncthreads();
       for_each(c, c.act, [&](int j) {
-        const int slot = atomicAdd(&sh->count, 1);  // exactly n keys in all: at most n here
+        const int slot = atomicAdd(&sh->count, 1);  // min(n, cta_all) keys here
         if (slot < kMaxTopLogprobs)
           c.mine().keys[slot] = (uint64_t(okey(c.x(j))) << 32) | uint64_t(0xFFFFFFFFu - uint32_t(c.id(j)));
       });
       __syncthreads();
       if (t == 0) c.mine().n = min(sh->count, kMaxTopLogprobs);
       Slot* ks = c.exchange();
-      if (c.rank == 0 && t == 0) {
-        uint64_t* best = sh->top;
-        int cnt = 0;
-        for (int r = 0; r < c.C; ++r) {
-          const Slot* rs = c.remote(ks, r);
-          for (int q = 0; q < rs->n && cnt < kMaxTopLogprobs; ++q) {
-            uint64_t key = rs->keys[q];
-            int p = cnt++;
-            while (p > 0 && best[p - 1] < key) {  // insertion: largest key (best) first
-              best[p] = best[p - 1];
-              --p;
-            }
-            best[p] = key;
-          }
-        }
+      if (c.rank == 0 && t < 32) {
+        // Lane l holds keys [h * 10, h * 10 + 10) of rank l % 16 (h = l / 16); keys are distinct and
+        // nonzero, 0 = empty or taken. n rounds of a warp-wide maximum.
+        const int r = t & 15, h = t >> 4;
+        uint64_t mine[10];
+        const Slot* rs = r < c.C ? c.remote(ks, r) : nullptr;
+        const int cnt = rs ? rs->n : 0;
+#pragma unroll
+        for (int q = 0; q < 10; ++q) mine[q] = h * 10 + q < cnt ? rs->keys[h * 10 + q] : 0ull;
         for (int q = 0; q < int(n); ++q) {
-          const bool ok = q < cnt;
-          const int32_t id = ok ? int32_t(0xFFFFFFFFu - uint32_t(best[q] & 0xFFFFFFFFu)) : -1;
-          a.top_ids[row * kMaxTopLogprobs + q] = id;
-          a.top_logprobs[row * kMaxTopLogprobs + q] =
-              ok ? float(double(from_okey(uint32_t(best[q] >> 32))) - lse) : NAN;
+          uint64_t b = 0;
+#pragma unroll
+          for (int e = 0; e < 10; ++e) b = mine[e] > b ? mine[e] : b;
+#pragma unroll
+          for (int o = 16; o > 0; o >>= 1) {
+            const uint64_t y = __shfl_xor_sync(0xffffffffu, b, o);
+            b = y > b ? y : b;
+          }
+#pragma unroll
+          for (int e = 0; e < 10; ++e)
+            if (mine[e] == b) mine[e] = 0;  // the one holder of the winning key drops it
+          if (t == 0) {
+            const bool ok = b != 0;
+            const int32_t id = ok ? int32_t(0xFFFFFFFFu - uint32_t(b & 0xFFFFFFFFu)) : -1;
+            a.top_ids[row * kMaxTopLogprobs + q] = id;
+            a.top_logprobs[row * kMaxTopLogprobs + q] = ok ? float(double(from_okey(uint32_t(b >> 32))) - lse) : NAN;
+          }
         }
       }
     }
@@ -651,6 +670,7 @@ __global__ void __launch_bounds__(kT, 3)
 
   // ---- selection (steps 3-8) ----
   int32_t tok = -1;
+  bool lp_done = false;  // the fast path wrote the logprob
   const bool greedy = !sampled_args || temp < kGreedyT || (flags & (kSamplePosInf | kSampleEmpty));
   if (greedy) {
     tok = best.i == INT_MAX ? -1 : best.i;  // +inf rows: the lowest-id +inf entry is the best
@@ -666,19 +686,108 @@ __global__ void __launch_bounds__(kT, 3)
     const uint32_t my_alive = c.set_active(alive);
     const int32_t k = a.sample.top_k[row];
     const float top_p = a.sample.top_p[row];
-    int64_t n_surv = 2;  // only compared with 1 below
-    if (k > 0 || top_p < 1.0f) {
-      const uint32_t cta_alive = c.block_sum_u(my_alive);
-      if (t == 0) c.mine().u[0] = cta_alive;
-      Slot* s = c.exchange();
-      const int64_t n_alive =
-          __reduce_add_sync(0xffffffffu, lane_rank(c, s, 0u, [](const Slot* rs) { return rs->u[0]; }));
-      n_surv = n_alive;
-      if (k > 0 && int64_t(k) < n_alive) {
-        radix_select<false>(c, k, 0.0f, weight);
-        n_surv = k;
-      }
+    const uint32_t cta_alive = c.block_sum_u(my_alive);
+    if (t == 0) c.mine().u[0] = cta_alive;
+    Slot* sa = c.exchange();
+    const int64_t n_alive =
+        __reduce_add_sync(0xffffffffu, lane_rank(c, sa, 0u, [](const Slot* rs) { return rs->u[0]; }));
+    int64_t n_surv = n_alive;
+    if (k > 0 && int64_t(k) < n_alive) {
+      radix_select<false>(c, k, 0.0f, weight);
+      n_surv = k;
     }
+    // Few survivors (top_k <= 256, or a tight min_p): gather them, in id order, into rank 0's scratch
+    // and finish there with the CPU's own sequential sums: no further cluster barrier.
+    const int64_t cap = min(kT, c.nw * kT / 2);
+    if (n_surv <= cap) {
+      uint32_t mine_n = 0;
+      for (int w = 0; w < c.nw; ++w) mine_n += __popc(c.act[w * kT + t]);
+      uint32_t cta_n;
+      const uint32_t my_off = c.block_excl_scan_u(mine_n, cta_n);
+      if (t == 0) c.mine().u[0] = cta_n;
+      Slot* sg = c.exchange();  // also: every CTA is past its radix select, rank 0's wk is free
+      const uint32_t ov = lane_rank(c, sg, 0u, [](const Slot* rs) { return rs->u[0]; });
+      int64_t pos = int64_t(__reduce_add_sync(0xffffffffu, (t & 31) < c.rank ? ov : 0u)) + my_off;
+      uint2* dst = c.cluster.map_shared_rank(reinterpret_cast<uint2*>(c.wk), 0);
+      for_each(c, c.act, [&](int j) { dst[pos++] = make_uint2(__float_as_uint(c.x(j)), uint32_t(c.id(j))); });
+      c.cluster.sync();
+      if (c.rank == 0) {
+        const uint2* cand = reinterpret_cast<const uint2*>(c.wk);
+        const int n = int(n_surv);
+        float v = 0.0f;
+        int32_t id = INT_MAX;
+        if (t < n) {
+          v = __uint_as_float(cand[t].x);
+          id = int32_t(cand[t].y);
+          sh->cw[t] = weight(v);
+        }
+        if (top_p < 1.0f && n > 1) {  // rank in (logit desc, id asc) order
+          if (t < n) {
+            int rk = 0;
+            for (int q = 0; q < n; ++q) {
+              const float u = __uint_as_float(cand[q].x);
+              rk += u > v || (u == v && int32_t(cand[q].y) < id);
+            }
+            sh->order[rk] = int16_t(t);
+            sh->crank[t] = int16_t(rk);
+          }
+          __syncthreads();
+          if (t == 0) {  // the CPU's steps, sequentially: z in id order, the prefix in key order
+            double z = 0.0;
+            for (int q = 0; q < n; ++q) z += sh->cw[q];
+            const double target = double(top_p) * z;
+            double acc = 0.0;
+            int last = n - 1;
+            for (int q = 0; q < n; ++q) {
+              acc += sh->cw[sh->order[q]];
+              if (acc >= target) {
+                last = q;
+                break;
+              }
+            }
+            sh->count = last;
+          }
+          __syncthreads();
+          if (t < n && sh->crank[t] > sh->count) sh->cw[t] = -1.0;  // dropped by top_p
+          __syncthreads();
+        } else {
+          __syncthreads();
+        }
+        if (t == 0) {  // the draw: inverse CDF in ascending id order
+          double z = 0.0;
+          int lastk = -1;
+          for (int q = 0; q < n; ++q)
+            if (sh->cw[q] >= 0.0) {
+              z += sh->cw[q];
+              lastk = q;
+            }
+          const double target = a.sample.uniform[row] * z;
+          double cum = 0.0;
+          int pick = lastk;  // only reachable through rounding
+          for (int q = 0; q < n; ++q)
+            if (sh->cw[q] >= 0.0) {
+              cum += sh->cw[q];
+              if (cum > target) {
+                pick = q;
+                break;
+              }
+            }
+          sh->tok = int32_t(cand[pick].y);
+          sh->wd[0] = double(__uint_as_float(cand[pick].x));  // penalized value (raw unless in the history)
+        }
+        __syncthreads();
+        tok = sh->tok;
+      }
+      if (want_lp && c.rank == 0) {  // rank 0 alone knows the token here
+        if (penalized) {
+          for (int32_t j = b0 + t; j < b1; j += kT)
+            if (pen.tokens[j] == tok) sh->wd[0] = double(pen.saved[j]);  // saved before the cluster barrier
+        }
+        __syncthreads();
+        if (t == 0) a.logprob[row] = float(sh->wd[0] - lse);
+      }
+      lp_done = true;
+    } else {
     if (top_p < 1.0f && n_surv > 1) radix_select<true>(c, 0, top_p, weight);
 
     // Draw (step 8): inverse CDF over the survivors in ascending id order.
@@ -729,6 +838,7 @@ __global__ void __launch_bounds__(kT, 3)
     Slot* f = c.exchange();
     tok = __reduce_max_sync(0xffffffffu, lane_rank(c, f, int32_t(-1), [](const Slot* rs) { return rs->bi; }));  // one CTA's is >= 0
     if (tok < 0) tok = row_last;  // u * Z never exceeded through rounding: the last survivor
+    }
   }
 
   // ---- outputs ----
@@ -737,7 +847,7 @@ __global__ void __launch_bounds__(kT, 3)
     if (a.flags) a.flags[row] = flags;
     if (want_lp && tok < 0) a.logprob[row] = NAN;
   }
-  if (want_lp && tok >= 0 && tok >= c.base && tok < c.base + n_slice) {  // the owner CTA: raw logit - lse
+  if (want_lp && !lp_done && tok >= 0 && tok >= c.base && tok < c.base + n_slice) {  // the owner: raw - lse
     if (t == 0) sh->wd[0] = double(c.xs[tok - c.base]);
     __syncthreads();
     if (penalized)
