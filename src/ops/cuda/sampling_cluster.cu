@@ -781,7 +781,7 @@ __global__ void __launch_bounds__(kT, 3)
       if (want_lp && c.rank == 0) {  // rank 0 alone knows the token here
         if (penalized) {
           for (int32_t j = b0 + t; j < b1; j += kT)
-            if (pen.tokens[j] == tok) sh->wd[0] = double(pen.saved[j]);  // saved before the cluster barrier
+            if (pen.tokens[j] == tok) sh->wd[0] = double(__ldcg(pen.saved + j));  // another CTA's, from L2
         }
         __syncthreads();
         if (t == 0) a.logprob[row] = float(sh->wd[0] - lse);
