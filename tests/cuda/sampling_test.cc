@@ -1004,6 +1004,44 @@ TEST(SamplingPerf, DISABLED_ClusterVsLegacy) {
            [&] { cu::sample_rows(dx.data(), R, V, 0, sp, dt.data(), nullptr, nullptr, nullptr); },
            [&] { cluster_select(dx.data(), R, V, &sp, dt.data(), nullptr, nullptr); }, bytes);
     }
+    {  // kernels only, every option: penalties (1024 prompt + 256 output ids per row), logprobs, top-5
+      const auto prompt = random_history(V, 1024, 1), output = random_history(V, 256, 2);
+      std::map<int32_t, int32_t> cnt;
+      for (int32_t t : prompt) cnt[t];
+      for (int32_t t : output) ++cnt[t];
+      std::vector<int32_t> offsets{0}, toks, counts;
+      for (int64_t r = 0; r < R; ++r) {
+        for (auto [t, n] : cnt) toks.push_back(t), counts.push_back(n);
+        offsets.push_back(int32_t(toks.size()));
+      }
+      auto doff = cuda::to_device(offsets), dtoks = cuda::to_device(toks), dcnt = cuda::to_device(counts);
+      auto drep = cuda::to_device(std::vector<float>(size_t(R), 1.1f));
+      auto dfr = cuda::to_device(std::vector<float>(size_t(R), 0.2f));
+      auto dpr = cuda::to_device(std::vector<float>(size_t(R), 0.2f));
+      DeviceBuffer<float> dsaved(toks.size());
+      const cu::PenaltyRows pen{drep.data(), dfr.data(), dpr.data(), doff.data(), dtoks.data(), dcnt.data(), dsaved.data()};
+      auto dtemp = cuda::to_device(std::vector<float>(size_t(R), 0.8f));
+      auto dtk = cuda::to_device(std::vector<int32_t>(size_t(R), 50));
+      auto dtp = cuda::to_device(std::vector<float>(size_t(R), 0.95f));
+      auto du = cuda::to_device(std::vector<double>(size_t(R), 0.37));
+      auto dn = cuda::to_device(std::vector<int32_t>(size_t(R), 5));
+      DeviceBuffer<double> dlse(static_cast<size_t>(R));
+      DeviceBuffer<int32_t> dids(size_t(R) * cu::kMaxTopLogprobs);
+      DeviceBuffer<float> dtlp(size_t(R) * cu::kMaxTopLogprobs), dlp(static_cast<size_t>(R));
+      const cu::SampleRowParams sp{dtemp.data(), dtk.data(), dtp.data(), nullptr, du.data()};
+      cu::ClusterSampleArgs ca;
+      ca.sample = sp, ca.top_n = dn.data(), ca.lse = dlse.data(), ca.top_ids = dids.data();
+      ca.top_logprobs = dtlp.data(), ca.logprob = dlp.data(), ca.penalties = pen, ca.tokens = dt.data();
+      abba("sample", fmt::format("rows={},V={},top_k=50,top_p=0.95,+penalties(1024+256),logprobs,top5", R, V),
+           [&] {
+             cu::raw_logprobs_rows(dx.data(), R, V, 0, dn.data(), dlse.data(), dids.data(), dtlp.data(), nullptr, nullptr);
+             cu::apply_penalties_rows(dx.data(), R, V, 0, pen, nullptr, nullptr);
+             cu::sample_rows(dx.data(), R, V, 0, sp, dt.data(), nullptr, nullptr, nullptr);
+             cu::token_logprobs_rows(dx.data(), R, V, 0, dt.data(), dn.data(), dlse.data(), &pen, dlp.data(), nullptr,
+                                     nullptr);
+           },
+           [&] { cu::sample_rows_cluster(dx.data(), R, V, 0, ca, nullptr, nullptr); }, bytes);
+    }
   }
   // The whole DeviceSampler call (uploads, kernels, downloads, one synchronisation).
   std::vector<int32_t> mask;
