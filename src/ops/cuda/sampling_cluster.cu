@@ -15,8 +15,11 @@
 // (count radix select), top_p (mass radix select) and the inverse-CDF draw in ascending id order; the
 // sampled token's raw logprob.
 //
-// Radix select. 4-bit digits of the ordered 32-bit float key (larger logit -> larger key, -0 == +0),
-// 8 rounds at most. Each round, every thread counts (and, for top_p, sums the weights of) its active
+// Radix select. top_k and top_logprobs: count selects over 8-bit digits of the ordered 32-bit float
+// key (larger logit -> larger key, -0 == +0), 4 rounds at most, a CTA histogram of integer shared-memory
+// atomics per round (exact in any order); top_logprobs selects inside each CTA (no cluster barrier per
+// round) and merges the C * n candidates in one warp. top_p: a mass select over 4-bit digits, 8 rounds
+// at most. Each round, every thread counts (and, for top_p, sums the weights of) its active
 // entries per digit into private bins in registers (no atomics), the CTA adds the bins in a fixed
 // tree, the cluster in rank order; the chosen digit's entries stay active. A round stops the select early when
 // the chosen bin is taken whole (top_k: its count is what is still needed; top_p: it holds one
@@ -51,7 +54,8 @@ namespace {
 
 constexpr int kT = 256;  // threads per CTA
 constexpr int kWarpsT = kT / 32;
-constexpr int kBins = 16;        // 4-bit radix digits
+constexpr int kBins = 16;        // 4-bit radix digits (top_p's mass select)
+static_assert(kT == 256, "count_select: one thread per 8-bit bin");
 constexpr int kMaxCs = 151;      // entries per thread at most (odd): bounds the shared copy of a row
 constexpr float kGreedyT = 1e-5f;  // SamplingParams::kGreedyTemperature
 
@@ -77,6 +81,7 @@ __device__ __forceinline__ float from_okey(uint32_t k) {
 
 /// One CTA's contribution to an exchange.
 struct Slot {
+  uint32_t h8[256];  // count_select's CTA histogram
   double d[kBins];
   uint32_t u[kBins];
   uint64_t keys[kMaxTopLogprobs];
@@ -88,6 +93,7 @@ struct Shared {
   Slot slot[2];
   double gd[kBins];
   uint32_t gu[kBins];
+  uint32_t h8[256];  // count_select's histogram, CTA-local selects
   double wd[kWarpsT];
   uint32_t wu[kWarpsT];
   uint32_t bu[kWarpsT][kBins];
@@ -272,6 +278,112 @@ __device__ __forceinline__ double ordered_sum(const Ctx& c, double v) {
   return s;
 }
 
+/// The end of a select with boundary key `prefix` (okey bits): early = the whole boundary bin is
+/// kept (act = {key >= prefix}); else c.wk holds the ties at the boundary value and the j lowest ids
+/// of them are kept beside everything above (act = {key > prefix} + those ties).
+template <bool kLocal>
+__device__ void finish_select(Ctx& c, uint32_t prefix, bool early, int64_t j) {
+  const int t = c.t;
+  if (early) {
+    for (int w = 0; w < c.nw; ++w) {
+      uint32_t bits = c.act[w * kT + t], keep = 0, b2 = bits;
+      while (b2) {
+        const int b = __ffs(b2) - 1;
+        b2 &= b2 - 1;
+        if (okey(c.x(w * 32 + b)) >= prefix) keep |= 1u << b;
+      }
+      c.act[w * kT + t] = keep;
+    }
+    __syncthreads();
+    return;
+  }
+  uint32_t mine_n = 0;
+  for (int w = 0; w < c.nw; ++w) mine_n += __popc(c.wk[w * kT + t]);
+  uint32_t cta_total;
+  const uint32_t my_off = c.block_excl_scan_u(mine_n, cta_total);
+  int64_t off = 0;
+  if (!kLocal) {
+    if (t == 0) c.mine().u[0] = cta_total;
+    Slot* s = c.exchange();
+    const uint32_t ov = lane_rank(c, s, 0u, [](const Slot* rs) { return rs->u[0]; });
+    off = __reduce_add_sync(0xffffffffu, (t & 31) < c.rank ? ov : 0u);
+  }
+  int64_t rank_i = off + my_off;
+  for (int w = 0; w < c.nw; ++w) {
+    uint32_t ties = c.wk[w * kT + t], keep = 0;
+    while (ties) {
+      const int b = __ffs(ties) - 1;
+      ties &= ties - 1;
+      if (rank_i < j) keep |= 1u << b;
+      ++rank_i;
+    }
+    uint32_t bits = c.act[w * kT + t], above = 0;
+    while (bits) {
+      const int b = __ffs(bits) - 1;
+      bits &= bits - 1;
+      if (okey(c.x(w * 32 + b)) > prefix) above |= 1u << b;
+    }
+    c.act[w * kT + t] = above | keep;
+  }
+  __syncthreads();
+}
+
+/// Count select with 8-bit digits (4 rounds at most): narrows c.act to its k best keys (k < |act|).
+/// Per round a CTA histogram of 256 bins (shared-memory integer atomics: exact in any order), merged
+/// over the cluster (kLocal = false) by each thread reading its bin from every rank.
+template <bool kLocal>
+__device__ void count_select(Ctx& c, int64_t k) {
+  Shared* sh = c.sh;
+  const int t = c.t;
+  for (int w = 0; w < c.nw; ++w) c.wk[w * kT + t] = c.act[w * kT + t];
+  uint32_t prefix = 0;
+  int64_t need = k;
+  bool early = false;
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    uint32_t* h = kLocal ? sh->h8 : c.mine().h8;
+    h[t] = 0;  // kT == 256 bins
+    __syncthreads();
+    for_each(c, c.wk, [&](int j) { atomicAdd(&h[int(okey(c.x(j)) >> shift) & 255], 1u); });
+    // Thread t holds bin d = 255 - t: the scan over threads runs from the top bin down.
+    const int d = 255 - t;
+    uint32_t n;
+    if (kLocal) {
+      __syncthreads();
+      n = h[d];
+    } else {
+      Slot* s = c.exchange();
+      n = 0;
+#pragma unroll
+      for (int r = 0; r < 16; ++r)
+        if (r < c.C) n += c.remote(s, r)->h8[d];
+    }
+    uint32_t total;
+    const uint32_t above = c.block_excl_scan_u(n, total);  // keys in bins > d (this round's range)
+    if (int64_t(above) < need && int64_t(above) + n >= need) {  // the bin holding the k-th key
+      sh->sel = d;
+      sh->need = need - above;
+      sh->count = int32_t(n);
+    }
+    __syncthreads();
+    const int sel = sh->sel;
+    need = sh->need;
+    early = int64_t(sh->count) == need;
+    prefix |= uint32_t(sel) << shift;
+    for (int w = 0; w < c.nw; ++w) {  // keep the chosen digit's entries
+      uint32_t bits = c.wk[w * kT + t], keep = 0;
+      while (bits) {
+        const int b = __ffs(bits) - 1;
+        bits &= bits - 1;
+        if ((int(okey(c.x(w * 32 + b)) >> shift) & 255) == sel) keep |= 1u << b;
+      }
+      c.wk[w * kT + t] = keep;
+    }
+    if (early) break;
+    __syncthreads();  // sh->sel / need / count are rewritten next round
+  }
+  finish_select<kLocal>(c, prefix, early, need);
+}
+
 /// Narrows c.act to the selection (see the file comment). kMass = false: the `k` best keys (k < |act|).
 /// kMass = true: the shortest prefix in key-descending order whose weight reaches top_p * (weight of
 /// act); weight(v) gives an entry's weight.
@@ -416,59 +528,15 @@ __device__ void radix_select(Ctx& c, int64_t k, float top_p, W weight) {
     }
     if (early) break;
   }
-  if (early) {  // the whole chosen bin is kept: act = {key >= prefix} (the bin and everything above)
-    for (int w = 0; w < c.nw; ++w) {
-      uint32_t bits = c.act[w * kT + t], keep = 0, b2 = bits;
-      while (b2) {
-        const int b = __ffs(b2) - 1;
-        b2 &= b2 - 1;
-        if (okey(c.x(w * 32 + b)) >= prefix) keep |= 1u << b;
-      }
-      c.act[w * kT + t] = keep;
-    }
-    __syncthreads();
-    return;
-  }
-  // Ties at the boundary value `prefix`: keep the j lowest ids of c.wk.
-  const int64_t cnt = sh->count;
-  int64_t j;
-  if (!kMass) {
-    j = sh->need;
-  } else {
+  int64_t j = 0;
+  if (!early) {
+    const int64_t cnt = sh->count;
     const double wv = weight(from_okey(prefix));
     const double q = wv > 0.0 ? (sh->target - sh->acc) / wv : double(cnt);
     j = q >= double(cnt) ? cnt : int64_t(ceil(q));
+    j = j < 1 ? 1 : (j > cnt ? cnt : j);
   }
-  j = j < 1 ? 1 : (j > cnt ? cnt : j);
-  uint32_t mine_n = 0;
-  for (int w = 0; w < c.nw; ++w) mine_n += __popc(c.wk[w * kT + t]);
-  uint32_t cta_total;
-  const uint32_t my_off = c.block_excl_scan_u(mine_n, cta_total);
-  int64_t off = 0;
-  if (!kLocal) {
-    if (t == 0) c.mine().u[0] = cta_total;
-    Slot* s = c.exchange();
-    const uint32_t ov = lane_rank(c, s, 0u, [](const Slot* rs) { return rs->u[0]; });
-    off = __reduce_add_sync(0xffffffffu, (t & 31) < c.rank ? ov : 0u);
-  }
-  int64_t rank_i = off + my_off;
-  for (int w = 0; w < c.nw; ++w) {
-    uint32_t ties = c.wk[w * kT + t], keep = 0;
-    while (ties) {
-      const int b = __ffs(ties) - 1;
-      ties &= ties - 1;
-      if (rank_i < j) keep |= 1u << b;
-      ++rank_i;
-    }
-    uint32_t bits = c.act[w * kT + t], above = 0;
-    while (bits) {
-      const int b = __ffs(bits) - 1;
-      bits &= bits - 1;
-      if (okey(c.x(w * 32 + b)) > prefix) above |= 1u << b;
-    }
-    c.act[w * kT + t] = above | keep;
-  }
-  __syncthreads();
+  finish_select<kLocal>(c, prefix, early, j);
 }
 
 __global__ void __launch_bounds__(kT, 3)
@@ -597,7 +665,7 @@ __global__ void __launch_bounds__(kT, 3)
       // then rank 0's first warp takes the n best of those <= C * n keys.
       const uint32_t mine_all = c.set_active([](float) { return true; });
       const uint32_t cta_all = c.block_sum_u(mine_all);
-      if (int64_t(cta_all) > n) radix_select<false, true>(c, n, 0.0f, [](float) { return 0.0; });
+      if (int64_t(cta_all) > n) count_select<true>(c, n);
       if (t == 0) sh->count = 0;
       __syncthreads();
       for_each(c, c.act, [&](int j) {
@@ -693,7 +761,7 @@ __global__ void __launch_bounds__(kT, 3)
         __reduce_add_sync(0xffffffffu, lane_rank(c, sa, 0u, [](const Slot* rs) { return rs->u[0]; }));
     int64_t n_surv = n_alive;
     if (k > 0 && int64_t(k) < n_alive) {
-      radix_select<false>(c, k, 0.0f, weight);
+      count_select<false>(c, k);
       n_surv = k;
     }
     // Few survivors (top_k <= 256, or a tight min_p): gather them, in id order, into rank 0's scratch
