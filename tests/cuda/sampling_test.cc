@@ -970,7 +970,8 @@ TEST(SamplingPerf, DISABLED_ClusterVsLegacy) {
     perf_line("d2d_copy", "bytes=256MiB", us, fmt::format("TB/s={:.2f}(read+write)", 2.0 * double(bytes) / us * 1e-6));
   }
   const int64_t V = 248320;
-  std::printf("cluster size %d\n", cu::cluster_sampler_size(V));
+  std::printf("cluster size %d, %d clusters resident\n", cu::cluster_sampler_size(V),
+              cu::cluster_sampler_active_clusters(V));
   auto abba = [](const std::string& name, const std::string& shape, const std::function<void()>& a,
                  const std::function<void()>& b, double bytes) {
     const double a1 = time_us(a), b1 = time_us(b), b2 = time_us(b), a2 = time_us(a);

@@ -15,6 +15,7 @@ namespace moefold {
 namespace {
 
 constexpr int32_t kTopMax = cuda::kMaxTopLogprobs;
+constexpr int64_t kArgmaxRows = 128;  // plain greedy calls of at least this many rows use argmax_rows
 
 size_t align8(size_t n) { return (n + 7) & ~size_t(7); }
 
@@ -248,7 +249,11 @@ void DeviceSampler::sample(float* logits, std::span<const RowSampling> rows, std
   const int32_t* top_n = at<int32_t>(d, off_top_n_);
   const cuda::SampleRowParams sp{at<float>(d, off_temp_), at<int32_t>(d, off_top_k_), at<float>(d, off_top_p_),
                                  at<float>(d, off_min_p_), at<double>(d, off_uniform_)};
-  if (cluster_) {
+  // A plain greedy call of many rows streams best through the one-block-per-row argmax (the cluster
+  // kernel keeps each row in shared memory, which pays only when it is read more than once); both
+  // are exact, so a row's token does not depend on the choice.
+  const bool plain_greedy = all_greedy && !any_logprobs && E == 0;
+  if (cluster_ && !(plain_greedy && R >= kArgmaxRows)) {
     cuda::ClusterSampleArgs ca;
     if (!all_greedy) ca.sample = sp;
     if (any_logprobs) {

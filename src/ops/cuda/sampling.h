@@ -149,4 +149,7 @@ bool cluster_sampler_supported(int64_t vocab);
 /// The cluster size sample_rows_cluster uses for `vocab` (0 when unsupported).
 int cluster_sampler_size(int64_t vocab);
 
+/// How many of those clusters (rows) the device holds at once (0 when unsupported).
+int cluster_sampler_active_clusters(int64_t vocab);
+
 }  // namespace moefold::cuda

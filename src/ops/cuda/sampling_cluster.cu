@@ -34,6 +34,7 @@
 #include "ops/cuda/cuda_check.h"
 // (cuda_check.h first: see its note on fmt under nvcc)
 #include <cooperative_groups.h>
+#include <cuda_pipeline.h>
 
 #include <cfloat>
 #include <climits>
@@ -57,6 +58,7 @@ constexpr int kWarpsT = kT / 32;
 constexpr int kBins = 16;        // 4-bit radix digits (top_p's mass select)
 static_assert(kT == 256, "count_select: one thread per 8-bit bin");
 constexpr int kMaxCs = 151;      // entries per thread at most (odd): bounds the shared copy of a row
+static_assert(kMaxCs <= kT, "the draw's walk keeps one chunk's weights in Shared::cw");
 constexpr float kGreedyT = 1e-5f;  // SamplingParams::kGreedyTemperature
 
 struct Best {
@@ -262,6 +264,23 @@ __device__ __forceinline__ void for_each(const Ctx& c, const uint32_t* set, F f)
   }
 }
 
+/// Visits the members of `set` in ascending entry order as f(j, w) with w = weight(x_j), the
+/// weights of 4 consecutive entries computed before any is used: independent double exp chains in
+/// flight (the sums stay in entry order). All lanes run the same trip count (cs), members or not.
+template <class W, class F>
+__device__ __forceinline__ void for_each_weighted(const Ctx& c, const uint32_t* set, W weight, F f) {
+  for (int j0 = 0; j0 < c.cs; j0 += 4) {
+    const uint32_t word = set[(j0 >> 5) * kT + c.t] >> (j0 & 31);  // 4 | 32: the 4 bits lie in one word
+    if (!(word & 15u)) continue;
+    double w[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) w[u] = (word >> u) & 1u ? weight(c.x(j0 + u)) : 0.0;
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+      if ((word >> u) & 1u) f(j0 + u, w[u]);
+  }
+}
+
 /// Lane r (< c.C) of every warp reads f(slot of rank r); other lanes get `fill`. All C loads of a warp
 /// are in flight at once; the callers then fold across lanes with shuffles in rank order, so every
 /// thread holds the same cluster-wide result without another barrier.
@@ -343,7 +362,19 @@ __device__ void count_select(Ctx& c, int64_t k) {
     uint32_t* h = kLocal ? sh->h8 : c.mine().h8;
     h[t] = 0;  // kT == 256 bins
     __syncthreads();
-    for_each(c, c.wk, [&](int j) { atomicAdd(&h[int(okey(c.x(j)) >> shift) & 255], 1u); });
+    // Warp-aggregated: the lanes holding one digit add their count once (integer sums: exact).
+    for (int j0 = 0; j0 < c.cs; j0 += 32) {
+      const uint32_t word = c.wk[(j0 >> 5) * kT + t];
+      const uint32_t any = __ballot_sync(0xffffffffu, word != 0);
+      if (!any) continue;
+      for (int b = 0; b < 32; ++b) {
+        const bool on = (word >> b) & 1u;
+        if (!__any_sync(0xffffffffu, on)) continue;
+        const int dg = on ? int(okey(c.x(j0 + b)) >> shift) & 255 : 256 + (t & 31);
+        const uint32_t peers = __match_any_sync(0xffffffffu, dg);
+        if (on && (t & 31) == __ffs(peers) - 1) atomicAdd(&h[dg], uint32_t(__popc(peers)));
+      }
+    }
     // Thread t holds bin d = 255 - t: the scan over threads runs from the top bin down.
     const int d = 255 - t;
     uint32_t n;
@@ -409,10 +440,8 @@ __device__ void radix_select(Ctx& c, int64_t k, float top_p, W weight) {
       cnt[d] = 0;
       mas[d] = 0.0;
     }
-    for_each(c, c.wk, [&](int j) {
-      const float v = c.x(j);
-      const int dg = int(okey(v) >> shift) & (kBins - 1);
-      const double wv = kMass ? weight(v) : 0.0;
+    for_each_weighted(c, c.wk, weight, [&](int j, double wv) {
+      const int dg = int(okey(c.x(j)) >> shift) & (kBins - 1);
 #pragma unroll
       for (int d = 0; d < kBins; ++d)
         if (dg == d) {
@@ -572,21 +601,17 @@ __global__ void __launch_bounds__(kT, 3)
     const float* src = xrow + c.base;
     int64_t done = 0;
     if ((reinterpret_cast<uintptr_t>(src) & 15) == 0) {
+      // Asynchronous 16-byte copies global -> shared (cp.async): every load of the slice in flight
+      // at once, no registers staged.
       const float4* s4 = reinterpret_cast<const float4*>(src);
       float4* d4 = reinterpret_cast<float4*>(c.xs);
       const int64_t n4 = n_slice / 4;
-      for (int64_t i = t; i < n4; i += 4 * kT) {
-        float4 q[4];
-#pragma unroll
-        for (int u = 0; u < 4; ++u)
-          if (i + u * kT < n4) q[u] = s4[i + u * kT];
-#pragma unroll
-        for (int u = 0; u < 4; ++u)
-          if (i + u * kT < n4) d4[i + u * kT] = q[u];
-      }
+      for (int64_t i = t; i < n4; i += kT) __pipeline_memcpy_async(d4 + i, s4 + i, 16);
+      __pipeline_commit();
       done = 4 * n4;
     }
     for (int64_t i = done + t; i < n_slice; i += kT) c.xs[i] = src[i];
+    __pipeline_wait_prior(0);
   }
   __syncthreads();
 
@@ -861,8 +886,8 @@ __global__ void __launch_bounds__(kT, 3)
     // Draw (step 8): inverse CDF over the survivors in ascending id order.
     double mine_w = 0.0;
     int32_t last = -1;
-    for_each(c, c.act, [&](int j) {
-      mine_w += weight(c.x(j));
+    for_each_weighted(c, c.act, weight, [&](int j, double w) {
+      mine_w += w;
       last = int32_t(c.id(j));
     });
     double excl, cta_total;
@@ -884,22 +909,38 @@ __global__ void __launch_bounds__(kT, 3)
       row_last = __reduce_max_sync(0xffffffffu, lane_rank(c, s, int32_t(-1), [](const Slot* rs) { return rs->bi; }));
     }
     const double target = a.sample.uniform[row] * Z;
-    if (t == 0) sh->tok = -1;
+    if (t == 0) {
+      sh->tok = -1;
+      sh->count = -1;
+    }
     __syncthreads();
     const bool cross = P + inc > target, cross_prev = t > 0 && P + excl > target;
     if ((c.rank == 0 || !(P > target)) && cross && !cross_prev) {  // the first chunk where cum > u * Z
-      int32_t w_tok = last;  // rounding inside the chunk: its last survivor
-      double cum = P + excl;
-      bool hit = false;
-      for_each(c, c.act, [&](int j) {
-        if (hit) return;
-        cum += weight(c.x(j));
-        if (cum > target) {
-          w_tok = int32_t(c.id(j));
-          hit = true;
+      sh->count = t;
+      sh->acc = P + excl;
+    }
+    __syncthreads();
+    const int win = sh->count;
+    if (win >= 0 && t < 32) {  // the winner's chunk: its weights by one warp, then the walk by lane 0
+      for (int j = t; j < c.cs; j += 32)
+        sh->cw[j] = (c.act[(j >> 5) * kT + win] >> (j & 31)) & 1u ? weight(c.xs[win * c.cs + j]) : -1.0;
+      __syncwarp();
+      if (t == 0) {
+        double cum = sh->acc;
+        int pick = -1, lastj = -1;
+        for (int j = 0; j < c.cs; ++j) {
+          const double w = sh->cw[j];
+          if (w < 0.0) continue;
+          lastj = j;
+          cum += w;
+          if (cum > target) {
+            pick = j;
+            break;
+          }
         }
-      });
-      sh->tok = w_tok;
+        if (pick < 0) pick = lastj;  // rounding inside the chunk: its last survivor
+        sh->tok = int32_t(c.base + int64_t(win) * c.cs + pick);
+      }
     }
     __syncthreads();
     if (t == 0) c.mine().bi = sh->tok;
@@ -933,6 +974,7 @@ struct Config {
   int cluster = 0;  // 0: unsupported
   int cs = 0;
   size_t smem = 0;
+  int active = 0;  // clusters resident at once (cudaOccupancyMaxActiveClusters)
 };
 
 size_t smem_bytes(int cs) {
@@ -987,7 +1029,7 @@ Config config_for(int64_t vocab) {
       continue;
     }
     if (n < 1) continue;
-    cfg = Config{C, cs, smem};
+    cfg = Config{C, cs, smem, n};
     break;
   }
   cache[vocab] = cfg;
@@ -999,6 +1041,8 @@ Config config_for(int64_t vocab) {
 bool cluster_sampler_supported(int64_t vocab) { return vocab >= 1 && vocab < (int64_t(1) << 31) - 1 && config_for(vocab).cluster > 0; }
 
 int cluster_sampler_size(int64_t vocab) { return config_for(vocab).cluster; }
+
+int cluster_sampler_active_clusters(int64_t vocab) { return config_for(vocab).active; }
 
 void sample_rows_cluster(float* logits, int64_t max_rows, int64_t vocab, int64_t ld, const ClusterSampleArgs& a,
                          const int32_t* live_rows, cudaStream_t stream) {
