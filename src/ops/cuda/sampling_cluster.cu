@@ -84,6 +84,7 @@ __device__ __forceinline__ float from_okey(uint32_t k) {
 /// One CTA's contribution to an exchange.
 struct Slot {
   uint32_t h8[256];  // count_select's CTA histogram
+  uint32_t kand[kWarpsT], kor[kWarpsT];  // per warp: AND / OR of the keys entering a select round
   double d[kBins];
   uint32_t u[kBins];
   uint64_t keys[kMaxTopLogprobs];
@@ -290,6 +291,25 @@ __device__ __forceinline__ T lane_rank(Ctx& c, Slot* s, T fill, F f) {
   return lane < c.C ? f(c.remote(s, lane)) : fill;
 }
 
+/// AND and OR of every key entering this round, over the CTA (kLocal) or the cluster: equal = one value.
+template <bool kLocal>
+__device__ __forceinline__ bool all_keys_equal(Ctx& c, Slot* s, uint32_t& key) {
+  uint32_t a = ~0u, o = 0u;
+  const int lane = c.t & 31;
+  if (kLocal ? lane == 0 : lane < c.C) {
+    const Slot* rs = kLocal ? &c.mine() : c.remote(s, lane);
+#pragma unroll
+    for (int w = 0; w < kWarpsT; ++w) {
+      a &= rs->kand[w];
+      o |= rs->kor[w];
+    }
+  }
+  a = __reduce_and_sync(0xffffffffu, a);
+  o = __reduce_or_sync(0xffffffffu, o);
+  key = a;
+  return a == o;
+}
+
 /// Sum over ranks 0 .. C-1 in rank order of each lane's value (lane r holds rank r's).
 __device__ __forceinline__ double ordered_sum(const Ctx& c, double v) {
   double s = 0.0;
@@ -363,6 +383,7 @@ __device__ void count_select(Ctx& c, int64_t k) {
     h[t] = 0;  // kT == 256 bins
     __syncthreads();
     // Warp-aggregated: the lanes holding one digit add their count once (integer sums: exact).
+    uint32_t kand = ~0u, kor = 0u;
     for (int j0 = 0; j0 < c.cs; j0 += 32) {
       const uint32_t word = c.wk[(j0 >> 5) * kT + t];
       const uint32_t any = __ballot_sync(0xffffffffu, word != 0);
@@ -370,23 +391,38 @@ __device__ void count_select(Ctx& c, int64_t k) {
       for (int b = 0; b < 32; ++b) {
         const bool on = (word >> b) & 1u;
         if (!__any_sync(0xffffffffu, on)) continue;
-        const int dg = on ? int(okey(c.x(j0 + b)) >> shift) & 255 : 256 + (t & 31);
+        const uint32_t key = on ? okey(c.x(j0 + b)) : 0u;
+        if (on) kand &= key, kor |= key;
+        const int dg = on ? int(key >> shift) & 255 : 256 + (t & 31);
         const uint32_t peers = __match_any_sync(0xffffffffu, dg);
         if (on && (t & 31) == __ffs(peers) - 1) atomicAdd(&h[dg], uint32_t(__popc(peers)));
       }
     }
+    kand = __reduce_and_sync(0xffffffffu, kand);
+    kor = __reduce_or_sync(0xffffffffu, kor);
+    if ((t & 31) == 0) {
+      c.mine().kand[t >> 5] = kand;
+      c.mine().kor[t >> 5] = kor;
+    }
     // Thread t holds bin d = 255 - t: the scan over threads runs from the top bin down.
     const int d = 255 - t;
     uint32_t n;
+    Slot* s = nullptr;
     if (kLocal) {
       __syncthreads();
       n = h[d];
     } else {
-      Slot* s = c.exchange();
+      s = c.exchange();
       n = 0;
 #pragma unroll
       for (int r = 0; r < 16; ++r)
         if (r < c.C) n += c.remote(s, r)->h8[d];
+    }
+    uint32_t same_key;
+    if (all_keys_equal<kLocal>(c, s, same_key)) {  // one value left: the rest is the tie cut
+      prefix = same_key;
+      early = false;
+      break;
     }
     uint32_t total;
     const uint32_t above = c.block_excl_scan_u(n, total);  // keys in bins > d (this round's range)
@@ -440,8 +476,12 @@ __device__ void radix_select(Ctx& c, int64_t k, float top_p, W weight) {
       cnt[d] = 0;
       mas[d] = 0.0;
     }
+    uint32_t kand = ~0u, kor = 0u;
     for_each_weighted(c, c.wk, weight, [&](int j, double wv) {
-      const int dg = int(okey(c.x(j)) >> shift) & (kBins - 1);
+      const uint32_t key = okey(c.x(j));
+      kand &= key;
+      kor |= key;
+      const int dg = int(key >> shift) & (kBins - 1);
 #pragma unroll
       for (int d = 0; d < kBins; ++d)
         if (dg == d) {
@@ -451,6 +491,12 @@ __device__ void radix_select(Ctx& c, int64_t k, float top_p, W weight) {
     });
     {
       const int warp = t >> 5, lane = t & 31;
+      kand = __reduce_and_sync(0xffffffffu, kand);
+      kor = __reduce_or_sync(0xffffffffu, kor);
+      if (lane == 0) {
+        c.mine().kand[warp] = kand;
+        c.mine().kor[warp] = kor;
+      }
 #pragma unroll
       for (int d = 0; d < kBins; ++d) {
         const uint32_t n = __reduce_add_sync(0xffffffffu, cnt[d]);
@@ -482,8 +528,9 @@ __device__ void radix_select(Ctx& c, int64_t k, float top_p, W weight) {
         }
       }
     }
+    Slot* s = nullptr;
     if (!kLocal) {  // thread t: bin t / 16 of rank t % 16; ordered sums within each 16-lane group
-      Slot* s = c.exchange();
+      s = c.exchange();
       const int g = t >> 4, r = t & 15, lane = t & 31, base = lane & 16;
       uint32_t n = 0;
       double m = 0.0;
@@ -503,6 +550,8 @@ __device__ void radix_select(Ctx& c, int64_t k, float top_p, W weight) {
         sh->gd[g] = ms;
       }
     }
+    uint32_t same_key;
+    const bool same = all_keys_equal<kLocal>(c, s, same_key);  // one value left: go to the tie cut
     __syncthreads();
     if (t == 0) {
       if (kMass && shift == 28) {
@@ -510,6 +559,19 @@ __device__ void radix_select(Ctx& c, int64_t k, float top_p, W weight) {
         for (int d = kBins - 1; d >= 0; --d) z += sh->gd[d];
         sh->target = double(top_p) * z;
       }
+      if (same) {
+        uint32_t tot = 0;
+        for (int d = 0; d < kBins; ++d) tot += sh->gu[d];
+        sh->count = int32_t(tot);
+      }
+    }
+    if (same) {
+      __syncthreads();
+      prefix = same_key;
+      early = false;
+      break;
+    }
+    if (t == 0) {
       int sel = -1, lowest = -1;
       int64_t need = sh->need;
       double acc = sh->acc;
