@@ -95,7 +95,14 @@ class DeviceSampler {
   Pinned hist_host_;
   cuda::DeviceBuffer<int32_t> hist_;
   cuda::DeviceBuffer<float> saved_;
-  std::vector<int32_t> entry_of_;  // [vocab] token -> entry of the row being prepared, -1 = none
+  /// One row's distinct penalty history (tokens, output counts) or its error.
+  struct RowHistory {
+    std::vector<int32_t> tokens, counts;
+    std::string error;
+  };
+  std::vector<RowHistory> row_hist_;
+  /// Fills h for row r (nothing when no penalty is on); entry_of: [vocab] all -1, restored on return.
+  void build_history(const RowSampling& r, RowHistory& h, std::vector<int32_t>& entry_of) const;
   // Grammar bitmasks of the constrained rows of a call, staged in pinned memory ([k, words] uint32).
   Pinned bm_host_;
   cuda::DeviceBuffer<uint32_t> bm_;
