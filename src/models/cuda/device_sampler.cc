@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
+#include <mutex>
 #include <string>
 
 #include "core/error.h"
@@ -226,11 +228,21 @@ void DeviceSampler::sample(float* logits, std::span<const RowSampling> rows, std
     parallel_for(
         R,
         [&](int64_t lo, int64_t hi) {
-          thread_local std::vector<int32_t> entry_of;  // all -1 between uses
-          if (int64_t(entry_of.size()) < vocab_) entry_of.assign(size_t(vocab_), -1);
-          for (int64_t i = lo; i < hi; ++i) build_history(rows[size_t(i)], row_hist_[size_t(i)], entry_of);
+          std::vector<int32_t>* entry_of = nullptr;  // a [vocab] table, all -1 between uses, kept across calls
+          {
+            std::lock_guard<std::mutex> lock(tables_mu_);
+            if (free_tables_.empty()) {
+              tables_.push_back(std::make_unique<std::vector<int32_t>>(size_t(vocab_), -1));
+              free_tables_.push_back(tables_.back().get());
+            }
+            entry_of = free_tables_.back();
+            free_tables_.pop_back();
+          }
+          for (int64_t i = lo; i < hi; ++i) build_history(rows[size_t(i)], row_hist_[size_t(i)], *entry_of);
+          std::lock_guard<std::mutex> lock(tables_mu_);
+          free_tables_.push_back(entry_of);
         },
-        16);
+        32);
   for (size_t i = 0; i < rows.size(); ++i) {
     errors[i] = prepare_row(i, rows[i], num_entries);
     if (!errors[i].empty() || !rows[i].sampler) continue;

@@ -34,7 +34,6 @@
 #include "ops/cuda/cuda_check.h"
 // (cuda_check.h first: see its note on fmt under nvcc)
 #include <cooperative_groups.h>
-#include <cuda_pipeline.h>
 
 #include <cfloat>
 #include <climits>
@@ -382,22 +381,14 @@ __device__ void count_select(Ctx& c, int64_t k) {
     uint32_t* h = kLocal ? sh->h8 : c.mine().h8;
     h[t] = 0;  // kT == 256 bins
     __syncthreads();
-    // Warp-aggregated: the lanes holding one digit add their count once (integer sums: exact).
+    // Shared-memory integer atomics (exact in any order; measured faster than warp aggregation).
     uint32_t kand = ~0u, kor = 0u;
-    for (int j0 = 0; j0 < c.cs; j0 += 32) {
-      const uint32_t word = c.wk[(j0 >> 5) * kT + t];
-      const uint32_t any = __ballot_sync(0xffffffffu, word != 0);
-      if (!any) continue;
-      for (int b = 0; b < 32; ++b) {
-        const bool on = (word >> b) & 1u;
-        if (!__any_sync(0xffffffffu, on)) continue;
-        const uint32_t key = on ? okey(c.x(j0 + b)) : 0u;
-        if (on) kand &= key, kor |= key;
-        const int dg = on ? int(key >> shift) & 255 : 256 + (t & 31);
-        const uint32_t peers = __match_any_sync(0xffffffffu, dg);
-        if (on && (t & 31) == __ffs(peers) - 1) atomicAdd(&h[dg], uint32_t(__popc(peers)));
-      }
-    }
+    for_each(c, c.wk, [&](int j) {
+      const uint32_t key = okey(c.x(j));
+      kand &= key;
+      kor |= key;
+      atomicAdd(&h[int(key >> shift) & 255], 1u);
+    });
     kand = __reduce_and_sync(0xffffffffu, kand);
     kor = __reduce_or_sync(0xffffffffu, kor);
     if ((t & 31) == 0) {
@@ -477,8 +468,10 @@ __device__ void radix_select(Ctx& c, int64_t k, float top_p, W weight) {
       mas[d] = 0.0;
     }
     uint32_t kand = ~0u, kor = 0u;
-    for_each_weighted(c, c.wk, weight, [&](int j, double wv) {
-      const uint32_t key = okey(c.x(j));
+    for_each(c, c.wk, [&](int j) {  // (4-wide weights here spilled the bins: measured 2x slower)
+      const float v = c.x(j);
+      const uint32_t key = okey(v);
+      const double wv = kMass ? weight(v) : 0.0;
       kand &= key;
       kor |= key;
       const int dg = int(key >> shift) & (kBins - 1);
@@ -663,17 +656,21 @@ __global__ void __launch_bounds__(kT, 3)
     const float* src = xrow + c.base;
     int64_t done = 0;
     if ((reinterpret_cast<uintptr_t>(src) & 15) == 0) {
-      // Asynchronous 16-byte copies global -> shared (cp.async): every load of the slice in flight
-      // at once, no registers staged.
       const float4* s4 = reinterpret_cast<const float4*>(src);
       float4* d4 = reinterpret_cast<float4*>(c.xs);
       const int64_t n4 = n_slice / 4;
-      for (int64_t i = t; i < n4; i += kT) __pipeline_memcpy_async(d4 + i, s4 + i, 16);
-      __pipeline_commit();
+      for (int64_t i = t; i < n4; i += 4 * kT) {  // 4 loads in flight per thread (cp.async measured slower)
+        float4 q[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+          if (i + u * kT < n4) q[u] = s4[i + u * kT];
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+          if (i + u * kT < n4) d4[i + u * kT] = q[u];
+      }
       done = 4 * n4;
     }
     for (int64_t i = done + t; i < n_slice; i += kT) c.xs[i] = src[i];
-    __pipeline_wait_prior(0);
   }
   __syncthreads();
 
