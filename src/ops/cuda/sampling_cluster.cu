@@ -20,13 +20,12 @@
 // key (larger logit -> larger key, -0 == +0), 4 rounds at most, a CTA histogram of integer shared-memory
 // atomics per round (exact in any order); top_logprobs selects inside each CTA (no cluster barrier per
 // round) and merges the C * n candidates in one warp. top_p: a mass select over 4-bit digits, 8 rounds
-// at most: every thread sums the weights of its active entries per digit into private bins in
-// registers, the CTA adds the bins in a fixed tree, the cluster in rank order; the chosen digit's
-// entries stay active. A select stops early when the chosen bin is taken whole (top_k: its count is
-// what is still needed; top_p: it holds one entry) or when every remaining key is equal (the AND and
-// OR of the keys travel with each round's histogram). After the last round the active entries are
-// the ties at the boundary value, and the lowest ids among them are kept (the CPU's tie order),
-// ranked across threads and CTAs by a scan.
+// at most. Each round, every thread counts (and, for top_p, sums the weights of) its active
+// entries per digit into private bins in registers (no atomics), the CTA adds the bins in a fixed
+// tree, the cluster in rank order; the chosen digit's entries stay active. A round stops the select early when
+// the chosen bin is taken whole (top_k: its count is what is still needed; top_p: it holds one
+// entry). After the last round the active entries are the ties at the boundary value, and the
+// lowest ids among them are kept (the CPU's tie order), ranked across threads and CTAs by a scan.
 //
 // Determinism. Every sum has a fixed order that depends only on the row (per-thread sequential, a
 // fixed shuffle tree, ranks in order) and every comparison is the CPU's, in the same precision, so a
@@ -92,7 +91,7 @@ __global__ void __launch_bounds__(kT, 3)
       const float4* s4 = reinterpret_cast<const float4*>(src);
       float4* d4 = reinterpret_cast<float4*>(c.xs);
       const int64_t n4 = n_slice / 4;
-      for (int64_t i = t; i < n4; i += 4 * kT) {  // 4 loads in flight per thread (cp.async measured slower)
+      for (int64_t i = t; i < n4; i += 4 * kT) {
         float4 q[4];
 #pragma unroll
         for (int u = 0; u < 4; ++u)
@@ -378,8 +377,8 @@ __global__ void __launch_bounds__(kT, 3)
     // Draw (step 8): inverse CDF over the survivors in ascending id order.
     double mine_w = 0.0;
     int32_t last = -1;
-    for_each_weighted(c, c.act, weight, [&](int j, double w) {
-      mine_w += w;
+    for_each(c, c.act, [&](int j) {
+      mine_w += weight(c.x(j));
       last = int32_t(c.id(j));
     });
     double excl, cta_total;
@@ -401,38 +400,22 @@ __global__ void __launch_bounds__(kT, 3)
       row_last = __reduce_max_sync(0xffffffffu, lane_rank(c, s, int32_t(-1), [](const Slot* rs) { return rs->bi; }));
     }
     const double target = a.sample.uniform[row] * Z;
-    if (t == 0) {
-      sh->tok = -1;
-      sh->count = -1;
-    }
+    if (t == 0) sh->tok = -1;
     __syncthreads();
     const bool cross = P + inc > target, cross_prev = t > 0 && P + excl > target;
     if ((c.rank == 0 || !(P > target)) && cross && !cross_prev) {  // the first chunk where cum > u * Z
-      sh->count = t;
-      sh->acc = P + excl;
-    }
-    __syncthreads();
-    const int win = sh->count;
-    if (win >= 0 && t < 32) {  // the winner's chunk: its weights by one warp, then the walk by lane 0
-      for (int j = t; j < c.cs; j += 32)
-        sh->cw[j] = (c.act[(j >> 5) * kT + win] >> (j & 31)) & 1u ? weight(c.xs[win * c.cs + j]) : -1.0;
-      __syncwarp();
-      if (t == 0) {
-        double cum = sh->acc;
-        int pick = -1, lastj = -1;
-        for (int j = 0; j < c.cs; ++j) {
-          const double w = sh->cw[j];
-          if (w < 0.0) continue;
-          lastj = j;
-          cum += w;
-          if (cum > target) {
-            pick = j;
-            break;
-          }
+      int32_t w_tok = last;  // rounding inside the chunk: its last survivor
+      double cum = P + excl;
+      bool hit = false;
+      for_each(c, c.act, [&](int j) {
+        if (hit) return;
+        cum += weight(c.x(j));
+        if (cum > target) {
+          w_tok = int32_t(c.id(j));
+          hit = true;
         }
-        if (pick < 0) pick = lastj;  // rounding inside the chunk: its last survivor
-        sh->tok = int32_t(c.base + int64_t(win) * c.cs + pick);
-      }
+      });
+      sh->tok = w_tok;
     }
     __syncthreads();
     if (t == 0) c.mine().bi = sh->tok;

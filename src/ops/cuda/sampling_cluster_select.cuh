@@ -21,7 +21,6 @@ constexpr int kWarpsT = kT / 32;
 constexpr int kBins = 16;        // 4-bit radix digits (top_p's mass select)
 static_assert(kT == 256, "count_select: one thread per 8-bit bin");
 constexpr int kMaxCs = 151;      // entries per thread at most (odd): bounds the shared copy of a row
-static_assert(kMaxCs <= kT, "the draw's walk keeps one chunk's weights in Shared::cw");
 constexpr float kGreedyT = 1e-5f;  // SamplingParams::kGreedyTemperature
 
 struct Best {
@@ -47,7 +46,6 @@ __device__ __forceinline__ float from_okey(uint32_t k) {
 /// One CTA's contribution to an exchange.
 struct Slot {
   uint32_t h8[256];  // count_select's CTA histogram
-  uint32_t kand[kWarpsT], kor[kWarpsT];  // per warp: AND / OR of the keys entering a select round
   double d[kBins];
   uint32_t u[kBins];
   uint64_t keys[kMaxTopLogprobs];
@@ -228,23 +226,6 @@ __device__ __forceinline__ void for_each(const Ctx& c, const uint32_t* set, F f)
   }
 }
 
-/// Visits the members of `set` in ascending entry order as f(j, w) with w = weight(x_j), the
-/// weights of 4 consecutive entries computed before any is used: independent double exp chains in
-/// flight (the sums stay in entry order). All lanes run the same trip count (cs), members or not.
-template <class W, class F>
-__device__ __forceinline__ void for_each_weighted(const Ctx& c, const uint32_t* set, W weight, F f) {
-  for (int j0 = 0; j0 < c.cs; j0 += 4) {
-    const uint32_t word = set[(j0 >> 5) * kT + c.t] >> (j0 & 31);  // 4 | 32: the 4 bits lie in one word
-    if (!(word & 15u)) continue;
-    double w[4];
-#pragma unroll
-    for (int u = 0; u < 4; ++u) w[u] = (word >> u) & 1u ? weight(c.x(j0 + u)) : 0.0;
-#pragma unroll
-    for (int u = 0; u < 4; ++u)
-      if ((word >> u) & 1u) f(j0 + u, w[u]);
-  }
-}
-
 /// Lane r (< c.C) of every warp reads f(slot of rank r); other lanes get `fill`. All C loads of a warp
 /// are in flight at once; the callers then fold across lanes with shuffles in rank order, so every
 /// thread holds the same cluster-wide result without another barrier.
@@ -252,25 +233,6 @@ template <class T, class F>
 __device__ __forceinline__ T lane_rank(Ctx& c, Slot* s, T fill, F f) {
   const int lane = c.t & 31;
   return lane < c.C ? f(c.remote(s, lane)) : fill;
-}
-
-/// AND and OR of every key entering this round, over the CTA (kLocal) or the cluster: equal = one value.
-template <bool kLocal>
-__device__ __forceinline__ bool all_keys_equal(Ctx& c, Slot* s, uint32_t& key) {
-  uint32_t a = ~0u, o = 0u;
-  const int lane = c.t & 31;
-  if (kLocal ? lane == 0 : lane < c.C) {
-    const Slot* rs = kLocal ? &c.mine() : c.remote(s, lane);
-#pragma unroll
-    for (int w = 0; w < kWarpsT; ++w) {
-      a &= rs->kand[w];
-      o |= rs->kor[w];
-    }
-  }
-  a = __reduce_and_sync(0xffffffffu, a);
-  o = __reduce_or_sync(0xffffffffu, o);
-  key = a;
-  return a == o;
 }
 
 /// Sum over ranks 0 .. C-1 in rank order of each lane's value (lane r holds rank r's).
@@ -345,39 +307,19 @@ __device__ void count_select(Ctx& c, int64_t k) {
     uint32_t* h = kLocal ? sh->h8 : c.mine().h8;
     h[t] = 0;  // kT == 256 bins
     __syncthreads();
-    // Shared-memory integer atomics (exact in any order; measured faster than warp aggregation).
-    uint32_t kand = ~0u, kor = 0u;
-    for_each(c, c.wk, [&](int j) {
-      const uint32_t key = okey(c.x(j));
-      kand &= key;
-      kor |= key;
-      atomicAdd(&h[int(key >> shift) & 255], 1u);
-    });
-    kand = __reduce_and_sync(0xffffffffu, kand);
-    kor = __reduce_or_sync(0xffffffffu, kor);
-    if ((t & 31) == 0) {
-      c.mine().kand[t >> 5] = kand;
-      c.mine().kor[t >> 5] = kor;
-    }
+    for_each(c, c.wk, [&](int j) { atomicAdd(&h[int(okey(c.x(j)) >> shift) & 255], 1u); });
     // Thread t holds bin d = 255 - t: the scan over threads runs from the top bin down.
     const int d = 255 - t;
     uint32_t n;
-    Slot* s = nullptr;
     if (kLocal) {
       __syncthreads();
       n = h[d];
     } else {
-      s = c.exchange();
+      Slot* s = c.exchange();
       n = 0;
 #pragma unroll
       for (int r = 0; r < 16; ++r)
         if (r < c.C) n += c.remote(s, r)->h8[d];
-    }
-    uint32_t same_key;
-    if (all_keys_equal<kLocal>(c, s, same_key)) {  // one value left: the rest is the tie cut
-      prefix = same_key;
-      early = false;
-      break;
     }
     uint32_t total;
     const uint32_t above = c.block_excl_scan_u(n, total);  // keys in bins > d (this round's range)
@@ -431,14 +373,10 @@ __device__ void radix_select(Ctx& c, int64_t k, float top_p, W weight) {
       cnt[d] = 0;
       mas[d] = 0.0;
     }
-    uint32_t kand = ~0u, kor = 0u;
-    for_each(c, c.wk, [&](int j) {  // (4-wide weights here spilled the bins: measured 2x slower)
+    for_each(c, c.wk, [&](int j) {
       const float v = c.x(j);
-      const uint32_t key = okey(v);
+      const int dg = int(okey(v) >> shift) & (kBins - 1);
       const double wv = kMass ? weight(v) : 0.0;
-      kand &= key;
-      kor |= key;
-      const int dg = int(key >> shift) & (kBins - 1);
 #pragma unroll
       for (int d = 0; d < kBins; ++d)
         if (dg == d) {
@@ -448,12 +386,6 @@ __device__ void radix_select(Ctx& c, int64_t k, float top_p, W weight) {
     });
     {
       const int warp = t >> 5, lane = t & 31;
-      kand = __reduce_and_sync(0xffffffffu, kand);
-      kor = __reduce_or_sync(0xffffffffu, kor);
-      if (lane == 0) {
-        c.mine().kand[warp] = kand;
-        c.mine().kor[warp] = kor;
-      }
 #pragma unroll
       for (int d = 0; d < kBins; ++d) {
         const uint32_t n = __reduce_add_sync(0xffffffffu, cnt[d]);
@@ -485,9 +417,8 @@ __device__ void radix_select(Ctx& c, int64_t k, float top_p, W weight) {
         }
       }
     }
-    Slot* s = nullptr;
     if (!kLocal) {  // thread t: bin t / 16 of rank t % 16; ordered sums within each 16-lane group
-      s = c.exchange();
+      Slot* s = c.exchange();
       const int g = t >> 4, r = t & 15, lane = t & 31, base = lane & 16;
       uint32_t n = 0;
       double m = 0.0;
@@ -507,8 +438,6 @@ __device__ void radix_select(Ctx& c, int64_t k, float top_p, W weight) {
         sh->gd[g] = ms;
       }
     }
-    uint32_t same_key;
-    const bool same = all_keys_equal<kLocal>(c, s, same_key);  // one value left: go to the tie cut
     __syncthreads();
     if (t == 0) {
       if (kMass && shift == 28) {
@@ -516,19 +445,6 @@ __device__ void radix_select(Ctx& c, int64_t k, float top_p, W weight) {
         for (int d = kBins - 1; d >= 0; --d) z += sh->gd[d];
         sh->target = double(top_p) * z;
       }
-      if (same) {
-        uint32_t tot = 0;
-        for (int d = 0; d < kBins; ++d) tot += sh->gu[d];
-        sh->count = int32_t(tot);
-      }
-    }
-    if (same) {
-      __syncthreads();
-      prefix = same_key;
-      early = false;
-      break;
-    }
-    if (t == 0) {
       int sel = -1, lowest = -1;
       int64_t need = sh->need;
       double acc = sh->acc;
