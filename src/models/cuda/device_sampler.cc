@@ -5,12 +5,9 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <memory>
-#include <mutex>
 #include <string>
 
 #include "core/error.h"
-#include "core/parallel.h"
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/sampling.h"
 
@@ -79,6 +76,7 @@ DeviceSampler::DeviceSampler(int64_t max_rows, int64_t vocab) : max_rows_(max_ro
   top_ids_ = cuda::DeviceBuffer<int32_t>(M * kTopMax);
   top_lp_ = cuda::DeviceBuffer<float>(M * kTopMax);
   out_host_.reserve(M * (3 + 2 * kTopMax) * 4);
+  entry_of_.assign(size_t(vocab), -1);
   cluster_ = cuda::cluster_sampler_supported(vocab);
 }
 
@@ -99,35 +97,6 @@ void DeviceSampler::update_mask(std::span<const int32_t> ids, cudaStream_t strea
   mask_valid_ = true;
 }
 
-void DeviceSampler::build_history(const RowSampling& r, RowHistory& h, std::vector<int32_t>& entry_of) const {
-  h.tokens.clear();
-  h.counts.clear();
-  h.error.clear();
-  if (!r.sampler || !penalties_on(r.sampler->params())) return;
-  const SamplingParams& p = r.sampler->params();
-  // The CPU's apply_penalties checks both histories whenever a penalty is on.
-  for (std::span<const int32_t> hs : {r.prompt, r.output})
-    for (int32_t t : hs)
-      if (t < 0 || int64_t(t) >= vocab_) {
-        h.error = fmt::format("sampler: {} token id {} is outside the vocabulary [0, {}).",
-                              hs.data() == r.prompt.data() ? "prompt" : "output", t, vocab_);
-        return;
-      }
-  auto entry = [&](int32_t t) {
-    int32_t& e = entry_of[size_t(t)];
-    if (e < 0) {
-      e = int32_t(h.tokens.size());
-      h.tokens.push_back(t);
-      h.counts.push_back(0);
-    }
-    return size_t(e);
-  };
-  if (p.repetition_penalty != 1.0f)
-    for (int32_t t : r.prompt) entry(t);
-  for (int32_t t : r.output) ++h.counts[entry(t)];
-  for (int32_t t : h.tokens) entry_of[size_t(t)] = -1;
-}
-
 std::string DeviceSampler::prepare_row(size_t i, const RowSampling& r, int32_t& num_entries) {
   void* b = blob_host_.ptr;
   // A skipped or failed row: greedy, no logprobs, no penalties (its result is not used).
@@ -144,10 +113,27 @@ std::string DeviceSampler::prepare_row(size_t i, const RowSampling& r, int32_t& 
   if (!r.sampler) return {};
   const SamplingParams& p = r.sampler->params();
   if (penalties_on(p)) {
-    const RowHistory& h = row_hist_[i];  // built by build_history (in parallel over the rows)
-    if (!h.error.empty()) return h.error;
-    hist_tokens_.insert(hist_tokens_.end(), h.tokens.begin(), h.tokens.end());
-    hist_counts_.insert(hist_counts_.end(), h.counts.begin(), h.counts.end());
+    // The CPU's apply_penalties checks both histories whenever a penalty is on.
+    for (std::span<const int32_t> h : {r.prompt, r.output})
+      for (int32_t t : h)
+        if (t < 0 || int64_t(t) >= vocab_)
+          return fmt::format("sampler: {} token id {} is outside the vocabulary [0, {}).",
+                             h.data() == r.prompt.data() ? "prompt" : "output", t, vocab_);
+    const bool rep = p.repetition_penalty != 1.0f;
+    const size_t begin = hist_tokens_.size();
+    auto entry = [&](int32_t t) {
+      int32_t& e = entry_of_[size_t(t)];
+      if (e < 0) {
+        e = int32_t(hist_tokens_.size());
+        hist_tokens_.push_back(t);
+        hist_counts_.push_back(0);
+      }
+      return size_t(e);
+    };
+    if (rep)
+      for (int32_t t : r.prompt) entry(t);
+    for (int32_t t : r.output) ++hist_counts_[entry(t)];
+    for (size_t j = begin; j < hist_tokens_.size(); ++j) entry_of_[size_t(hist_tokens_[j])] = -1;
     num_entries = int32_t(hist_tokens_.size());
     at<float>(b, off_rep_)[i] = p.repetition_penalty;
     at<float>(b, off_freq_)[i] = p.frequency_penalty;
@@ -220,29 +206,6 @@ void DeviceSampler::sample(float* logits, std::span<const RowSampling> rows, std
   int32_t num_entries = 0;
   at<int32_t>(blob_host_.ptr, off_offsets_)[0] = 0;
   bool all_greedy = true, any_logprobs = false, any_top = false;
-  // The distinct penalty histories, rows in parallel (each worker keeps its own token -> entry table).
-  if (row_hist_.size() < rows.size()) row_hist_.resize(rows.size());
-  bool any_penalty = false;
-  for (const RowSampling& r : rows) any_penalty = any_penalty || (r.sampler && penalties_on(r.sampler->params()));
-  if (any_penalty)
-    parallel_for(
-        R,
-        [&](int64_t lo, int64_t hi) {
-          std::vector<int32_t>* entry_of = nullptr;  // a [vocab] table, all -1 between uses, kept across calls
-          {
-            std::lock_guard<std::mutex> lock(tables_mu_);
-            if (free_tables_.empty()) {
-              tables_.push_back(std::make_unique<std::vector<int32_t>>(size_t(vocab_), -1));
-              free_tables_.push_back(tables_.back().get());
-            }
-            entry_of = free_tables_.back();
-            free_tables_.pop_back();
-          }
-          for (int64_t i = lo; i < hi; ++i) build_history(rows[size_t(i)], row_hist_[size_t(i)], *entry_of);
-          std::lock_guard<std::mutex> lock(tables_mu_);
-          free_tables_.push_back(entry_of);
-        },
-        32);
   for (size_t i = 0; i < rows.size(); ++i) {
     errors[i] = prepare_row(i, rows[i], num_entries);
     if (!errors[i].empty() || !rows[i].sampler) continue;

@@ -23,8 +23,6 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
-#include <memory>
-#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
@@ -97,19 +95,7 @@ class DeviceSampler {
   Pinned hist_host_;
   cuda::DeviceBuffer<int32_t> hist_;
   cuda::DeviceBuffer<float> saved_;
-  /// One row's distinct penalty history (tokens, output counts) or its error.
-  struct RowHistory {
-    std::vector<int32_t> tokens, counts;
-    std::string error;
-  };
-  std::vector<RowHistory> row_hist_;
-  // Token -> entry tables for build_history, one per concurrent worker (parallel_for starts fresh
-  // threads per call, so thread_local tables would be rebuilt every call).
-  std::mutex tables_mu_;
-  std::vector<std::unique_ptr<std::vector<int32_t>>> tables_;
-  std::vector<std::vector<int32_t>*> free_tables_;
-  /// Fills h for row r (nothing when no penalty is on); entry_of: [vocab] all -1, restored on return.
-  void build_history(const RowSampling& r, RowHistory& h, std::vector<int32_t>& entry_of) const;
+  std::vector<int32_t> entry_of_;  // [vocab] token -> entry of the row being prepared, -1 = none
   // Grammar bitmasks of the constrained rows of a call, staged in pinned memory ([k, words] uint32).
   Pinned bm_host_;
   cuda::DeviceBuffer<uint32_t> bm_;
