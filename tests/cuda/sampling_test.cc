@@ -33,6 +33,16 @@ namespace {
 
 void sync() { MOEFOLD_CUDA_CHECK(cudaDeviceSynchronize()); }
 
+/// The cluster kernel with only tokens / flags (and the sampling parameters when sp is given).
+void cluster_select(float* x, int64_t R, int64_t V, const cu::SampleRowParams* sp, int32_t* tokens, int32_t* flags,
+                    const int32_t* live) {
+  cu::ClusterSampleArgs a;
+  if (sp) a.sample = *sp;
+  a.tokens = tokens;
+  a.flags = flags;
+  cu::sample_rows_cluster(x, R, V, 0, a, live, nullptr);
+}
+
 /// Logits ~ N(0, 2^2) quantised to multiples of 1/16 (ties everywhere), rows [R, V].
 std::vector<float> make_logits(int64_t R, int64_t V, uint64_t seed) {
   auto v = randn(size_t(R * V), seed, 2.0f);
@@ -60,7 +70,7 @@ HostArgmax host_argmax(const float* x, int64_t V) {
   return r;
 }
 
-void check_argmax(int64_t R, int64_t V, int64_t live, uint64_t seed) {
+void check_argmax(int64_t R, int64_t V, int64_t live, uint64_t seed, bool cluster = false) {
   auto x = make_logits(R, V, seed);
   for (int64_t r = 0; r < R; ++r) {
     float* row = x.data() + r * V;
@@ -78,7 +88,10 @@ void check_argmax(int64_t R, int64_t V, int64_t live, uint64_t seed) {
   dt.upload(std::vector<int32_t>(size_t(R), -7));
   df.upload(std::vector<int32_t>(size_t(R), -7));
   auto dl = cuda::to_device(std::vector<int32_t>{int32_t(live)});
-  cu::argmax_rows(dx.data(), R, V, 0, dt.data(), df.data(), live < R ? dl.data() : nullptr, nullptr);
+  if (cluster)
+    cluster_select(dx.data(), R, V, nullptr, dt.data(), df.data(), live < R ? dl.data() : nullptr);
+  else
+    cu::argmax_rows(dx.data(), R, V, 0, dt.data(), df.data(), live < R ? dl.data() : nullptr, nullptr);
   sync();
   const auto tok = dt.download(), fl = df.download();
   size_t mis = 0, cpu_mis = 0;
@@ -95,7 +108,7 @@ void check_argmax(int64_t R, int64_t V, int64_t live, uint64_t seed) {
       cpu_mis += sample_token(std::span<const float>(x.data() + r * V, static_cast<size_t>(V)), {}, {}, greedy, 1, 0).token !=
                  tok[size_t(r)];
   }
-  const std::string shape = fmt::format("rows={},live={},V={},ties+nan", R, live, V);
+  const std::string shape = fmt::format("rows={},live={},V={},ties+nan{}", R, live, V, cluster ? ",cluster" : "");
   EXPECT_TRUE(contract_exact("argmax", shape, mis));
   EXPECT_TRUE(contract_exact("argmax_vs_cpu_sampler", shape, cpu_mis));
 }
@@ -113,7 +126,7 @@ SamplingParams row_params(uint64_t h) {
   return p;
 }
 
-void check_sampling_vs_cpu(int64_t R, int64_t V, int draws, uint64_t seed) {
+void check_sampling_vs_cpu(int64_t R, int64_t V, int draws, uint64_t seed, bool cluster = false) {
   auto x = make_logits(R, V, seed);
   std::vector<float> temp(static_cast<size_t>(R)), top_p(static_cast<size_t>(R)), min_p(static_cast<size_t>(R));
   std::vector<int32_t> top_k(static_cast<size_t>(R));
@@ -138,7 +151,10 @@ void check_sampling_vs_cpu(int64_t R, int64_t V, int draws, uint64_t seed) {
     std::vector<double> u(static_cast<size_t>(R));
     for (int64_t r = 0; r < R; ++r) u[size_t(r)] = sampling_uniform(seeds[size_t(r)], uint64_t(d));
     du.upload(u);
-    cu::sample_rows(dx.data(), R, V, 0, sp, dt.data(), df.data(), nullptr, nullptr);
+    if (cluster)
+      cluster_select(dx.data(), R, V, &sp, dt.data(), df.data(), nullptr);
+    else
+      cu::sample_rows(dx.data(), R, V, 0, sp, dt.data(), df.data(), nullptr, nullptr);
     sync();
     const auto tok = dt.download(), fl = df.download();
     std::vector<int32_t> want(static_cast<size_t>(R));
@@ -153,12 +169,12 @@ void check_sampling_vs_cpu(int64_t R, int64_t V, int draws, uint64_t seed) {
       ++total;
     }
   }
-  const std::string shape = fmt::format("rows={},V={},draws={},mixed_params", R, V, draws);
+  const std::string shape = fmt::format("rows={},V={},draws={},mixed_params{}", R, V, draws, cluster ? ",cluster" : "");
   EXPECT_TRUE(contract("sample_vs_cpu_mismatch_frac", shape, double(mis) / double(total), 2e-3));
   EXPECT_TRUE(contract_exact("sample_flags", shape, flag_bad));
 }
 
-void check_sampling_distribution(int64_t V, const SamplingParams& p, int N, uint64_t seed) {
+void check_sampling_distribution(int64_t V, const SamplingParams& p, int N, uint64_t seed, bool cluster = false) {
   auto row = make_logits(1, V, seed);
   std::vector<float> x;
   x.reserve(size_t(N * V));
@@ -173,7 +189,10 @@ void check_sampling_distribution(int64_t V, const SamplingParams& p, int N, uint
   auto du = cuda::to_device(u);
   DeviceBuffer<int32_t> dt(static_cast<size_t>(N));
   cu::SampleRowParams sp{dtemp.data(), dtk.data(), dtp.data(), dmp.data(), du.data()};
-  cu::sample_rows(dx.data(), N, V, 0, sp, dt.data(), nullptr, nullptr, nullptr);
+  if (cluster)
+    cluster_select(dx.data(), N, V, &sp, dt.data(), nullptr, nullptr);
+  else
+    cu::sample_rows(dx.data(), N, V, 0, sp, dt.data(), nullptr, nullptr, nullptr);
   sync();
   const auto tok = dt.download();
   const auto dist = sampling_distribution(row, {}, {}, p);
@@ -187,8 +206,8 @@ void check_sampling_distribution(int64_t V, const SamplingParams& p, int N, uint
   }
   double maxdiff = 0;
   for (int64_t i = 0; i < V; ++i) maxdiff = std::max(maxdiff, std::abs(freq[size_t(i)] - dist[size_t(i)]));
-  const std::string shape = fmt::format("V={},N={},T={:g},top_k={},top_p={:g},min_p={:g}", V, N, p.temperature, p.top_k,
-                                        p.top_p, p.min_p);
+  const std::string shape = fmt::format("V={},N={},T={:g},top_k={},top_p={:g},min_p={:g}{}", V, N, p.temperature,
+                                        p.top_k, p.top_p, p.min_p, cluster ? ",cluster" : "");
   // Stratified u: each token's count is within one draw of N * p (inverse CDF over ascending ids).
   EXPECT_TRUE(contract("sample_distribution_maxdiff", shape, maxdiff, 1.01 / N));
 }
@@ -261,7 +280,7 @@ std::vector<int32_t> make_history(const float* row, int64_t V, size_t n, uint64_
   return h;
 }
 
-void check_penalties(int64_t R, int64_t V, int64_t live, uint64_t seed) {
+void check_penalties(int64_t R, int64_t V, int64_t live, uint64_t seed, bool cluster = false) {
   auto x = make_rows(R, V, seed);
   std::vector<float> rep(static_cast<size_t>(R)), freq(static_cast<size_t>(R)), pres(static_cast<size_t>(R));
   std::vector<int32_t> offsets{0}, tokens, counts;
@@ -292,19 +311,28 @@ void check_penalties(int64_t R, int64_t V, int64_t live, uint64_t seed) {
   dsaved.fill_bytes(0xFF);
   auto dl = cuda::to_device(std::vector<int32_t>{int32_t(live)});
   const cu::PenaltyRows pr{drep.data(), dfreq.data(), dpres.data(), doff.data(), dtok.data(), dcnt.data(), dsaved.data()};
-  cu::apply_penalties_rows(dx.data(), R, V, 0, pr, dl.data(), nullptr);
+  DeviceBuffer<int32_t> dsel(static_cast<size_t>(R));
+  if (cluster) {  // greedy selection after the penalties: the rows are modified the same way
+    cu::ClusterSampleArgs a;
+    a.penalties = pr;
+    a.tokens = dsel.data();
+    cu::sample_rows_cluster(dx.data(), R, V, 0, a, dl.data(), nullptr);
+  } else {
+    cu::apply_penalties_rows(dx.data(), R, V, 0, pr, dl.data(), nullptr);
+  }
   sync();
   const auto got = dx.download();
   const auto saved = dsaved.download();
   size_t bad = 0, bad_saved = 0;
   for (int64_t r = 0; r < R; ++r) bad += !same_bytes(got.data() + r * V, want.data() + r * V, size_t(V));
   for (size_t j = 0; j < size_t(offsets[size_t(live)]); ++j) bad_saved += !same_bytes(&saved[j], &raw_saved[j], 1);
-  const std::string shape = fmt::format("rows={},live={},V={},entries={}", R, live, V, tokens.size());
+  const std::string shape =
+      fmt::format("rows={},live={},V={},entries={}{}", R, live, V, tokens.size(), cluster ? ",cluster" : "");
   EXPECT_TRUE(contract_exact("penalties_vs_apply_penalties", shape, bad));
   EXPECT_TRUE(contract_exact("penalties_saved_raw", shape, bad_saved));
 }
 
-void check_raw_logprobs(int64_t R, int64_t V, uint64_t seed) {
+void check_raw_logprobs(int64_t R, int64_t V, uint64_t seed, bool cluster = false) {
   auto x = make_rows(R, V, seed);
   std::vector<int32_t> top_n(static_cast<size_t>(R));
   const int32_t ns[] = {-1, 0, 1, 5, 20, 7};
@@ -316,7 +344,20 @@ void check_raw_logprobs(int64_t R, int64_t V, uint64_t seed) {
   DeviceBuffer<float> dlp(size_t(R) * cu::kMaxTopLogprobs);
   dlse.fill_bytes(0xFF);
   dids.fill_bytes(0xFF);
-  cu::raw_logprobs_rows(dx.data(), R, V, 0, dn.data(), dlse.data(), dids.data(), dlp.data(), nullptr, nullptr);
+  DeviceBuffer<int32_t> dtok(static_cast<size_t>(R));
+  DeviceBuffer<float> dtlp(static_cast<size_t>(R));
+  if (cluster) {  // greedy, with the raw logprobs of every row with top_n >= 0
+    cu::ClusterSampleArgs a;
+    a.top_n = dn.data();
+    a.lse = dlse.data();
+    a.top_ids = dids.data();
+    a.top_logprobs = dlp.data();
+    a.logprob = dtlp.data();
+    a.tokens = dtok.data();
+    cu::sample_rows_cluster(dx.data(), R, V, 0, a, nullptr, nullptr);
+  } else {
+    cu::raw_logprobs_rows(dx.data(), R, V, 0, dn.data(), dlse.data(), dids.data(), dlp.data(), nullptr, nullptr);
+  }
   sync();
   const auto lse = dlse.download();
   const auto ids = dids.download();
@@ -342,7 +383,7 @@ void check_raw_logprobs(int64_t R, int64_t V, uint64_t seed) {
                                                              : std::abs(double(g) - double(want[j].logprob)));
     }
   }
-  const std::string shape = fmt::format("rows={},V={},top_n=-1..20", R, V);
+  const std::string shape = fmt::format("rows={},V={},top_n=-1..20{}", R, V, cluster ? ",cluster" : "");
   EXPECT_TRUE(contract("raw_lse_abs_err", shape, lse_err, 1e-9));
   EXPECT_TRUE(contract("top_logprobs_abs_err", shape, lp_err, 1e-5));
   EXPECT_TRUE(contract_exact("top_logprobs_ids", shape, bad_ids));
@@ -364,8 +405,9 @@ SamplingParams mixed_params(uint64_t h) {
 
 /// DeviceSampler vs the CPU sampler on the same masked rows, histories and (seed, step): tokens
 /// equal, logprobs within 1e-5, top_logprobs the same ids; failing rows fail on both sides only.
-void check_device_sampler(int64_t R, int64_t V, int calls, uint64_t seed) {
+void check_device_sampler(int64_t R, int64_t V, int calls, uint64_t seed, bool cluster = true) {
   DeviceSampler ds(R, V);
+  ds.set_cluster_kernel(cluster);
   std::vector<int32_t> mask;
   for (int64_t i = 0; i < std::min<int64_t>(V / 4, 200); ++i) mask.push_back(int32_t(V - 1 - i));  // "padding" ids
   mask.push_back(-1);
@@ -435,7 +477,8 @@ void check_device_sampler(int64_t R, int64_t V, int calls, uint64_t seed) {
       top_mis += !top_ok;
     }
   }
-  const std::string shape = fmt::format("rows={},V={},calls={},all_options+mask", R, V, calls);
+  const std::string shape =
+      fmt::format("rows={},V={},calls={},all_options+mask{}", R, V, calls, cluster ? ",cluster" : ",legacy");
   EXPECT_TRUE(contract_exact("device_sampler_token_vs_cpu", shape, tok_mis));
   EXPECT_TRUE(contract_exact("device_sampler_errors_vs_cpu", shape, err_mis));
   EXPECT_TRUE(contract_exact("device_sampler_top_logprobs", shape, top_mis));
@@ -556,6 +599,174 @@ void frequency_suite(int64_t N, bool include_large) {
   }
 }
 
+// ---- the cluster kernel: edge cases and batch invariance ------------------------------------------
+
+/// Row r's parameters (and row contents where the case needs them) for the edge-case suite.
+SamplingParams edge_params(int64_t r, uint64_t h, float* row, int64_t V) {
+  SamplingParams p;
+  p.seed = int64_t(h >> 2);
+  p.temperature = 1.0f;
+  switch (r % 12) {
+    case 0: p.top_k = int32_t(V + 5); break;  // top_k larger than the vocabulary: off
+    case 1: p.temperature = 0.7f, p.top_p = 1.0f; break;
+    case 2: p.top_p = 1e-6f; break;  // only the best token survives
+    case 3:  // all-equal logits: top_k keeps the 7 lowest ids
+      std::fill(row, row + V, 0.25f);
+      p.top_k = 7;
+      break;
+    case 4:  // all-equal logits: top_p = 0.5 keeps the lowest half of the ids; top_logprobs ties by id
+      std::fill(row, row + V, -1.5f);
+      p.temperature = 0.9f, p.top_p = 0.5f, p.logprobs = true, p.top_logprobs = 20;
+      break;
+    case 5: {  // -inf everywhere but one id
+      const int64_t keep = int64_t(h % uint64_t(V));
+      std::fill(row, row + V, -INFINITY);
+      row[keep] = 1.0f;
+      p.temperature = 1.2f, p.top_k = 3, p.top_p = 0.9f, p.min_p = 0.1f, p.logprobs = true, p.top_logprobs = 5;
+      break;
+    }
+    case 6: {  // the same, greedy with a repetition penalty
+      const int64_t keep = int64_t((h >> 7) % uint64_t(V));
+      std::fill(row, row + V, -INFINITY);
+      row[keep] = -2.0f;
+      p.temperature = 0.0f, p.repetition_penalty = 1.3f, p.logprobs = true, p.top_logprobs = 3;
+      break;
+    }
+    case 7: p = mixed_params(h); break;
+    case 8: p.temperature = 1.5f, p.min_p = 0.5f; break;
+    case 9: p.top_k = 1; break;  // == greedy
+    case 10:
+      p.temperature = 0.6f, p.top_k = 2, p.top_p = 0.3f, p.frequency_penalty = 0.5f, p.presence_penalty = 0.3f;
+      break;
+    default: p.temperature = 0.0f, p.logprobs = true, p.top_logprobs = 20; break;
+  }
+  return p;
+}
+
+bool same_result(const SampleResult& a, const SampleResult& b) {
+  if (a.token != b.token || a.error != b.error || !same_bytes(&a.logprob, &b.logprob, 1)) return false;
+  if (a.top_logprobs.size() != b.top_logprobs.size()) return false;
+  for (size_t j = 0; j < a.top_logprobs.size(); ++j)
+    if (a.top_logprobs[j].token != b.top_logprobs[j].token ||
+        !same_bytes(&a.top_logprobs[j].logprob, &b.top_logprobs[j].logprob, 1))
+      return false;
+  return true;
+}
+
+/// Edge-case rows through the DeviceSampler (cluster kernel) vs the CPU sampler (tokens equal,
+/// logprobs within 1e-5, the same top ids); then every row sampled alone (a 1-row call of another
+/// sampler) must give bitwise the same result as inside the batch.
+void check_edge_cases(int64_t R, int64_t V, uint64_t seed) {
+  auto x = make_rows(R, V, seed);
+  std::vector<Sampler> samplers;
+  samplers.reserve(size_t(R));
+  std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(R)), outputs(static_cast<size_t>(R));
+  for (int64_t r = 0; r < R; ++r) {
+    const uint64_t h = mix64(seed * 17 + uint64_t(r));
+    float* row = x.data() + r * V;
+    samplers.emplace_back(edge_params(r, h, row, V));
+    prompts[size_t(r)] = make_history(row, V, 1 + h % 40, h + 11);
+    outputs[size_t(r)] = make_history(row, V, (h >> 8) % 20, h + 13);
+  }
+  std::vector<RowSampling> rows;
+  for (int64_t r = 0; r < R; ++r) rows.push_back({&samplers[size_t(r)], prompts[size_t(r)], outputs[size_t(r)]});
+  DeviceSampler ds(R, V);
+  ASSERT_TRUE(ds.cluster_kernel());
+  auto dx = cuda::to_device(x);
+  std::vector<SampleResult> got;
+  ds.sample(dx.data(), rows, {}, got, nullptr);
+  std::vector<SampleResult> want(static_cast<size_t>(R));
+  parallel_for(size_t(R), [&](size_t r) {
+    std::vector<float> row(x.begin() + int64_t(r) * V, x.begin() + int64_t(r + 1) * V);
+    want[r] = samplers[r].sample(row, prompts[r], outputs[r]);
+  });
+  size_t tok_mis = 0, top_mis = 0, alone_mis = 0;
+  double lp_err = 0;
+  for (size_t r = 0; r < size_t(R); ++r) {
+    tok_mis += !got[r].error.empty() || got[r].token != want[r].token;
+    if (samplers[r].params().logprobs) {
+      const double e = std::abs(double(got[r].logprob) - double(want[r].logprob));
+      lp_err = std::max(lp_err, got[r].logprob == want[r].logprob ? 0.0 : (std::isfinite(e) ? e : INFINITY));
+    }
+    bool top_ok = got[r].top_logprobs.size() == want[r].top_logprobs.size();
+    for (size_t j = 0; top_ok && j < want[r].top_logprobs.size(); ++j) {
+      const TokenLogprob &a = got[r].top_logprobs[j], &b = want[r].top_logprobs[j];
+      top_ok = a.token == b.token && (a.logprob == b.logprob || std::abs(double(a.logprob) - double(b.logprob)) <= 1e-5);
+    }
+    top_mis += !top_ok;
+  }
+  // Alone: each row in a 1-row call (the same raw row), against the batch's result.
+  DeviceSampler one(1, V);
+  DeviceBuffer<float> d1(static_cast<size_t>(V));
+  for (size_t r = 0; r < size_t(R); ++r) {
+    d1.upload(std::vector<float>(x.begin() + int64_t(r) * V, x.begin() + int64_t(r + 1) * V));
+    std::vector<SampleResult> o;
+    one.sample(d1.data(), std::span<const RowSampling>(&rows[r], 1), {}, o, nullptr);
+    alone_mis += !same_result(o[0], got[r]);
+  }
+  const std::string shape = fmt::format("rows={},V={},edge_cases", R, V);
+  EXPECT_TRUE(contract_exact("cluster_edge_token_vs_cpu", shape, tok_mis));
+  EXPECT_TRUE(contract_exact("cluster_edge_top_logprobs", shape, top_mis));
+  EXPECT_TRUE(contract("cluster_edge_logprob_abs_err", shape, lp_err, 1e-5));
+  EXPECT_TRUE(contract_exact("cluster_alone_vs_batch_bitwise", shape, alone_mis));
+}
+
+}  // namespace
+
+TEST(SamplingCluster, ArgmaxExact) {
+  MOEFOLD_REQUIRE_GPU();
+  ASSERT_TRUE(cu::cluster_sampler_supported(248320));
+  uint64_t seed = 7600;
+  for (int64_t R : {1, 17, 64})
+    for (int64_t V : {151936, 248320}) check_argmax(R, V, R, seed++, true);
+  check_argmax(65, 32000, 17, seed++, true);
+  check_argmax(5, 3000, 3, seed++, true);
+}
+
+TEST(SamplingCluster, MatchesCpuSampler) {
+  MOEFOLD_REQUIRE_GPU();
+  check_sampling_vs_cpu(64, 32000, 8, 7100, true);
+  check_sampling_vs_cpu(17, 151936, 2, 7200, true);
+  check_sampling_vs_cpu(6, 2000, 2, 7500, true);
+}
+
+TEST(SamplingCluster, Distribution) {
+  MOEFOLD_REQUIRE_GPU();
+  SamplingParams p;
+  p.temperature = 0.8f;
+  check_sampling_distribution(64, p, 4096, 7300, true);
+  p.top_k = 20;
+  p.top_p = 0.9f;
+  check_sampling_distribution(64, p, 4096, 7301, true);
+  p.top_k = 0;
+  p.top_p = 0.7f;
+  p.min_p = 0.02f;
+  p.temperature = 1.3f;
+  check_sampling_distribution(300, p, 4096, 7302, true);
+}
+
+TEST(SamplingCluster, PenaltiesAndRawLogprobs) {
+  MOEFOLD_REQUIRE_GPU();
+  check_penalties(64, 248320, 64, 8100, true);
+  check_penalties(65, 32000, 40, 8101, true);
+  check_raw_logprobs(64, 248320, 8200, true);
+  check_raw_logprobs(24, 13, 8201, true);
+}
+
+TEST(SamplingCluster, LegacyDeviceSamplerMatchesCpu) {
+  MOEFOLD_REQUIRE_GPU();
+  check_device_sampler(64, 32000, 2, 8310, false);
+}
+
+TEST(SamplingCluster, EdgeCasesAndBatchInvariance) {
+  MOEFOLD_REQUIRE_GPU();
+  uint64_t seed = 8500;
+  for (int64_t R : {1, 2, 63, 64, 65, 256}) check_edge_cases(R, 50000, seed++);
+  check_edge_cases(24, 248320, seed++);
+  check_edge_cases(12, 37, seed++);  // fewer ids than threads of one CTA
+}
+
+namespace {
 }  // namespace
 
 TEST(Sampling, MaskExact) {
@@ -741,6 +952,133 @@ TEST(SamplingPerf, DISABLED_DeviceSampler) {
       std::vector<SampleResult> out;
       const double us = time_us([&] { ds.sample(dx.data(), rows, mask, out, nullptr); });
       perf_line("device_sampler", fmt::format("rows={},V={},{}", R, V, c.name), us, "-");
+    }
+  }
+}
+
+// The cluster kernel beside the pass-by-pass kernels, in the order A B B A inside this run, with the
+// device copy bandwidth measured first (run with --gtest_also_run_disabled_tests
+// --gtest_filter='*ClusterVsLegacy*').
+TEST(SamplingPerf, DISABLED_ClusterVsLegacy) {
+  MOEFOLD_REQUIRE_GPU();
+  {
+    const size_t bytes = size_t(256) << 20;
+    DeviceBuffer<uint8_t> a(bytes), b(bytes);
+    const double us = time_us([&] {
+      MOEFOLD_CUDA_CHECK(cudaMemcpyAsync(b.data(), a.data(), bytes, cudaMemcpyDeviceToDevice, nullptr));
+    });
+    perf_line("d2d_copy", "bytes=256MiB", us, fmt::format("TB/s={:.2f}(read+write)", 2.0 * double(bytes) / us * 1e-6));
+  }
+  const int64_t V = 248320;
+  std::printf("cluster size %d, %d clusters resident\n", cu::cluster_sampler_size(V),
+              cu::cluster_sampler_active_clusters(V));
+  auto abba = [](const std::string& name, const std::string& shape, const std::function<void()>& a,
+                 const std::function<void()>& b, double bytes) {
+    const double a1 = time_us(a), b1 = time_us(b), b2 = time_us(b), a2 = time_us(a);
+    perf_line(name + "_legacy", shape, 0.5 * (a1 + a2), fmt::format("A={:.1f},{:.1f}", a1, a2));
+    perf_line(name + "_cluster", shape, 0.5 * (b1 + b2),
+              fmt::format("B={:.1f},{:.1f} x{:.1f} TB/s={:.2f}", b1, b2, (a1 + a2) / (b1 + b2), bytes / (0.5 * (b1 + b2)) * 1e-6));
+  };
+  for (int64_t R : {1, 64, 256}) {
+    auto dx = cuda::to_device(make_logits(R, V, 9000));
+    DeviceBuffer<int32_t> dt(static_cast<size_t>(R));
+    const double bytes = double(R * V) * 4;
+    abba("argmax", fmt::format("rows={},V={}", R, V),
+         [&] { cu::argmax_rows(dx.data(), R, V, 0, dt.data(), nullptr, nullptr, nullptr); },
+         [&] { cluster_select(dx.data(), R, V, nullptr, dt.data(), nullptr, nullptr); }, bytes);
+    struct P {
+      float t;
+      int32_t k;
+      float p, min_p;
+      const char* name;
+    };
+    for (const P& pp : {P{0.8f, 0, 1.0f, 0.0f, "temp"}, P{0.8f, 50, 1.0f, 0.0f, "top_k=50"},
+                        P{0.8f, 0, 0.9f, 0.0f, "top_p=0.9"}, P{0.8f, 20, 0.95f, 0.0f, "top_k=20,top_p=0.95"},
+                        P{0.8f, 0, 0.9f, 0.05f, "min_p=0.05,top_p=0.9"}}) {
+      auto dtemp = cuda::to_device(std::vector<float>(size_t(R), pp.t));
+      auto dtk = cuda::to_device(std::vector<int32_t>(size_t(R), pp.k));
+      auto dtp = cuda::to_device(std::vector<float>(size_t(R), pp.p));
+      auto dmp = cuda::to_device(std::vector<float>(size_t(R), pp.min_p));
+      auto du = cuda::to_device(std::vector<double>(size_t(R), 0.37));
+      cu::SampleRowParams sp{dtemp.data(), dtk.data(), dtp.data(), dmp.data(), du.data()};
+      abba("sample", fmt::format("rows={},V={},{}", R, V, pp.name),
+           [&] { cu::sample_rows(dx.data(), R, V, 0, sp, dt.data(), nullptr, nullptr, nullptr); },
+           [&] { cluster_select(dx.data(), R, V, &sp, dt.data(), nullptr, nullptr); }, bytes);
+    }
+    {  // kernels only, every option: penalties (1024 prompt + 256 output ids per row), logprobs, top-5
+      const auto prompt = random_history(V, 1024, 1), output = random_history(V, 256, 2);
+      std::map<int32_t, int32_t> cnt;
+      for (int32_t t : prompt) cnt[t];
+      for (int32_t t : output) ++cnt[t];
+      std::vector<int32_t> offsets{0}, toks, counts;
+      for (int64_t r = 0; r < R; ++r) {
+        for (auto [t, n] : cnt) toks.push_back(t), counts.push_back(n);
+        offsets.push_back(int32_t(toks.size()));
+      }
+      auto doff = cuda::to_device(offsets), dtoks = cuda::to_device(toks), dcnt = cuda::to_device(counts);
+      auto drep = cuda::to_device(std::vector<float>(size_t(R), 1.1f));
+      auto dfr = cuda::to_device(std::vector<float>(size_t(R), 0.2f));
+      auto dpr = cuda::to_device(std::vector<float>(size_t(R), 0.2f));
+      DeviceBuffer<float> dsaved(toks.size());
+      const cu::PenaltyRows pen{drep.data(), dfr.data(), dpr.data(), doff.data(), dtoks.data(), dcnt.data(), dsaved.data()};
+      auto dtemp = cuda::to_device(std::vector<float>(size_t(R), 0.8f));
+      auto dtk = cuda::to_device(std::vector<int32_t>(size_t(R), 50));
+      auto dtp = cuda::to_device(std::vector<float>(size_t(R), 0.95f));
+      auto du = cuda::to_device(std::vector<double>(size_t(R), 0.37));
+      auto dn = cuda::to_device(std::vector<int32_t>(size_t(R), 5));
+      DeviceBuffer<double> dlse(static_cast<size_t>(R));
+      DeviceBuffer<int32_t> dids(size_t(R) * cu::kMaxTopLogprobs);
+      DeviceBuffer<float> dtlp(size_t(R) * cu::kMaxTopLogprobs), dlp(static_cast<size_t>(R));
+      const cu::SampleRowParams sp{dtemp.data(), dtk.data(), dtp.data(), nullptr, du.data()};
+      cu::ClusterSampleArgs ca;
+      ca.sample = sp, ca.top_n = dn.data(), ca.lse = dlse.data(), ca.top_ids = dids.data();
+      ca.top_logprobs = dtlp.data(), ca.logprob = dlp.data(), ca.penalties = pen, ca.tokens = dt.data();
+      abba("sample", fmt::format("rows={},V={},top_k=50,top_p=0.95,+penalties(1024+256),logprobs,top5", R, V),
+           [&] {
+             cu::raw_logprobs_rows(dx.data(), R, V, 0, dn.data(), dlse.data(), dids.data(), dtlp.data(), nullptr, nullptr);
+             cu::apply_penalties_rows(dx.data(), R, V, 0, pen, nullptr, nullptr);
+             cu::sample_rows(dx.data(), R, V, 0, sp, dt.data(), nullptr, nullptr, nullptr);
+             cu::token_logprobs_rows(dx.data(), R, V, 0, dt.data(), dn.data(), dlse.data(), &pen, dlp.data(), nullptr,
+                                     nullptr);
+           },
+           [&] { cu::sample_rows_cluster(dx.data(), R, V, 0, ca, nullptr, nullptr); }, bytes);
+    }
+  }
+  // The whole DeviceSampler call (uploads, kernels, downloads, one synchronisation).
+  std::vector<int32_t> mask;
+  for (int64_t i = 0; i < 200; ++i) mask.push_back(int32_t(V - 1 - i));
+  const std::vector<int32_t> prompt = random_history(V, 1024, 1), output = random_history(V, 256, 2);
+  for (int64_t R : {1, 64, 256}) {
+    auto dx = cuda::to_device(make_logits(R, V, 9100));
+    DeviceSampler ds(R, V);
+    SamplingParams greedy;
+    greedy.temperature = 0;
+    SamplingParams sampled;
+    sampled.temperature = 0.8f, sampled.top_k = 50, sampled.top_p = 0.95f, sampled.seed = 1;
+    SamplingParams top_p = sampled;
+    top_p.top_k = 0, top_p.top_p = 0.9f;
+    SamplingParams full = sampled;
+    full.repetition_penalty = 1.1f, full.frequency_penalty = 0.2f, full.presence_penalty = 0.2f;
+    full.logprobs = true, full.top_logprobs = 5;
+    struct Case {
+      const char* name;
+      SamplingParams p;
+    };
+    for (const Case& c : {Case{"greedy", greedy}, Case{"top_k=50,top_p=0.95", sampled}, Case{"top_p=0.9", top_p},
+                          Case{"top_k=50,top_p=0.95,+penalties(1024+256),logprobs,top5", full}}) {
+      const Sampler s(c.p);
+      const std::vector<RowSampling> rows(size_t(R), RowSampling{&s, prompt, output});
+      std::vector<SampleResult> out;
+      abba("device_sampler", fmt::format("rows={},V={},{}", R, V, c.name),
+           [&] {
+             ds.set_cluster_kernel(false);
+             ds.sample(dx.data(), rows, mask, out, nullptr);
+           },
+           [&] {
+             ds.set_cluster_kernel(true);
+             ds.sample(dx.data(), rows, mask, out, nullptr);
+           },
+           double(R * V) * 4);
     }
   }
 }

@@ -15,6 +15,7 @@ namespace moefold {
 namespace {
 
 constexpr int32_t kTopMax = cuda::kMaxTopLogprobs;
+constexpr int64_t kArgmaxRows = 128;  // plain greedy calls of at least this many rows use argmax_rows
 
 size_t align8(size_t n) { return (n + 7) & ~size_t(7); }
 
@@ -76,6 +77,13 @@ DeviceSampler::DeviceSampler(int64_t max_rows, int64_t vocab) : max_rows_(max_ro
   top_lp_ = cuda::DeviceBuffer<float>(M * kTopMax);
   out_host_.reserve(M * (3 + 2 * kTopMax) * 4);
   entry_of_.assign(size_t(vocab), -1);
+  cluster_ = cuda::cluster_sampler_supported(vocab);
+}
+
+void DeviceSampler::set_cluster_kernel(bool on) {
+  MOEFOLD_CHECK(!on || cuda::cluster_sampler_supported(vocab_),
+                "DeviceSampler: the cluster sampler is not supported for vocabulary {} on this device", vocab_);
+  cluster_ = on;
 }
 
 DeviceSampler::~DeviceSampler() = default;
@@ -239,18 +247,38 @@ void DeviceSampler::sample(float* logits, std::span<const RowSampling> rows, std
                            live, stream);
   if (any_bitmask) cuda::apply_token_bitmask_rows(logits, R, V, 0, bm_.data(), at<int32_t>(d, off_bm_row_), live, stream);
   const int32_t* top_n = at<int32_t>(d, off_top_n_);
-  if (any_logprobs) cuda::raw_logprobs_rows(logits, R, V, 0, top_n, lse_.data(), top_ids_.data(), top_lp_.data(), live, stream);
-  if (E > 0) cuda::apply_penalties_rows(logits, R, V, 0, pen, live, stream);
-  if (all_greedy) {
-    cuda::argmax_rows(logits, R, V, 0, tokens_.data(), flags_.data(), live, stream);
+  const cuda::SampleRowParams sp{at<float>(d, off_temp_), at<int32_t>(d, off_top_k_), at<float>(d, off_top_p_),
+                                 at<float>(d, off_min_p_), at<double>(d, off_uniform_)};
+  // A plain greedy call of many rows streams best through the one-block-per-row argmax (the cluster
+  // kernel keeps each row in shared memory, which pays only when it is read more than once); both
+  // are exact, so a row's token does not depend on the choice.
+  const bool plain_greedy = all_greedy && !any_logprobs && E == 0;
+  if (cluster_ && !(plain_greedy && R >= kArgmaxRows)) {
+    cuda::ClusterSampleArgs ca;
+    if (!all_greedy) ca.sample = sp;
+    if (any_logprobs) {
+      ca.top_n = top_n;
+      ca.lse = lse_.data();
+      ca.top_ids = top_ids_.data();
+      ca.top_logprobs = top_lp_.data();
+      ca.logprob = logprob_.data();
+    }
+    if (E > 0) ca.penalties = pen;
+    ca.tokens = tokens_.data();
+    ca.flags = flags_.data();
+    cuda::sample_rows_cluster(logits, R, V, 0, ca, live, stream);
   } else {
-    const cuda::SampleRowParams sp{at<float>(d, off_temp_), at<int32_t>(d, off_top_k_), at<float>(d, off_top_p_),
-                                   at<float>(d, off_min_p_), at<double>(d, off_uniform_)};
-    cuda::sample_rows(logits, R, V, 0, sp, tokens_.data(), flags_.data(), live, stream);
+    if (any_logprobs) cuda::raw_logprobs_rows(logits, R, V, 0, top_n, lse_.data(), top_ids_.data(), top_lp_.data(), live, stream);
+    if (E > 0) cuda::apply_penalties_rows(logits, R, V, 0, pen, live, stream);
+    if (all_greedy) {
+      cuda::argmax_rows(logits, R, V, 0, tokens_.data(), flags_.data(), live, stream);
+    } else {
+      cuda::sample_rows(logits, R, V, 0, sp, tokens_.data(), flags_.data(), live, stream);
+    }
+    if (any_logprobs)
+      cuda::token_logprobs_rows(logits, R, V, 0, tokens_.data(), top_n, lse_.data(), E > 0 ? &pen : nullptr,
+                                logprob_.data(), live, stream);
   }
-  if (any_logprobs)
-    cuda::token_logprobs_rows(logits, R, V, 0, tokens_.data(), top_n, lse_.data(), E > 0 ? &pen : nullptr,
-                              logprob_.data(), live, stream);
 
   // Downloads, then the one synchronisation.
   const size_t M = size_t(max_rows_), n = size_t(R);

@@ -6,13 +6,15 @@
 // the draw u = sampling_uniform(seed, output.size()) — counter-based, so a seeded request samples the
 // same tokens whatever else is in the batch), the distinct penalty histories of the rows with a
 // penalty on, and (only when it changed) the mask list; uploads them in a few async copies; launches
-// on the stream, in the CPU sampler's order (ops/cuda/sampling.h):
+// on the stream, in the CPU sampler's order (ops/cuda/sampling.h), either as one cluster kernel per call
+// after the mask kernels (sample_rows_cluster, the default on sm_90) or pass by pass:
 //   mask -> grammar bitmask (rows with RowSampling::token_bitmask; waits for mask_ready first, after the
 //   host work above, so the host-side mask fill overlaps the forward already queued on the stream)
 //   -> raw log-softmax + top_logprobs (rows with logprobs) -> penalties (rows with penalties)
 //   -> argmax (greedy-only batch) or sample -> the sampled token's raw logprob (rows with logprobs);
 // downloads tokens + flags (+ logprobs, + top_logprobs when requested) and synchronises the stream
-// ONCE. Every kernel reads the live row count from device memory.
+// ONCE. Every kernel reads the live row count from device memory. With the cluster kernel a row's
+// results are bitwise independent of the other rows and the row count (batch invariance).
 //
 // Exactness: greedy, masks and penalties are bit-exact; sampled tokens equal the CPU's except when
 // u * Z or top_p * Z falls within ~1e-15 relative of a boundary (sampling.h); logprobs agree to
@@ -51,6 +53,13 @@ class DeviceSampler {
   void sample(float* logits, std::span<const RowSampling> rows, std::span<const int32_t> masked_tokens,
               std::vector<SampleResult>& out, cudaStream_t stream);
 
+  /// Chooses the kernels: true (the default where ops/cuda/sampling.h's cluster_sampler_supported) =
+  /// the one-kernel cluster sampler after the mask kernels; false = the pass-by-pass kernels (the
+  /// reference path: raw logprobs, penalties, argmax / sample, token logprobs, one block per row).
+  /// Both compute the same function; setting true where unsupported throws moefold::Error.
+  void set_cluster_kernel(bool on);
+  bool cluster_kernel() const { return cluster_; }
+
   int64_t max_rows() const { return max_rows_; }
   int64_t vocab() const { return vocab_; }
 
@@ -68,6 +77,7 @@ class DeviceSampler {
   void update_mask(std::span<const int32_t> ids, cudaStream_t stream);
 
   int64_t max_rows_, vocab_;
+  bool cluster_ = false;
   // Per-row parameter blob (SoA at fixed offsets), staged in pinned memory, uploaded in one copy.
   size_t off_uniform_, off_temp_, off_top_p_, off_min_p_, off_rep_, off_freq_, off_pres_, off_top_k_, off_top_n_,
       off_offsets_, off_counts_, off_bm_row_, blob_bytes_;

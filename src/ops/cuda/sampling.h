@@ -16,6 +16,9 @@
 //   then argmax_rows or sample_rows on the penalized rows (steps 3-8), then
 //   token_logprobs_rows : the sampled token's raw logprob (from the saved raw value if penalized).
 // Every kernel runs one block per row and reads the live row count from device memory.
+// sample_rows_cluster (below; sampling_cluster.cu) computes raw logprobs -> penalties -> selection ->
+// token logprob in ONE launch with a thread-block cluster per row and fixed-order sums; DeviceSampler
+// uses it where cluster_sampler_supported(). The per-pass kernels stay as the reference.
 //
 // Exactness. Greedy is exact. For sampling, every comparison the CPU makes is made in the same
 // precision; only the order of double additions differs (tree and shared-memory atomic sums instead
@@ -109,5 +112,44 @@ void apply_penalties_rows(float* logits, int64_t max_rows, int64_t vocab, int64_
 void token_logprobs_rows(const float* logits, int64_t max_rows, int64_t vocab, int64_t ld, const int32_t* tokens,
                          const int32_t* top_n, const double* lse, const PenaltyRows* penalties, float* logprob,
                          const int32_t* live_rows, cudaStream_t stream);
+
+/// Everything the sampler does to a row, for the one-kernel path (sample_rows_cluster). Device arrays
+/// of max_rows entries unless said otherwise.
+struct ClusterSampleArgs {
+  /// temperature == nullptr: every row greedy (then top_k / top_p / min_p / uniform are not read).
+  SampleRowParams sample;
+  /// -1 = no logprobs for the row; else lse, top_ids / top_logprobs (kMaxTopLogprobs per row) and
+  /// logprob are written as raw_logprobs_rows and token_logprobs_rows write them. nullptr: no row.
+  const int32_t* top_n = nullptr;
+  double* lse = nullptr;
+  int32_t* top_ids = nullptr;
+  float* top_logprobs = nullptr;
+  float* logprob = nullptr;
+  /// offsets == nullptr: no row is penalized. Applied as apply_penalties_rows applies them.
+  PenaltyRows penalties;
+  int32_t* tokens = nullptr;  ///< required
+  int32_t* flags = nullptr;   ///< may be nullptr
+};
+
+/// The whole selection of sampler steps 1-8 (raw logprobs + top_logprobs, penalties, greedy or
+/// temperature / min_p / top_k / top_p / draw, the sampled token's raw logprob) in ONE kernel, one
+/// thread-block cluster per row (16 CTAs, or 8), the row read from global memory once into shared
+/// memory (sampling_cluster.cu). The same function as raw_logprobs_rows -> apply_penalties_rows ->
+/// argmax_rows / sample_rows -> token_logprobs_rows (logits are modified in place the same way), with
+/// every reduction in a fixed order that depends only on the row: bitwise reproducible, and a row's
+/// results do not depend on the other rows or max_rows. Needs cluster_sampler_supported(vocab), else
+/// moefold::Error. The mask and bitmask kernels run before it.
+void sample_rows_cluster(float* logits, int64_t max_rows, int64_t vocab, int64_t ld, const ClusterSampleArgs& args,
+                         const int32_t* live_rows, cudaStream_t stream);
+
+/// Whether sample_rows_cluster runs for this vocabulary on the current device (sm_90+, a cluster of
+/// 16 or 8 CTAs schedulable, vocab <= 16 * 256 * 151 ids). Cached per vocabulary.
+bool cluster_sampler_supported(int64_t vocab);
+
+/// The cluster size sample_rows_cluster uses for `vocab` (0 when unsupported).
+int cluster_sampler_size(int64_t vocab);
+
+/// How many of those clusters (rows) the device holds at once (0 when unsupported).
+int cluster_sampler_active_clusters(int64_t vocab);
 
 }  // namespace moefold::cuda
