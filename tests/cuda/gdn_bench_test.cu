@@ -4,7 +4,8 @@
 // GDN_BENCH_REPS (default 20) replays after 3 warm-ups, between CUDA events. Prints per shape:
 //   BENCH kernel=<name> seqs=S len=L hk=Hk hv=Hv us=<time> bytes=<moved>
 // for gdn_prefill (the default path), gdn_prefill_scalar (MOEFOLD_GDN_TC=0; only when GDN_BENCH_SCALAR=1)
-// and conv1d_prefill (causal_conv1d_silu_prefill over the q|k|v rows, K = 4). GDN_BENCH_PHASES=1 adds
+// gdn_tc_chunk (the split path's chunk-parallel kernels alone, unless MOEFOLD_GDN_TC_SPLIT=0) and
+// conv1d_prefill (causal_conv1d_silu_prefill over the q|k|v rows, K = 4). GDN_BENCH_PHASES=1 adds
 //   PHASES seqs=S ... <phase>=<cycles per block and chunk> ...
 // from one eager launch with the tensor-core kernel's per-phase clock counters on.
 #include "ops/cuda/cuda_check.h"  // first: sets up fmt for nvcc
@@ -22,6 +23,7 @@
 #include "ops/cuda/causal_conv1d.h"
 #include "ops/cuda/gated_delta_net.h"
 #include "ops/cuda/gated_delta_net_tc.h"
+#include "ops/cuda/gated_delta_net_tc_rec.cuh"
 
 namespace {
 
@@ -161,6 +163,21 @@ void bench_shape(const Shape& sh, int reps, bool scalar, cudaStream_t stream) {
            moefold::cuda::gdn_chunked_prefill(a, cu, sh.S, nullptr, nullptr, 0, d, stream);
          }),
          gdn_bytes);
+  if (const char* sp = std::getenv("MOEFOLD_GDN_TC_SPLIT"); !(sp && sp[0] == '0')) {
+    // The split path's chunk-parallel part alone (chunk numbering + records of every chunk, one window).
+    namespace tc = moefold::cuda::detail::gdn_tc;
+    const int64_t nch = int64_t(sh.S) * ((sh.len + tc::kC - 1) / tc::kC);
+    auto* base = dev_alloc<int32_t>(size_t(sh.S + 1));
+    auto* recs = dev_alloc<char>(size_t(nch) * size_t(d.num_v_heads) * tc::Rec::kBytes);
+    const int group = d.num_v_heads / d.num_k_heads <= 8 ? d.num_v_heads / d.num_k_heads : 1;
+    report("gdn_tc_chunk", graph_us(stream, reps, [&] {
+             tc::launch_chunk_base(cu, ns, sh.S, base, stream);
+             tc::launch_chunk_records(a, cu, base, sh.S, 0, int(nch), d, group, recs, stream);
+           }),
+           double(rows) * 2.0 * d.num_k_heads * d.k_dim * 2 + double(nch) * d.num_v_heads * tc::Rec::kBytes);
+    cudaFree(base);
+    cudaFree(recs);
+  }
   if (const char* ph = std::getenv("GDN_BENCH_PHASES"); ph && ph[0] == '1') {
     // One eager launch with per-phase cycle counting: where a chunk's time goes (sum over blocks and chunks).
     namespace det = moefold::cuda::detail;

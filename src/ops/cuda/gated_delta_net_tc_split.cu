@@ -195,11 +195,12 @@ __global__ void __launch_bounds__(kThreads, 1)
                       tid);
 
     // ---- KS = K S (raw k rows of warp w, S as bf16 + residual) and O = Q S (raw q, bf16 S).
-    float accK[kNT][4], accO[kNT][4], accU[kNT][4];
+    // K S against S's bf16 part and its residual accumulate separately (two shorter mma chains), summed below.
+    float accK[kNT][4], accKL[kNT][4], accO[kNT][4], accU[kNT][4];
 #pragma unroll
     for (int n = 0; n < kNT; ++n)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) accK[n][e] = accO[n][e] = accU[n][e] = 0.f;
+      for (int e = 0; e < 4; ++e) accK[n][e] = accKL[n][e] = accO[n][e] = accU[n][e] = 0.f;
 #pragma unroll
     for (int kk = 0; kk < kDK / 16; ++kk) {
       uint32_t ka[4], qa[4];
@@ -213,8 +214,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         ldsm_x4_t(bl, SL + off);
         mma_bf16(accK[2 * np], ka, b[0], b[1]);
         mma_bf16(accK[2 * np + 1], ka, b[2], b[3]);
-        mma_bf16(accK[2 * np], ka, bl[0], bl[1]);
-        mma_bf16(accK[2 * np + 1], ka, bl[2], bl[3]);
+        mma_bf16(accKL[2 * np], ka, bl[0], bl[1]);
+        mma_bf16(accKL[2 * np + 1], ka, bl[2], bl[3]);
         mma_bf16(accO[2 * np], qa, b[0], b[1]);
         mma_bf16(accO[2 * np + 1], qa, b[2], b[3]);
       }
@@ -228,7 +229,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int n = 0; n < kNT; ++n) {
         const int y = 8 * n + 2 * t4;
         const float2 vv = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(Vs + i * kVLD + y));
-        const float r0 = bi * vv.x - ci * accK[n][2 * hf], r1 = bi * vv.y - ci * accK[n][2 * hf + 1];
+        const float k0 = accK[n][2 * hf] + accKL[n][2 * hf], k1 = accK[n][2 * hf + 1] + accKL[n][2 * hf + 1];
+        const float r0 = bi * vv.x - ci * k0, r1 = bi * vv.y - ci * k1;
         const __nv_bfloat162 rh = __floats2bfloat162_rn(r0, r1);
         *reinterpret_cast<__nv_bfloat162*>(RH + i * kVLD + y) = rh;
         *reinterpret_cast<uint32_t*>(RL + i * kVLD + y) = pack_bf16(r0 - __low2float(rh), r1 - __high2float(rh));
