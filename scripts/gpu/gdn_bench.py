@@ -145,6 +145,20 @@ def fake_moefold(shapes):
                  "conv1d_prefill": (50.0, 1e8)} for sh in shapes}
 
 
+def print_variants(shapes, mf, variants):
+    """The default path's time beside each variant's, one row per shape."""
+    if not variants:
+        return
+    print()
+    print("| shape | default us | " + " | ".join(variants) + " |")
+    print("|---|---|" + "---|" * len(variants))
+    for sh in shapes:
+        S, T, Hk, Hv = sh
+        vals = [mf.get(sh, {}).get("gdn_prefill", (float("nan"),))[0]]
+        vals += [variants[name].get(sh, {}).get("gdn_prefill", (float("nan"),))[0] for name in variants]
+        print(f"| {S} x {T}, {Hk}/{Hv} | " + " | ".join(f"{x:.1f}" for x in vals) + " |", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--binary", default="build-cuda/tests/gdn_bench_test")
@@ -168,6 +182,7 @@ def main():
         mf = fake_moefold(shapes)
         variants = {name: fake_moefold(shapes) for name, _ in variant_envs}
         fla_res = {sh: (150.0 * sh[0] * sh[1] / 4096, "graph") for sh in shapes[:-1]}  # one shape missing
+        print_variants(shapes, mf, variants)
     else:
         import torch
         print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
@@ -178,6 +193,7 @@ def main():
             print("  " + row(sh, mf, {}, bw), flush=True)
         variants = {name: moefold_times(args.binary, args.shapes, args.reps, args.timeout, env)
                     for name, env in variant_envs}
+        print_variants(shapes, mf, variants)  # before FLA: its compiles may outlast the caller's timeout
         fla_res = {}
         if not args.no_fla:
             t0 = time.time()
@@ -202,15 +218,6 @@ def main():
                     print(f"  fla {sh} failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
                 torch.cuda.empty_cache()
 
-    if variants:
-        print()
-        print("| shape | default us | " + " | ".join(variants) + " |")
-        print("|---|---|" + "---|" * len(variants))
-        for sh in shapes:
-            S, T, Hk, Hv = sh
-            vals = [mf.get(sh, {}).get("gdn_prefill", (float("nan"),))[0]]
-            vals += [variants[name].get(sh, {}).get("gdn_prefill", (float("nan"),))[0] for name in variants]
-            print(f"| {S} x {T}, {Hk}/{Hv} | " + " | ".join(f"{x:.1f}" for x in vals) + " |")
     print()
     print(f"copy bandwidth {bw:.0f} GB/s; TFLOP/s count 6 * tokens * Hv * 128 * 128 (recurrent form)")
     print(HEADER)
