@@ -673,6 +673,14 @@ TEST(GdnPrefill, TensorCoreVariantsSmall) {
     ScopedEnv e0("MOEFOLD_GDN_TC_SPLIT", "0"), e("MOEFOLD_GDN_TC_UNROLL", "1");  // the rolled 32-column variant
     prefill_case(kTc, {65, 1, 0, 130}, 285);
   }
+  {
+    ScopedEnv e("MOEFOLD_GDN_TC_CHUNK_BLOCKS", "3");  // the chunk kernel's 3-blocks-per-SM register budget
+    prefill_case(kTc, {65, 1, 0, 130}, 287);
+  }
+  {
+    ScopedEnv e("MOEFOLD_GDN_TC_GROUP", "1");  // one value head per chunk-kernel block
+    prefill_case(GdnDims{1, 2, 128, 32}, {65, 1, 0, 130}, 289);
+  }
   prefill_case(GdnDims{1, 2, 128, 16}, {65, 1, 0, 130}, 291);
   chunked_vs_recurrent_case(GdnDims{1, 2, 128, 48}, 130, 341);
 }

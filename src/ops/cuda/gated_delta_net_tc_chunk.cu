@@ -4,6 +4,7 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <cstdlib>
 
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/gated_delta_net_gating.cuh"
@@ -69,7 +70,9 @@ __global__ void __launch_bounds__(1024) gdn_tc_chunk_base_kernel(const int32_t* 
 // One block per (global chunk w0 + blockIdx.x, group blockIdx.y of `group` value heads sharing one key
 // head): the chunk-local part of each of those heads, into its record. The raw products K K^T and Q K^T
 // and the q / k norms are the key head's (computed once); gates, decay masks and T are per value head.
-__global__ void __launch_bounds__(kThreads, 4)
+// kMinBlocks: blocks per SM the register budget is cut for (4: 128 registers, small spills; 3: 168).
+template <int kMinBlocks>
+__global__ void __launch_bounds__(kThreads, kMinBlocks)
     gdn_tc_chunk_kernel(GdnArgs p, const int32_t* __restrict__ cu_seqlens, const int32_t* __restrict__ base,
                         int max_seqs, int w0, int Hk, int Hv, int group, char* __restrict__ recs) {
   pdl_begin();
@@ -348,10 +351,13 @@ void launch_chunk_base(const int32_t* cu_seqlens, const int32_t* num_seqs, int m
 
 void launch_chunk_records(const GdnArgs& args, const int32_t* cu_seqlens, const int32_t* base, int max_seqs, int w0,
                           int n, const GdnDims& dims, int group, char* recs, cudaStream_t stream) {
-  MOEFOLD_CUDA_CHECK(
-      cudaFuncSetAttribute(gdn_tc_chunk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, ChunkSmem::kBytes));
+  // MOEFOLD_GDN_TC_CHUNK_BLOCKS=3 takes the 3-blocks-per-SM register budget (A/B runs).
+  const char* e = std::getenv("MOEFOLD_GDN_TC_CHUNK_BLOCKS");
+  void (*kernel)(GdnArgs, const int32_t*, const int32_t*, int, int, int, int, int, char*) =
+      (e && e[0] == '3' && e[1] == '\0') ? gdn_tc_chunk_kernel<3> : gdn_tc_chunk_kernel<4>;
+  MOEFOLD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, ChunkSmem::kBytes));
   LaunchScope launch(kGdnTcChunk, stream);
-  launch_pdl(gdn_tc_chunk_kernel, dim3(unsigned(n), unsigned(dims.num_v_heads / group)), dim3(kThreads),
+  launch_pdl(kernel, dim3(unsigned(n), unsigned(dims.num_v_heads / group)), dim3(kThreads),
              size_t(ChunkSmem::kBytes), stream, args, cu_seqlens, base, max_seqs, w0, dims.num_k_heads,
              dims.num_v_heads, group, recs);
   MOEFOLD_CUDA_CHECK_LAUNCH();
