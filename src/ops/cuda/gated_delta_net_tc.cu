@@ -1,5 +1,7 @@
 // Gated DeltaNet chunked prefill on tensor cores (mma.sync m16n8k16 bf16 -> fp32; the triangular solve's
-// block products in tf32 m16n8k8), the gated WY / UT form with chunk C = 64, dk = 128.
+// block products in tf32 m16n8k8), the gated WY / UT form with chunk C = 64, dk = 128: the fused kernel, the
+// fallback of the split path (gated_delta_net_tc_split.cu: the same math with the state-independent work in
+// a chunk-parallel kernel), which gdn_prefill_tc tries first.
 //
 // One block of 4 warps per (32 value columns, value head, sequence) walks its sequence chunk by chunk;
 // for grids of at most one block per SM the next chunk's raw q, k, v rows stream into a second
