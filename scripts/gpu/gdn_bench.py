@@ -11,6 +11,7 @@ S x len (S sequences of len tokens, Hk key / Hv value heads, dk = dv = 128, bf16
 TFLOP/s count the recurrent form's 6 * tokens * Hv * dk * dv. Prints a table last.
 
 Usage: python3 scripts/gpu/gdn_bench.py [--binary PATH] [--shapes 1:4096:16:32,...] [--reps N] [--no-fla]
+       [--fla-shapes N] [--variants 'VAR=val;...'] [--dry-run]
 """
 import argparse
 import os
@@ -122,7 +123,7 @@ def moefold_times(binary, shapes, reps, timeout, extra_env=None):
 
 
 HEADER = ("| shape (S x len, Hk/Hv) | moefold us | FLA us | FLA / moefold | moefold TFLOP/s | FLA TFLOP/s |"
-          " conv1d us | conv1d % of copy |\n|---|---|---|---|---|---|---|---|")
+          " chunk kernels us | conv1d us | conv1d % of copy |\n|---|---|---|---|---|---|---|---|---|")
 
 
 def row(sh, mf, fla, bw):
@@ -132,14 +133,30 @@ def row(sh, mf, fla, bw):
     mt = m.get("gdn_prefill", (float("nan"), 0))[0]
     ft = fla.get(sh, (float("nan"), ""))[0]
     ct, cb = m.get("conv1d_prefill", (float("nan"), 0))
+    kt = m.get("gdn_tc_chunk", (float("nan"), 0))[0]
     conv_pct = 100.0 * cb / (ct * 1e-6) / 1e9 / bw if ct == ct else float("nan")
     return (f"| {S} x {T}, {Hk}/{Hv} | {mt:.1f} | {ft:.1f} | {ft / mt:.2f} | {flop / (mt * 1e-6) / 1e12:.1f} |"
-            f" {flop / (ft * 1e-6) / 1e12:.1f} | {ct:.1f} | {conv_pct:.0f} |")
+            f" {flop / (ft * 1e-6) / 1e12:.1f} | {kt:.1f} | {ct:.1f} | {conv_pct:.0f} |")
 
 
 def fake_moefold(shapes):
     """--dry-run stand-in for moefold_times: plausible numbers, no GPU."""
-    return {sh: {"gdn_prefill": (100.0 * sh[0] * sh[1] / 4096, 1e6), "conv1d_prefill": (50.0, 1e8)} for sh in shapes}
+    return {sh: {"gdn_prefill": (100.0 * sh[0] * sh[1] / 4096, 1e6), "gdn_tc_chunk": (30.0, 1e6),
+                 "conv1d_prefill": (50.0, 1e8)} for sh in shapes}
+
+
+def print_variants(shapes, mf, variants):
+    """The default path's time beside each variant's, one row per shape."""
+    if not variants:
+        return
+    print()
+    print("| shape | default us | " + " | ".join(variants) + " |")
+    print("|---|---|" + "---|" * len(variants))
+    for sh in shapes:
+        S, T, Hk, Hv = sh
+        vals = [mf.get(sh, {}).get("gdn_prefill", (float("nan"),))[0]]
+        vals += [variants[name].get(sh, {}).get("gdn_prefill", (float("nan"),))[0] for name in variants]
+        print(f"| {S} x {T}, {Hk}/{Hv} | " + " | ".join(f"{x:.1f}" for x in vals) + " |", flush=True)
 
 
 def main():
@@ -150,6 +167,7 @@ def main():
     ap.add_argument("--timeout", type=int, default=60, help="seconds for each run of the moefold binary")
     ap.add_argument("--fla-budget", type=float, default=150.0, help="seconds for all FLA shapes (compiles included)")
     ap.add_argument("--no-fla", action="store_true")
+    ap.add_argument("--fla-shapes", type=int, default=0, help="time FLA on the first N shapes only (0: all)")
     ap.add_argument("--variants", default="",
                     help="';'-separated kernel variants to time besides the default, each 'VAR=val,VAR=val' "
                          "(e.g. MOEFOLD_GDN_TC_BV=16;MOEFOLD_GDN_TC_STAGES=1)")
@@ -164,6 +182,7 @@ def main():
         mf = fake_moefold(shapes)
         variants = {name: fake_moefold(shapes) for name, _ in variant_envs}
         fla_res = {sh: (150.0 * sh[0] * sh[1] / 4096, "graph") for sh in shapes[:-1]}  # one shape missing
+        print_variants(shapes, mf, variants)
     else:
         import torch
         print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
@@ -174,6 +193,7 @@ def main():
             print("  " + row(sh, mf, {}, bw), flush=True)
         variants = {name: moefold_times(args.binary, args.shapes, args.reps, args.timeout, env)
                     for name, env in variant_envs}
+        print_variants(shapes, mf, variants)  # before FLA: its compiles may outlast the caller's timeout
         fla_res = {}
         if not args.no_fla:
             t0 = time.time()
@@ -183,7 +203,8 @@ def main():
             except ImportError as e:
                 fla_module = None
                 print(f"FLA not importable: {e}", flush=True)
-            for sh in shapes if fla_module else []:
+            fla_shapes = shapes[:args.fla_shapes] if args.fla_shapes > 0 else shapes
+            for sh in fla_shapes if fla_module else []:
                 if time.time() - t0 > args.fla_budget:
                     print(f"FLA budget spent; skipping {sh}", flush=True)
                     continue
@@ -197,15 +218,6 @@ def main():
                     print(f"  fla {sh} failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
                 torch.cuda.empty_cache()
 
-    if variants:
-        print()
-        print("| shape | default us | " + " | ".join(variants) + " |")
-        print("|---|---|" + "---|" * len(variants))
-        for sh in shapes:
-            S, T, Hk, Hv = sh
-            vals = [mf.get(sh, {}).get("gdn_prefill", (float("nan"),))[0]]
-            vals += [variants[name].get(sh, {}).get("gdn_prefill", (float("nan"),))[0] for name in variants]
-            print(f"| {S} x {T}, {Hk}/{Hv} | " + " | ".join(f"{x:.1f}" for x in vals) + " |")
     print()
     print(f"copy bandwidth {bw:.0f} GB/s; TFLOP/s count 6 * tokens * Hv * 128 * 128 (recurrent form)")
     print(HEADER)

@@ -193,6 +193,7 @@ struct DevProblem {
     a.state_slots = slots;
     a.num_seqs = num_seqs;
     a.out = reinterpret_cast<__nv_bfloat16*>(offset_out ? out + row0 * P.out_row() : out);
+    a.max_rows = P.T - row0;  // the rows from row0 on (an upper bound on every launch's rows)
     return a;
   }
 };
@@ -639,8 +640,9 @@ TEST(GdnDecode, Batches) {
   }
 }
 
-// The tensor-core prefill path (dk 128) on a small shape: batches with 0/1-token sequences, a split, snapshots
-// and chunked == recurrent (the compute-sanitizer pass of that kernel).
+// The tensor-core prefill path (dk 128; the split chunk kernel + state pass, as args.max_rows is set) on a
+// small shape: batches with 0/1-token sequences, a split, snapshots and chunked == recurrent (the
+// compute-sanitizer pass of those kernels).
 TEST(GdnPrefill, TensorCoreSmall) {
   MOEFOLD_REQUIRE_GPU();
   prefill_case(kTc, {65, 1, 0, 17, 130, 64, 3}, 251);
@@ -656,21 +658,52 @@ struct ScopedEnv {
   ~ScopedEnv() { unsetenv(name.c_str()); }
 };
 
-// Every variant of the tensor-core kernel (16 or 32 value columns per block, one or two input stages, the
-// long k loops rolled or unrolled; the launcher picks by shape, env variables force): same contract. dv = 16 takes the 16-column blocks by itself.
+// Every variant of the tensor-core prefill (the split path and the fused kernel, each with 16 or 32 value
+// columns per block and one or two input stages; the fused one's long k loops rolled or unrolled; the
+// launcher picks by shape, env variables force): same contract. dv = 16 takes the 16-column blocks by itself.
 TEST(GdnPrefill, TensorCoreVariantsSmall) {
   MOEFOLD_REQUIRE_GPU();
-  for (const char* bv : {"16", "32"})
-    for (const char* st : {"1", "2"}) {
-      ScopedEnv e1("MOEFOLD_GDN_TC_BV", bv), e2("MOEFOLD_GDN_TC_STAGES", st);
-      prefill_case(kTc, {65, 1, 0, 130}, 281);
-    }
+  for (const char* split : {"1", "0"})
+    for (const char* bv : {"16", "32"})
+      for (const char* st : {"1", "2"}) {
+        ScopedEnv e0("MOEFOLD_GDN_TC_SPLIT", split), e1("MOEFOLD_GDN_TC_BV", bv), e2("MOEFOLD_GDN_TC_STAGES", st);
+        prefill_case(kTc, {65, 1, 0, 130}, 281);
+      }
   {
-    ScopedEnv e("MOEFOLD_GDN_TC_UNROLL", "1");  // the rolled 32-column variant
+    ScopedEnv e0("MOEFOLD_GDN_TC_SPLIT", "0"), e("MOEFOLD_GDN_TC_UNROLL", "1");  // the rolled 32-column variant
     prefill_case(kTc, {65, 1, 0, 130}, 285);
+  }
+  {
+    ScopedEnv e("MOEFOLD_GDN_TC_CHUNK_BLOCKS", "3");  // the chunk kernel's 3-blocks-per-SM register budget
+    prefill_case(kTc, {65, 1, 0, 130}, 287);
+  }
+  {
+    ScopedEnv e("MOEFOLD_GDN_TC_GROUP", "1");  // one value head per chunk-kernel block
+    prefill_case(GdnDims{1, 2, 128, 32}, {65, 1, 0, 130}, 289);
   }
   prefill_case(GdnDims{1, 2, 128, 16}, {65, 1, 0, 130}, 291);
   chunked_vs_recurrent_case(GdnDims{1, 2, 128, 48}, 130, 341);
+}
+
+// The split path in windows of 1 and 3 global chunks (chunk kernel + state pass per window, the state
+// carried through its slot, snapshots taken in later windows).
+TEST(GdnPrefill, TensorCoreWindowsSmall) {
+  MOEFOLD_REQUIRE_GPU();
+  for (const char* w : {"1", "3"}) {
+    ScopedEnv e("MOEFOLD_GDN_TC_WINDOW", w);
+    prefill_case(kTc, {65, 1, 0, 17, 130, 64, 3}, 252);
+    snapshot_case(kTc, 200, 130, 552);
+  }
+}
+
+// The fused tensor-core kernel (the path when the row bound is unknown or the scratch cannot grow): the
+// same contract.
+TEST(GdnPrefill, TensorCoreFusedSmall) {
+  MOEFOLD_REQUIRE_GPU();
+  ScopedEnv e("MOEFOLD_GDN_TC_SPLIT", "0");
+  prefill_case(kTc, {65, 1, 0, 17, 130, 64, 3}, 253);
+  split_case(kTc, 130, 65, 453);
+  snapshot_case(kTc, 200, 130, 553);
 }
 
 // The scalar prefill kernel stays the path for shapes the tensor-core one does not cover; keep it tested on

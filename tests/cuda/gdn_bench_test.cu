@@ -4,7 +4,8 @@
 // GDN_BENCH_REPS (default 20) replays after 3 warm-ups, between CUDA events. Prints per shape:
 //   BENCH kernel=<name> seqs=S len=L hk=Hk hv=Hv us=<time> bytes=<moved>
 // for gdn_prefill (the default path), gdn_prefill_scalar (MOEFOLD_GDN_TC=0; only when GDN_BENCH_SCALAR=1)
-// and conv1d_prefill (causal_conv1d_silu_prefill over the q|k|v rows, K = 4). GDN_BENCH_PHASES=1 adds
+// gdn_tc_chunk (the split path's chunk-parallel kernels alone, unless MOEFOLD_GDN_TC_SPLIT=0) and
+// conv1d_prefill (causal_conv1d_silu_prefill over the q|k|v rows, K = 4). GDN_BENCH_PHASES=1 adds
 //   PHASES seqs=S ... <phase>=<cycles per block and chunk> ...
 // from one eager launch with the tensor-core kernel's per-phase clock counters on.
 #include "ops/cuda/cuda_check.h"  // first: sets up fmt for nvcc
@@ -22,6 +23,7 @@
 #include "ops/cuda/causal_conv1d.h"
 #include "ops/cuda/gated_delta_net.h"
 #include "ops/cuda/gated_delta_net_tc.h"
+#include "ops/cuda/gated_delta_net_tc_rec.cuh"
 
 namespace {
 
@@ -146,6 +148,10 @@ void bench_shape(const Shape& sh, int reps, bool scalar, cudaStream_t stream) {
   a.state_slots = slots;
   a.num_seqs = ns;
   a.out = out;
+  a.max_rows = rows;
+  // One eager launch first: the split path's scratch is allocated outside the graph capture.
+  moefold::cuda::gdn_chunked_prefill(a, cu, sh.S, nullptr, nullptr, 0, d, stream);
+  MOEFOLD_CUDA_CHECK(cudaStreamSynchronize(stream));
   const double gdn_bytes = double(rows) * double(C + 2 * d.num_v_heads + d.num_v_heads * d.v_dim) * 2 +
                            double(sh.S) * double(se) * 8;
   auto report = [&](const char* name, double us, double bytes) {
@@ -157,6 +163,21 @@ void bench_shape(const Shape& sh, int reps, bool scalar, cudaStream_t stream) {
            moefold::cuda::gdn_chunked_prefill(a, cu, sh.S, nullptr, nullptr, 0, d, stream);
          }),
          gdn_bytes);
+  if (const char* sp = std::getenv("MOEFOLD_GDN_TC_SPLIT"); !(sp && sp[0] == '0')) {
+    // The split path's chunk-parallel part alone (chunk numbering + records of every chunk, one window).
+    namespace tc = moefold::cuda::detail::gdn_tc;
+    const int64_t nch = int64_t(sh.S) * ((sh.len + tc::kC - 1) / tc::kC);
+    auto* base = dev_alloc<int32_t>(size_t(sh.S + 1));
+    auto* recs = dev_alloc<char>(size_t(nch) * size_t(d.num_v_heads) * tc::Rec::kBytes);
+    const int group = d.num_v_heads / d.num_k_heads <= 8 ? d.num_v_heads / d.num_k_heads : 1;
+    report("gdn_tc_chunk", graph_us(stream, reps, [&] {
+             tc::launch_chunk_base(cu, ns, sh.S, base, stream);
+             tc::launch_chunk_records(a, cu, base, sh.S, 0, int(nch), d, group, recs, stream);
+           }),
+           double(rows) * 2.0 * d.num_k_heads * d.k_dim * 2 + double(nch) * d.num_v_heads * tc::Rec::kBytes);
+    cudaFree(base);
+    cudaFree(recs);
+  }
   if (const char* ph = std::getenv("GDN_BENCH_PHASES"); ph && ph[0] == '1') {
     // One eager launch with per-phase cycle counting: where a chunk's time goes (sum over blocks and chunks).
     namespace det = moefold::cuda::detail;
@@ -166,14 +187,19 @@ void bench_shape(const Shape& sh, int reps, bool scalar, cudaStream_t stream) {
     det::gdn_prefill_tc_profile(false);
     unsigned long long cyc[det::kGdnTcPhases];
     det::gdn_prefill_tc_profile_read(cyc);
-    const double blocks = double(d.v_dim / 32) * d.num_v_heads * sh.S, chunks = double((sh.len + 63) / 64);
+    // Summed over the column blocks of a head: cycles per (value head, sequence, chunk).
+    const double blocks = double(d.num_v_heads) * sh.S, chunks = double((sh.len + 63) / 64);
+    const char* split_env = std::getenv("MOEFOLD_GDN_TC_SPLIT");
+    const bool split = !(split_env && split_env[0] == '0');
+    const char* fused_names[] = {"", "wait", "norm+gates", "A+M", "diag+KS", "offdiag", "R", "TR", "O+state"};
+    const char* split_names[] = {"", "wait", "KS+QS+R", "TR", "O+state", "-", "-", "-", "-"};
+    const char* const* names = split ? split_names : fused_names;
     double total = 0;
     for (int k = 1; k < det::kGdnTcPhases; ++k) total += double(cyc[k]);
-    std::printf("PHASES seqs=%d len=%d hk=%d hv=%d cycles_per_block_chunk(32-col blocks)=%.0f", sh.S, sh.len, sh.Hk,
-                sh.Hv, total / (blocks * chunks));
-    const char* names[] = {"", "wait", "norm+gates", "A+M", "diag+KS", "offdiag", "R", "TR", "O+state"};
+    std::printf("PHASES %s seqs=%d len=%d hk=%d hv=%d cycles_per_head_chunk(all column blocks)=%.0f",
+                split ? "state-pass" : "fused", sh.S, sh.len, sh.Hk, sh.Hv, total / (blocks * chunks));
     for (int k = 1; k < det::kGdnTcPhases; ++k)
-      std::printf(" %s=%.0f", names[k], double(cyc[k]) / (blocks * chunks));
+      if (names[k][0] != '-') std::printf(" %s=%.0f", names[k], double(cyc[k]) / (blocks * chunks));
     std::printf("\n");
     std::fflush(stdout);
   }

@@ -857,7 +857,7 @@ void CudaExecutor::deltanet(size_t l, const StepDims& d) {
                                      int(T), conv_state_[l].data(), conv_.data(), int(C), int(K), stream_, W);
   if (!d.decode && !step_snapshots_.empty()) snapshot_conv(l, mixed, W ? W : C);
   cuda::GdnArgs args{conv_.data(), conv_.data() + kd, conv_.data() + 2 * kd, C, ga, gb, W ? W : Hv,
-                     a_log_[l], dt_bias_[l], rec_state_[l].data(), state_slots_.data(), num_seqs, go_.data()};
+                     a_log_[l], dt_bias_[l], rec_state_[l].data(), state_slots_.data(), num_seqs, go_.data(), T};
   const cuda::GdnDims dims{int(c.linear_num_key_heads), int(Hv), int(c.linear_key_head_dim),
                            int(c.linear_value_head_dim)};
   if (d.decode) cuda::gdn_recurrent_decode(args, d.seqs, dims, stream_);

@@ -107,13 +107,15 @@ __global__ void __launch_bounds__(kConvThreads)
 }
 
 // Vectorised prefill for K == kVecK (C and the x row stride multiples of 8, 16-byte aligned x / y): a
-// thread owns 8 channels of kVecRows consecutive rows, issues all its 16-byte x loads (the tile's rows and
-// the K-1 before it) up front and writes 16-byte outputs. Rows at positions 0 < t < K-1 are left to the
-// t == 0 row's thread, which (like the scalar kernel) reads the slot's state, writes the sequence's first
-// K-1 outputs and then the new state, so no thread reads a state another overwrites. Same fp32 arithmetic
-// (tap order) as the scalar kernel.
+// thread owns 8 channels of kVecRows consecutive rows and writes 16-byte outputs. A tile that lies inside
+// one sequence past its first K-1 rows (nearly all of them) streams through its rows with a sliding window
+// of K-1 rows, kVecStep new rows loaded per step (loads of the unrolled steps run ahead of their use); other
+// tiles go row by row. Rows at positions 0 < t < K-1 are left to the t == 0 row's thread, which (like the
+// scalar kernel) reads the slot's state, writes the sequence's first K-1 outputs and then the new state, so
+// no thread reads a state another overwrites. Same fp32 arithmetic (tap order) as the scalar kernel.
 constexpr int kVecK = 4;
-constexpr int kVecRows = 16;
+constexpr int kVecRows = 32;
+constexpr int kVecStep = 4;
 constexpr int kVecThreads = 128;
 
 __device__ __forceinline__ void unpack8(const uint4& u, float (&v)[8]) {
@@ -159,12 +161,32 @@ __device__ void conv_head8(const __nv_bfloat16* __restrict__ x, const float (&wc
   }
 }
 
-__global__ void __launch_bounds__(kVecThreads)
+// One output row of 8 channels from the K input rows ending at it (fp32, tap order as the scalar kernel).
+__device__ __forceinline__ uint4 conv_row8(const float (&wc)[8][kVecK], const uint4& x0, const uint4& x1,
+                                           const uint4& x2, const uint4& x3) {
+  float in[kVecK][8];
+  unpack8(x0, in[0]);
+  unpack8(x1, in[1]);
+  unpack8(x2, in[2]);
+  unpack8(x3, in[3]);
+  __align__(16) __nv_bfloat16 o[8];
+#pragma unroll
+  for (int ch = 0; ch < 8; ++ch) {
+    float acc = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kVecK; ++j) acc += wc[ch][j] * in[j][ch];
+    o[ch] = __float2bfloat16(silu_f(acc));
+  }
+  return *reinterpret_cast<const uint4*>(o);
+}
+
+__global__ void __launch_bounds__(kVecThreads, 4)
     conv1d_prefill_vec_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ w,
                               const int32_t* __restrict__ cu_seqlens, const int32_t* __restrict__ state_slots,
                               const int32_t* __restrict__ num_seqs_p, __nv_bfloat16* __restrict__ state_pool,
                               __nv_bfloat16* __restrict__ y, int C, int64_t xs) {
   constexpr int K = kVecK, Km1 = K - 1;
+  static_assert(K == 4 && kVecStep == 4 && kVecRows % kVecStep == 0, "the sliding window below is written for K = 4");
   pdl_begin();
   const int ns = *num_seqs_p;
   if (ns <= 0) return;
@@ -173,47 +195,55 @@ __global__ void __launch_bounds__(kVecThreads)
   const int r0 = blockIdx.y * kVecRows;
   const int rend = min(r0 + kVecRows, cu_seqlens[ns]);
   if (r0 >= rend) return;
-  // rows[i] = x row r0 - Km1 + i (loaded only where it is a live row).
-  uint4 rows[kVecRows + Km1];
+  const __nv_bfloat16* xc = x + c0;
+  const auto ld = [&](int r) { return __ldg(reinterpret_cast<const uint4*>(xc + size_t(r) * xs)); };
+  float wc[8][K];  // w[c0 + ch, 0..3]: 64 contiguous bytes (four 16-byte loads where w is 16-byte aligned)
+  if ((reinterpret_cast<uintptr_t>(w) & 15u) == 0) {
 #pragma unroll
-  for (int i = 0; i < kVecRows + Km1; ++i) {
-    const int r = r0 - Km1 + i;
-    rows[i] = make_uint4(0u, 0u, 0u, 0u);
-    if (r >= 0 && r < rend) rows[i] = __ldg(reinterpret_cast<const uint4*>(x + size_t(r) * xs + c0));
+    for (int q = 0; q < 4; ++q) {
+      const uint4 u = __ldg(reinterpret_cast<const uint4*>(w + size_t(c0) * K) + q);
+      float f[8];
+      unpack8(u, f);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) wc[2 * q + e / 4][e % 4] = f[e];
+    }
+  } else {
+#pragma unroll
+    for (int ch = 0; ch < 8; ++ch)
+#pragma unroll
+      for (int j = 0; j < K; ++j) wc[ch][j] = __bfloat162float(w[size_t(c0 + ch) * K + j]);
   }
-  float wc[8][K];
-#pragma unroll
-  for (int ch = 0; ch < 8; ++ch)
-#pragma unroll
-    for (int j = 0; j < K; ++j) wc[ch][j] = __bfloat162float(w[size_t(c0 + ch) * K + j]);
   int s = find_seq(cu_seqlens, ns, r0);
   int bos = cu_seqlens[s], eos = cu_seqlens[s + 1];
+  if (r0 - bos >= Km1 && rend <= eos) {  // the whole tile lies past the head of one sequence
+    uint4 a = ld(r0 - 3), b = ld(r0 - 2), c = ld(r0 - 1);
+    __nv_bfloat16* yr = y + size_t(r0) * C + c0;
 #pragma unroll
-  for (int i = 0; i < kVecRows; ++i) {
-    const int r = r0 + i;
-    if (r >= rend) break;
-    if (r >= eos) {  // next sequence (skipping empty ones)
-      while (r >= cu_seqlens[s + 1]) ++s;
+    for (int i = 0; i < kVecRows; i += kVecStep) {
+      uint4 n[kVecStep];
+#pragma unroll
+      for (int j = 0; j < kVecStep; ++j) n[j] = r0 + i + j < rend ? ld(r0 + i + j) : make_uint4(0u, 0u, 0u, 0u);
+      const uint4 o0 = conv_row8(wc, a, b, c, n[0]), o1 = conv_row8(wc, b, c, n[0], n[1]);
+      const uint4 o2 = conv_row8(wc, c, n[0], n[1], n[2]), o3 = conv_row8(wc, n[0], n[1], n[2], n[3]);
+      if (r0 + i < rend) *reinterpret_cast<uint4*>(yr + size_t(i) * C) = o0;
+      if (r0 + i + 1 < rend) *reinterpret_cast<uint4*>(yr + size_t(i + 1) * C) = o1;
+      if (r0 + i + 2 < rend) *reinterpret_cast<uint4*>(yr + size_t(i + 2) * C) = o2;
+      if (r0 + i + 3 < rend) *reinterpret_cast<uint4*>(yr + size_t(i + 3) * C) = o3;
+      a = n[1], b = n[2], c = n[3];
+    }
+    return;
+  }
+  for (int r = r0; r < rend; ++r) {
+    while (r >= eos) {  // next sequence (skipping empty ones)
+      ++s;
       bos = cu_seqlens[s];
       eos = cu_seqlens[s + 1];
     }
     const int t = r - bos;
-    if (t >= Km1) {
-      float in[K][8];
-#pragma unroll
-      for (int j = 0; j < K; ++j) unpack8(rows[i + j], in[j]);
-      __align__(16) __nv_bfloat16 o[8];
-#pragma unroll
-      for (int ch = 0; ch < 8; ++ch) {
-        float acc = 0.0f;
-#pragma unroll
-        for (int j = 0; j < K; ++j) acc += wc[ch][j] * in[j][ch];
-        o[ch] = __float2bfloat16(silu_f(acc));
-      }
-      *reinterpret_cast<uint4*>(y + size_t(r) * C + c0) = *reinterpret_cast<const uint4*>(o);
-    } else if (t == 0) {
+    if (t >= Km1)
+      *reinterpret_cast<uint4*>(y + size_t(r) * C + c0) = conv_row8(wc, ld(r - 3), ld(r - 2), ld(r - 1), ld(r));
+    else if (t == 0)
       conv_head8(x, wc, s, bos, eos - bos, state_slots, state_pool, y, C, c0, xs);
-    }
   }
 }
 

@@ -47,6 +47,10 @@ struct GdnArgs {
   const int32_t* state_slots;  ///< [max_seqs] slot of each sequence (distinct among live sequences)
   const int32_t* num_seqs;     ///< one int32: live sequences (<= max_seqs); the rest are padding, untouched
   __nv_bfloat16* out;          ///< [rows, Hv, dv] bf16 (o_t = S_t^T q_t), rows of padding never written
+  /// Prefill: an upper bound on the launch's rows (cu_seqlens[num_seqs] <= max_rows; the step's row
+  /// capacity), which sizes the tensor-core path's chunk scratch; 0 = unknown (the fused tensor-core kernel
+  /// runs instead of the split one). A bound below the real rows leaves chunks past it uncomputed. Decode: unused.
+  int64_t max_rows = 0;
 };
 
 /// Chunked varlen prefill of the delta rule for several sequences in one launch.
@@ -56,7 +60,8 @@ struct GdnArgs {
 /// g = -exp(A_log) * softplus(a + dt_bias) (softplus threshold 20), beta = sigmoid(b),
 /// q <- q * rsqrt(|q|^2 + 1e-6) * dk^-0.5, k <- k * rsqrt(|k|^2 + 1e-6), S = exp(g) S, d = beta (v - S^T k),
 /// S += k d^T, o = S^T q, computed chunk by chunk (kGdnChunk) with the UT transform. dk = 128 with dv a
-/// multiple of 16 (the Qwen3.5/3.6 shapes) runs on tensor cores (gated_delta_net_tc.h: bf16 operands with
+/// multiple of 16 (the Qwen3.5/3.6 shapes) runs on tensor cores (gated_delta_net_tc.h: a chunk-parallel
+/// kernel and a sequential state pass when args.max_rows is set, else one fused kernel; bf16 operands with
 /// bf16 residual terms on the state's path, fp32 accumulation and fp32 state; about 1e-4 relative on the
 /// state, ~3e-3 on the bf16 output); other shapes on the fp32 CUDA-core kernel. MOEFOLD_GDN_TC=0 forces
 /// the latter.

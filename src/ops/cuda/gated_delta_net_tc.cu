@@ -1,5 +1,7 @@
 // Gated DeltaNet chunked prefill on tensor cores (mma.sync m16n8k16 bf16 -> fp32; the triangular solve's
-// block products in tf32 m16n8k8), the gated WY / UT form with chunk C = 64, dk = 128.
+// block products in tf32 m16n8k8), the gated WY / UT form with chunk C = 64, dk = 128: the fused kernel, the
+// fallback of the split path (gated_delta_net_tc_split.cu: the same math with the state-independent work in
+// a chunk-parallel kernel), which gdn_prefill_tc tries first.
 //
 // One block of 4 warps per (32 value columns, value head, sequence) walks its sequence chunk by chunk;
 // for grids of at most one block per SM the next chunk's raw q, k, v rows stream into a second
@@ -29,11 +31,14 @@
 
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/gated_delta_net_gating.cuh"
+#include "ops/cuda/gated_delta_net_tc_mma.cuh"
 #include "ops/cuda/launch_scope.h"
 #include "ops/cuda/pdl.cuh"
 
 namespace moefold::cuda::detail {
 namespace {
+
+using namespace gdn_tc;
 
 constexpr int kC = kGdnChunk;  // 64 rows per chunk
 constexpr int kDK = 128;       // key dim
@@ -70,53 +75,6 @@ struct Layout {
   static constexpr int kRestBytes = kOffVec + 7 * kC * 4;
   static constexpr int smem_bytes(int stages) { return stages * kStageBytes + kRestBytes; }
 };
-
-__device__ __forceinline__ uint32_t su32(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
-
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(su32(p))
-               : "memory");
-}
-__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(su32(p))
-               : "memory");
-}
-// D += A (16x16 bf16, row) * B (16x8 bf16, col), fp32 accumulators.
-__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-// D += A (16x8 tf32, row) * B (8x8 tf32, col).
-__device__ __forceinline__ void mma_tf32(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                         uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ uint32_t tf32(float x) {
-  uint32_t r;
-  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
-  return r;
-}
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(su32(dst)), "l"(src), "r"(valid ? 16 : 0)
-               : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
 // Streams rows [row0, row0 + n) of q, k (key head kh) and v (columns [vcol, vcol + 32)) into a stage;
 // rows n..63 are zero-filled. BV: value columns per block.
@@ -645,6 +603,8 @@ void gdn_prefill_tc_profile(bool on) {
   g_profile = on;
 }
 
+unsigned long long* gdn_prefill_tc_phase_buffer() { return g_profile ? g_phase_buf : nullptr; }
+
 void gdn_prefill_tc_profile_read(unsigned long long (&cycles)[kGdnTcPhases]) {
   for (auto& c : cycles) c = 0;
   if (g_phase_buf == nullptr) return;
@@ -671,6 +631,7 @@ bool gdn_prefill_tc_supported(const GdnArgs& a, const GdnDims& d) {
 
 void gdn_prefill_tc(const GdnArgs& args, const int32_t* cu_seqlens, int max_seqs, const GdnSnapshot* snapshots,
                     const int32_t* num_snapshots, int max_snapshots, const GdnDims& dims, cudaStream_t stream) {
+  if (gdn_prefill_tc_split(args, cu_seqlens, max_seqs, snapshots, num_snapshots, max_snapshots, dims, stream)) return;
   int dev = 0, sms = 0;
   MOEFOLD_CUDA_CHECK(cudaGetDevice(&dev));
   MOEFOLD_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
