@@ -197,17 +197,22 @@ TEST(InvariantGemm, Errors) {
   EXPECT_NO_THROW(cu::prefill_gemm_bf16(x.data(), w.data(), nullptr, y.data(), 0, 64, 64, nullptr, nullptr));
 }
 
-// The dispatch the executor had (cuBLASLt above 256 rows) breaks the contract on split shapes: its
-// rows above the switch differ from the decode GEMM's. (The fails-before of the contract above.)
+// The dispatch the executor had (cuBLASLt above 256 rows) breaks the contract: rows of a call above the
+// switch differ from the same rows in a 256-row call (the decode GEMM). Asserted at the 35B o_proj
+// (2048 x 4096, S = 8: 238 of 256 rows differed on the H200 at M = 300); printed for the fixture's
+// o_proj (128 x 256), where it depends on the row count cuBLASLt is asked for (M = 300 matched on the
+// H200; the prefix-cache step of 464 rows did not).
 TEST(InvariantGemm, CublasAbove256IsNotInvariant) {
   MOEFOLD_REQUIRE_GPU();
   for (auto [N, K] : std::vector<std::pair<int64_t, int64_t>>{{128, 256}, {2048, 4096}}) {
     Problem<bf16> P(N, K, false, 0, 0, 77);
-    const std::vector<bf16> small = P.run_old(256, 0), large = P.run_old(300, 0);
-    const size_t d = rows_differing(small, large, 256, 0, N, P.ys);
-    std::printf("OLD-DISPATCH N=%lld K=%lld rows_of_256_differing_in_a_300_row_call=%zu\n", (long long)N,
-                (long long)K, d);
-    EXPECT_GT(d, 0u) << "cuBLASLt reproduced the decode GEMM's split order at N=" << N << " K=" << K;
+    const std::vector<bf16> small = P.run_old(256, 0);
+    for (int64_t M : {int64_t(300), int64_t(464), int64_t(1024), int64_t(4096)}) {
+      const size_t d = rows_differing(small, P.run_old(M, 0), 256, 0, N, P.ys);
+      std::printf("OLD-DISPATCH N=%lld K=%lld M=%lld rows_of_256_differing=%zu\n", (long long)N, (long long)K,
+                  (long long)M, d);
+      if (N == 2048 && M == 300) EXPECT_GT(d, 0u) << "cuBLASLt reproduced the decode GEMM's split order";
+    }
   }
 }
 
@@ -238,23 +243,28 @@ TEST(InvariantGemmPerf, DISABLED_Perf) {
   DeviceBuffer<bf16> x(size_t(kMaxM) * 4096), y(size_t(kMaxM) * 12352), w(size_t(12352) * 4096);
   x.fill_bytes(0x3C);
   w.fill_bytes(0x3B);
-  std::printf("%-14s %6s %10s %10s %7s %8s\n", "shape", "M", "pinned_us", "cublas_us", "ratio", "TFLOP/s");
+  std::printf("%-14s %6s %10s %10s %10s %7s %8s\n", "shape", "M", "pinned_us", "unpipe_us", "cublas_us", "ratio",
+              "TFLOP/s");
   for (int64_t M : {int64_t(512), int64_t(4096), kMaxM}) {
-    double tp = 0, tc = 0;
+    double tp = 0, tc = 0, tu = 0;
     for (auto [N, K] : shapes) {
       const int iters = M >= 4096 ? 5 : 20;
       const double p = time_us_of(
           [&] { cu::prefill_gemm_bf16(x.data(), w.data(), nullptr, y.data(), M, K, N, nullptr, nullptr); }, iters);
+      const double u = time_us_of(
+          [&] { cu::prefill_gemm_bf16_unpipelined(x.data(), w.data(), nullptr, y.data(), M, K, N, nullptr, nullptr); },
+          iters);
       const double c = time_us_of([&] { cu::gemm_bf16(x.data(), w.data(), nullptr, y.data(), M, K, N, nullptr); }, iters);
       tp += p;
+      tu += u;
       tc += c;
       const std::string sh = std::to_string(N) + "x" + std::to_string(K);
       const double tf = 2.0 * double(M) * double(N) * double(K) / p * 1e-6;
-      std::printf("%-14s %6lld %10.1f %10.1f %7.3f %8.0f\n", sh.c_str(), (long long)M, p, c, p / c, tf);
+      std::printf("%-14s %6lld %10.1f %10.1f %10.1f %7.3f %8.0f\n", sh.c_str(), (long long)M, p, u, c, p / c, tf);
       perf_line("prefill_gemm_bf16", sh + ",M=" + std::to_string(M), p,
                 "cublas_us=" + std::to_string(c) + " ratio=" + std::to_string(p / c));
     }
-    std::printf("%-14s %6lld %10.1f %10.1f %7.3f\n", "all5", (long long)M, tp, tc, tp / tc);
+    std::printf("%-14s %6lld %10.1f %10.1f %10.1f %7.3f\n", "all5", (long long)M, tp, tu, tc, tp / tc);
   }
 }
 

@@ -82,7 +82,10 @@ __device__ __forceinline__ void store_pair(const Params& p, int64_t row, int col
   }
 }
 
-template <class OutT>
+// kPipe: all fragments of a k16 step are loaded before its 16 mma, and the next step's fragments
+// before this step's mma (double-buffered registers): the asm is volatile, so issue order is source
+// order, and without this every mma group waits for its ldmatrix. Same arithmetic either way.
+template <class OutT, bool kPipe>
 __global__ void __launch_bounds__(kThreads, 1) prefill_gemm_kernel(const Params p) {
   pdl_begin();
   const int64_t live = detail::live_count(p.live_rows, p.max_rows);
@@ -141,8 +144,9 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_gemm_kernel(const Params 
   // partial (acc) is folded into sum and acc restarts from zero, as decode_gemm's combine adds them.
   int split = 0;
   auto split_end = [&](int s) { return int((int64_t(s + 1) * p.KC) / p.S); };
+  int next_end = split_end(0);  // the chunk count that ends split `split`
   auto fold_through = [&](int chunks_done) {
-    while (split < p.S && split_end(split) == chunks_done) {
+    while (split < p.S && next_end == chunks_done) {
 #pragma unroll
       for (int i = 0; i < kMTW; ++i)
 #pragma unroll
@@ -153,6 +157,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_gemm_kernel(const Params 
             acc[i][j][q] = 0.0f;
           }
       ++split;
+      next_end = split < p.S ? split_end(split) : -1;
     }
   };
   fold_through(0);  // empty leading splits (none with the decode GEMM's S <= KC / 2; kept for exactness)
@@ -173,6 +178,35 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_gemm_kernel(const Params 
     }
     const __nv_bfloat16* xs = sX + (it % kStages) * kBM * kBK;
     const __nv_bfloat16* ws = sW + (it % kStages) * kBN * kBK;
+    if constexpr (kPipe) {
+      uint32_t af[2][kMTW][4], bfr[2][kNF][2];
+      auto load_frags = [&](int buf, int ks) {
+#pragma unroll
+        for (int j = 0; j < kNF; j += 2) {
+          const int f = (lane >> 4) ? j + 1 : j;
+          const int r = (wn * kNF + f) * 8 + (lane & 7);
+          uint32_t t[4];
+          ldmatrix_x4(t, ws + swz(r, ks * 2 + ((lane >> 3) & 1)));
+          bfr[buf][j][0] = t[0];
+          bfr[buf][j][1] = t[1];
+          bfr[buf][j + 1][0] = t[2];
+          bfr[buf][j + 1][1] = t[3];
+        }
+#pragma unroll
+        for (int i = 0; i < kMTW; ++i)
+          if (wm * kMTW + i < mt_live) ldmatrix_x4(af[buf][i], xs + swz((wm * kMTW + i) * 16 + (lane & 15), ks * 2 + (lane >> 4)));
+      };
+      load_frags(0, 0);
+#pragma unroll
+      for (int ks = 0; ks < kBK / 16; ++ks) {
+        if (ks + 1 < kBK / 16) load_frags((ks + 1) & 1, ks + 1);
+#pragma unroll
+        for (int i = 0; i < kMTW; ++i)
+          if (wm * kMTW + i < mt_live)
+#pragma unroll
+            for (int j = 0; j < kNF; ++j) mma_bf16_16816(acc[i][j], af[ks & 1][i], bfr[ks & 1][j][0], bfr[ks & 1][j][1]);
+      }
+    } else {
 #pragma unroll
     for (int ks = 0; ks < kBK / 16; ++ks) {
       uint32_t bfr[kNF][2];
@@ -197,6 +231,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_gemm_kernel(const Params 
           for (int j = 0; j < kNF; ++j) mma_bf16_16816(acc[i][j], af, bfr[j][0], bfr[j][1]);
         }
       }
+    }
     }
     fold_through(it + 1);
   }
@@ -224,7 +259,7 @@ bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u
 const prof::Kernel kPrefillGemmBf16{"prefill_gemm_kernel", prof::Category::DenseGemm};
 const prof::Kernel kPrefillGemmF32{"prefill_gemm_kernel:f32out", prof::Category::DenseGemm};
 
-template <class OutT>
+template <class OutT, bool kPipe = true>
 void run(const char* name, const __nv_bfloat16* x, const __nv_bfloat16* w, const void* bias, OutT* y,
          int64_t max_rows, int64_t K, int64_t N, const int32_t* live_rows, cudaStream_t stream, int64_t x_stride,
          int64_t y_stride) {
@@ -259,7 +294,7 @@ void run(const char* name, const __nv_bfloat16* x, const __nv_bfloat16* w, const
   p.col_tiles = int(ceil_div(N, kBN));
   const int64_t blocks = int64_t(p.row_tiles) * p.col_tiles;
   if (blocks >= (int64_t(1) << 31)) throw Error(shape() + ": too many tiles");
-  auto* kern = prefill_gemm_kernel<OutT>;
+  auto* kern = prefill_gemm_kernel<OutT, kPipe>;
   static const bool attr_set = [&] {
     MOEFOLD_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
     return true;
@@ -280,6 +315,13 @@ void prefill_gemm_bf16(const __nv_bfloat16* x, const __nv_bfloat16* w, const __n
                        int64_t max_rows, int64_t K, int64_t N, const int32_t* live_rows, cudaStream_t stream,
                        int64_t x_stride, int64_t y_stride) {
   run<__nv_bfloat16>("prefill_gemm_bf16", x, w, bias, y, max_rows, K, N, live_rows, stream, x_stride, y_stride);
+}
+
+void prefill_gemm_bf16_unpipelined(const __nv_bfloat16* x, const __nv_bfloat16* w, const __nv_bfloat16* bias,
+                                   __nv_bfloat16* y, int64_t max_rows, int64_t K, int64_t N, const int32_t* live_rows,
+                                   cudaStream_t stream, int64_t x_stride, int64_t y_stride) {
+  run<__nv_bfloat16, false>("prefill_gemm_bf16_unpipelined", x, w, bias, y, max_rows, K, N, live_rows, stream,
+                            x_stride, y_stride);
 }
 
 void prefill_gemm_bf16_f32out(const __nv_bfloat16* x, const __nv_bfloat16* w, const float* bias, float* y,

@@ -37,6 +37,12 @@ void prefill_gemm_bf16(const __nv_bfloat16* x, const __nv_bfloat16* w, const __n
                        int64_t max_rows, int64_t K, int64_t N, const int32_t* live_rows, cudaStream_t stream,
                        int64_t x_stride = 0, int64_t y_stride = 0);
 
+/// prefill_gemm_bf16 without its register double-buffering of the mma fragments (the first version,
+/// kept for the PERF comparison); bitwise the same results.
+void prefill_gemm_bf16_unpipelined(const __nv_bfloat16* x, const __nv_bfloat16* w, const __nv_bfloat16* bias,
+                                   __nv_bfloat16* y, int64_t max_rows, int64_t K, int64_t N, const int32_t* live_rows,
+                                   cudaStream_t stream, int64_t x_stride = 0, int64_t y_stride = 0);
+
 /// The same with fp32 output (the lm_head's logits); bias, if given, fp32.
 void prefill_gemm_bf16_f32out(const __nv_bfloat16* x, const __nv_bfloat16* w, const float* bias, float* y,
                               int64_t max_rows, int64_t K, int64_t N, const int32_t* live_rows, cudaStream_t stream,
