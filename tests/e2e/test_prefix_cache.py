@@ -201,3 +201,20 @@ def test_long_multi_turn_load_stays_within_the_snapshot_budget(cached, model, st
     assert max(n for n, _ in seen) <= 3 and max(b for _, b in seen) <= budget
     assert metric(srv, "moefold_prefix_cache_snapshots") > 0
     assert r["total_cached_tokens"] > 0
+
+
+def test_ten_turn_completion_chat_resumes_each_turn(cached, uncached):
+    # Each turn's prompt is the previous prompt, its reply and a new line: it resumes at the previous
+    # prompt's last 64-token boundary (one boundary lower at most, where the join re-tokenizes) and its
+    # reply is the uncached server's.
+    c, u = cached.openai(), uncached.openai()
+    prompt = "Story so far: once upon a time there was a tiny model. " * 3
+    prev = 0
+    for turn in range(10):
+        text, lp, usage = complete(c, prompt)
+        assert (text, lp) == complete(u, prompt)[:2], turn
+        got = usage.prompt_tokens_details.cached_tokens
+        assert got % 64 == 0 and max(0, (prev // 64 - 1) * 64) <= got <= (prev // 64) * 64, (turn, got, prev)
+        prev = usage.prompt_tokens
+        prompt += text + f"\nTurn {turn}: and then what happened next in the story?\n"
+    assert prev > 300
