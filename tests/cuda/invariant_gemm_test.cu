@@ -199,9 +199,8 @@ TEST(InvariantGemm, Errors) {
 
 // The dispatch the executor had (cuBLASLt above 256 rows) breaks the contract: rows of a call above the
 // switch differ from the same rows in a 256-row call (the decode GEMM). Asserted at the 35B o_proj
-// (2048 x 4096, S = 8: 238 of 256 rows differed on the H200 at M = 300); printed for the fixture's
-// o_proj (128 x 256), where it depends on the row count cuBLASLt is asked for (M = 300 matched on the
-// H200; the prefix-cache step of 464 rows did not).
+// (2048 x 4096, S = 8: 238 of 256 rows differ on the H200 at M = 300, 464, 1024 and 4096); printed for
+// the fixture's o_proj (128 x 256), which cuBLASLt happened to match at those M on the H200.
 TEST(InvariantGemm, CublasAbove256IsNotInvariant) {
   MOEFOLD_REQUIRE_GPU();
   for (auto [N, K] : std::vector<std::pair<int64_t, int64_t>>{{128, 256}, {2048, 4096}}) {
