@@ -122,6 +122,67 @@ std::vector<SampleRequest> sample_prefix_repetition_requests(const Tokenizer& to
   return out;
 }
 
+std::vector<Conversation> sample_multi_turn_conversations(const Tokenizer& tok, const MultiTurnOptions& opt) {
+  MOEFOLD_CHECK(opt.num_conversations >= 1 && opt.num_turns >= 1,
+                "multi_turn: {} conversations and {} turns each (both must be >= 1)", opt.num_conversations,
+                opt.num_turns);
+  MOEFOLD_CHECK(opt.shared_prefix_len >= 0 && opt.conversation_prefix_len >= 0 && opt.output_len >= 1,
+                "multi_turn: prefix lengths {} and {} (>= 0), output length {} (>= 1)", opt.shared_prefix_len,
+                opt.conversation_prefix_len, opt.output_len);
+  const auto [lo, hi] = length_range(opt.user_len, opt.range_ratio);
+  const std::vector<int32_t> vocab = ordinary_ids(tok);
+  MOEFOLD_CHECK(!vocab.empty(), "the tokenizer has no ordinary (non-special) tokens to draw prompts from");
+  std::mt19937_64 rng(opt.seed);
+  std::uniform_int_distribution<size_t> pick(0, vocab.size() - 1);
+  std::uniform_int_distribution<int64_t> user_len(lo, hi);
+  // n random ids decoded to text, re-encoded and trimmed or extended (up to 10 times, as the random
+  // dataset does) until the text re-encodes to n tokens.
+  auto text = [&](int64_t n) {
+    if (n <= 0) return std::string();
+    std::vector<int32_t> ids;
+    std::string t;
+    for (int tries = 0;; ++tries) {
+      while (int64_t(ids.size()) < n) ids.push_back(vocab[pick(rng)]);
+      ids.resize(size_t(n));
+      t = tok.decode(ids);
+      ids = tok.encode(t, false);
+      if (int64_t(ids.size()) == n || tries == 10) return t;
+    }
+  };
+  const std::string shared = text(opt.shared_prefix_len);
+  std::vector<Conversation> out(size_t(opt.num_conversations));
+  for (Conversation& c : out) {
+    c.system = shared + text(opt.conversation_prefix_len);
+    for (int64_t t = 0; t < opt.num_turns; ++t) c.user_turns.push_back(text(user_len(rng)));
+    c.output_len = opt.output_len;
+  }
+  return out;
+}
+
+SampleRequest multi_turn_request(const Conversation& conv, std::span<const std::string> replies, size_t turn, bool chat,
+                                 const Tokenizer* tok) {
+  MOEFOLD_CHECK(turn < conv.user_turns.size(), "multi_turn: turn {} of a conversation of {} turns", turn,
+                conv.user_turns.size());
+  MOEFOLD_CHECK(replies.size() >= turn, "multi_turn: turn {} needs the {} earlier replies, got {}", turn, turn,
+                replies.size());
+  SampleRequest r;
+  r.output_len = conv.output_len;
+  if (chat) {
+    if (!conv.system.empty()) r.messages.emplace_back("system", conv.system);
+    for (size_t t = 0; t < turn; ++t) {
+      r.messages.emplace_back("user", conv.user_turns[t]);
+      r.messages.emplace_back("assistant", replies[t]);
+    }
+    r.messages.emplace_back("user", conv.user_turns[turn]);
+    return r;
+  }
+  if (!conv.system.empty()) r.prompt = "System: " + conv.system + "\n\n";
+  for (size_t t = 0; t < turn; ++t) r.prompt += "User: " + conv.user_turns[t] + "\n\nAssistant: " + replies[t] + "\n\n";
+  r.prompt += "User: " + conv.user_turns[turn] + "\n\nAssistant:";
+  if (tok) r.prompt_len = int64_t(tok->encode(r.prompt, false).size());
+  return r;
+}
+
 std::vector<SampleRequest> sample_file_requests(const FileDatasetOptions& opt, const Tokenizer* tok) {
   MOEFOLD_CHECK(opt.num_prompts >= 1, "--num-prompts must be >= 1 (got {})", opt.num_prompts);
   MOEFOLD_CHECK(opt.output_len >= 1, "output length must be >= 1 (got {})", opt.output_len);

@@ -10,11 +10,17 @@
 //
 // prefix_repetition: shared prefixes with distinct suffixes (sample_prefix_repetition_requests).
 //
+// multi_turn: conversations (like vLLM's multi-turn benchmark, benchmarks/multi_turn): each has a
+// system prompt (shared by all conversations, then a part of its own) and N user messages of random
+// tokens; turn t's request carries the system prompt, the earlier user messages and the model's
+// actual replies to them, then user message t (sample_multi_turn_conversations, multi_turn_request).
+//
 // file: one prompt per line of a text file, or, for a `.jsonl` file, one JSON object per line
 // with the prompt in a string field (e.g. "question" for GSM8K). The prompts are shuffled with the
 // seed and the first num_prompts taken, repeating the file when it has fewer.
 #pragma once
 #include <cstdint>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -29,6 +35,8 @@ struct SampleRequest {
   std::vector<int32_t> prompt_ids;  ///< token ids sent instead of text (/v1/completions only)
   int64_t prompt_len = 0;           ///< prompt tokens by the client's tokenizer (0: unknown)
   int64_t output_len = 0;           ///< output tokens to ask for (max_tokens)
+  /// Chat messages (role, content) sent instead of `prompt` on a chat endpoint when not empty.
+  std::vector<std::pair<std::string, std::string>> messages;
 };
 
 /// The inclusive length range [floor(len * (1 - ratio)), ceil(len * (1 + ratio))], its lower end
@@ -66,6 +74,43 @@ struct PrefixRepetitionOptions {
 /// Deterministic for a tokenizer and options. Throws moefold::Error for invalid options.
 std::vector<SampleRequest> sample_prefix_repetition_requests(const Tokenizer& tokenizer,
                                                              const PrefixRepetitionOptions& opt);
+
+struct MultiTurnOptions {
+  int64_t num_conversations = 100;
+  int64_t num_turns = 5;            ///< user messages (requests) per conversation
+  int64_t shared_prefix_len = 512;  ///< system-prompt tokens common to every conversation (0: none)
+  int64_t conversation_prefix_len = 0;  ///< system-prompt tokens of its own after the shared ones
+  int64_t user_len = 128;           ///< tokens of each user message, drawn with range_ratio
+  int64_t output_len = 128;         ///< max_tokens of every turn
+  double range_ratio = 0.0;
+  uint64_t seed = 0;
+};
+
+/// One synthetic conversation: the texts a client sends, the replies come from the server.
+struct Conversation {
+  std::string system;                   ///< the system prompt ("" when both prefix lengths are 0)
+  std::vector<std::string> user_turns;  ///< user message of each turn
+  int64_t output_len = 0;               ///< max_tokens of each turn
+};
+
+/// Conversations for --dataset-name multi_turn: random ordinary tokens decoded to text, adjusted like the
+/// random dataset's text prompts until each part re-encodes to its drawn length (the system
+/// prompt is the shared part then the conversation's own, decoded separately and joined, so every
+/// conversation's system prompt starts with the same text). Deterministic for a tokenizer and
+/// options. Throws moefold::Error for num_conversations or num_turns < 1, user_len or output_len < 1,
+/// negative prefix lengths, a bad range ratio, or a tokenizer without ordinary tokens.
+std::vector<Conversation> sample_multi_turn_conversations(const Tokenizer& tokenizer, const MultiTurnOptions& opt);
+
+/// The request of turn `turn` (0-based) of `conv`, given the model's replies to turns 0..turn-1
+/// (replies.size() >= turn; later ones are ignored). Chat (`chat` true): messages = [system (when not
+/// empty)], then (user t', assistant reply t') for t' < turn, then user `turn`. Completions: one text
+/// prompt, "System: <system>\n\n" (when not empty) then "User: <u>\n\nAssistant: <reply>\n\n" per
+/// earlier turn and "User: <u>\n\nAssistant:" for this one, so turn t's prompt begins with turn
+/// t-1's prompt followed by its reply. prompt_len: the prompt's token count by `tokenizer` for
+/// completions when given, else 0 (the server's usage counts). Throws moefold::Error when turn is
+/// out of range or replies are missing.
+SampleRequest multi_turn_request(const Conversation& conv, std::span<const std::string> replies, size_t turn, bool chat,
+                                 const Tokenizer* tokenizer);
 
 struct FileDatasetOptions {
   std::string path;

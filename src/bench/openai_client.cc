@@ -59,7 +59,12 @@ nlohmann::json request_body(const Target& target, const SampleRequest& req, cons
   body["model"] = target.model;
   if (is_chat_endpoint(target.endpoint)) {
     MOEFOLD_CHECK(req.prompt_ids.empty(), "token-id prompts need a completions endpoint, not {}", target.endpoint);
-    body["messages"] = Json::array({Json{{"role", "user"}, {"content", req.prompt}}});
+    if (req.messages.empty()) {
+      body["messages"] = Json::array({Json{{"role", "user"}, {"content", req.prompt}}});
+    } else {
+      body["messages"] = Json::array();
+      for (const auto& [role, content] : req.messages) body["messages"].push_back(Json{{"role", role}, {"content", content}});
+    }
     body["max_completion_tokens"] = req.output_len;
   } else {
     if (req.prompt_ids.empty())

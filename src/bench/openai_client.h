@@ -43,7 +43,7 @@ struct RequestOptions {
 };
 
 /// The JSON body for `req` on `target`: completions {model, prompt (text or token ids), max_tokens}
-/// or chat {model, messages: [one user message], max_completion_tokens}, plus temperature,
+/// or chat {model, messages: req.messages, or one user message with the prompt, max_completion_tokens}, plus temperature,
 /// stream: true, stream_options.include_usage, ignore_eos when set, and extra_body. Throws
 /// moefold::Error for token ids on a chat endpoint.
 nlohmann::json request_body(const Target& target, const SampleRequest& req, const RequestOptions& opt);

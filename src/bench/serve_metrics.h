@@ -32,6 +32,7 @@ struct RequestOutput {
   bool output_tokens_from_usage = false;
   int64_t cached_tokens = 0;    ///< usage.prompt_tokens_details.cached_tokens (prefix-cache hits)
   bool cached_tokens_from_usage = false;
+  std::string generated_text;   ///< the content chunks' text joined (a multi-turn client sends it back)
 };
 
 /// Summary of one latency metric over a run, in milliseconds. All zero when `count` is 0.

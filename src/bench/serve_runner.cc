@@ -2,6 +2,7 @@
 #include "bench/serve_runner.h"
 
 #include <algorithm>
+#include <atomic>
 #include <semaphore>
 #include <system_error>
 #include <thread>
@@ -49,6 +50,53 @@ RunResult run_requests(const std::vector<double>& arrivals, int64_t max_concurre
   }
   for (std::thread& t : threads) t.join();
   result.duration_s = std::chrono::duration<double>(Clock::now() - start).count();
+  return result;
+}
+
+RunResult run_conversations(size_t num_conversations, size_t num_turns, int64_t max_concurrency, const TurnFn& send,
+                            ProgressBar* bar) {
+  using Clock = std::chrono::steady_clock;
+  MOEFOLD_CHECK(max_concurrency >= 0, "--max-concurrency must be >= 1 (got {})", max_concurrency);
+  RunResult result;
+  result.outputs.resize(num_conversations * num_turns);
+  const size_t workers = max_concurrency > 0 ? std::min<size_t>(size_t(max_concurrency), num_conversations)
+                                             : num_conversations;
+  std::atomic<size_t> next{0};
+  const Clock::time_point start = Clock::now();
+  auto since_start = [&] { return std::chrono::duration<double>(Clock::now() - start).count(); };
+  auto worker = [&] {
+    for (size_t c; (c = next.fetch_add(1)) < num_conversations;) {
+      std::vector<std::string> replies;
+      for (size_t t = 0; t < num_turns; ++t) {
+        RequestOutput& out = result.outputs[c * num_turns + t];
+        if (replies.size() < t) {  // an earlier turn failed
+          out.error = "not sent: turn " + std::to_string(replies.size()) + " of this conversation failed";
+          out.start_s = since_start();
+        } else {
+          try {
+            out = send(c, t, replies, start);
+          } catch (const std::exception& e) {
+            out = RequestOutput{};
+            out.error = std::string("request failed: ") + e.what();
+            out.start_s = since_start();
+          }
+          if (out.success) replies.push_back(out.generated_text);
+        }
+        if (bar) bar->tick();
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < workers; ++i) {
+    try {
+      threads.emplace_back(worker);
+    } catch (const std::system_error&) {
+      if (threads.empty()) throw;
+      break;  // fewer conversations at once; the started workers take the rest
+    }
+  }
+  for (std::thread& t : threads) t.join();
+  result.duration_s = since_start();
   return result;
 }
 

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "bench/progress_bar.h"
@@ -29,5 +30,19 @@ struct RunResult {
 /// max_concurrency < 0.
 RunResult run_requests(const std::vector<double>& arrivals, int64_t max_concurrency, const SendFn& send,
                        ProgressBar* bar);
+
+/// Sends turn `turn` of conversation `conv` now, given the replies (generated_text) of its turns
+/// 0..turn-1. Must not throw (a failure is a RequestOutput with success = false).
+using TurnFn = std::function<RequestOutput(size_t conv, size_t turn, const std::vector<std::string>& replies,
+                                           std::chrono::steady_clock::time_point run_start)>;
+
+/// Runs `num_conversations` conversations of `num_turns` turns (a multi-turn benchmark): at most
+/// `max_concurrency` conversations at once (0: all), each on its own thread sending its turns one
+/// after another, turn t + 1 as soon as turn t's reply is complete. A failed turn ends its
+/// conversation: its later turns are not sent and are recorded as failed ("not sent: ..."). outputs
+/// are in order conv * num_turns + turn; `bar` ticks once per turn (sent or not). An exception from
+/// `send` becomes a failed turn. Throws moefold::Error for max_concurrency < 0.
+RunResult run_conversations(size_t num_conversations, size_t num_turns, int64_t max_concurrency, const TurnFn& send,
+                            ProgressBar* bar);
 
 }  // namespace moefold::bench

@@ -30,6 +30,7 @@ void StreamRecorder::on_bytes(std::string_view bytes, double t_s) {
     }
     if (!c.has_choices || c.text.empty()) continue;
     ++content_chunks_;
+    out_.generated_text += c.text;
     if (first_) {
       out_.ttft_s = t_s - start_s_;
       first_ = false;

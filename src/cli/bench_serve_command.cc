@@ -49,9 +49,21 @@ std::unique_ptr<BenchServeCommand> add_bench_serve_command(CLI::App& bench) {
       ->capture_default_str();
   c->add_option("--max-concurrency", b->max_concurrency, "most requests in flight at once (default: no limit)")
       ->check(CLI::Range(int64_t(1), int64_t(1) << 40));
-  c->add_option("--dataset-name", b->dataset_name, "random | prefix_repetition | file")
+  c->add_option("--dataset-name", b->dataset_name, "random | prefix_repetition | multi_turn | file")
       ->capture_default_str()
-      ->check(CLI::IsMember({"random", "prefix_repetition", "file"}));
+      ->check(CLI::IsMember({"random", "prefix_repetition", "multi_turn", "file"}));
+  c->add_option("--multi-turn-num-turns", b->mt_turns,
+                "multi_turn: requests per conversation (--num-prompts conversations; --max-concurrency of them at once)")
+      ->capture_default_str()->check(CLI::Range(int64_t(1), int64_t(1) << 20));
+  c->add_option("--multi-turn-shared-prefix-len", b->mt_shared_prefix_len,
+                "multi_turn: system-prompt tokens shared by every conversation")
+      ->capture_default_str()->check(CLI::Range(int64_t(0), int64_t(1) << 30));
+  c->add_option("--multi-turn-prefix-len", b->mt_prefix_len,
+                "multi_turn: system-prompt tokens of each conversation's own, after the shared ones")
+      ->capture_default_str()->check(CLI::Range(int64_t(0), int64_t(1) << 30));
+  c->add_option("--multi-turn-user-len", b->mt_user_len,
+                "multi_turn: tokens of each user message (with --random-range-ratio)")
+      ->capture_default_str()->check(CLI::Range(int64_t(1), int64_t(1) << 30));
   c->add_option("--prefix-repetition-prefix-len", b->prefix_len, "prefix_repetition: tokens of each shared prefix")
       ->capture_default_str()->check(CLI::Range(int64_t(1), int64_t(1) << 30));
   c->add_option("--prefix-repetition-suffix-len", b->suffix_len, "prefix_repetition: distinct tokens after the prefix")
@@ -171,6 +183,8 @@ int BenchServeCommand::run() {
   std::optional<Tokenizer> tok;
   if (!tokenizer.empty()) tok = Tokenizer::from_file(tokenizer);
   std::vector<bench::SampleRequest> requests;
+  std::vector<bench::Conversation> conversations;  // --dataset-name multi_turn
+  const bool multi_turn = dataset_name == "multi_turn";
   if (dataset_name == "random") {
     MOEFOLD_CHECK(tok.has_value(),
                   "--dataset-name random needs --tokenizer DIR (a model directory with tokenizer.json, or the file) "
@@ -181,12 +195,26 @@ int BenchServeCommand::run() {
     MOEFOLD_CHECK(tok.has_value(), "--dataset-name prefix_repetition needs --tokenizer DIR to draw prompt token ids from");
     requests = bench::sample_prefix_repetition_requests(
         *tok, {num_prompts, prefix_len, suffix_len, num_prefixes, random_output_len, seed, token_ids});
+  } else if (dataset_name == "multi_turn") {
+    MOEFOLD_CHECK(tok.has_value(), "--dataset-name multi_turn needs --tokenizer DIR to draw message tokens from");
+    MOEFOLD_CHECK(!token_ids, "--dataset-name multi_turn sends text (the replies come back as text), not token ids");
+    MOEFOLD_CHECK(std::isinf(request_rate), "--dataset-name multi_turn sends each conversation's turns back to back; "
+                                            "bound the load with --max-concurrency, not --request-rate");
+    conversations = bench::sample_multi_turn_conversations(
+        *tok, {num_prompts, mt_turns, mt_shared_prefix_len, mt_prefix_len, mt_user_len, random_output_len,
+               random_range_ratio, seed});
   } else {
     requests = bench::sample_file_requests({dataset_path, dataset_field, num_prompts, random_output_len, seed},
                                            tok ? &*tok : nullptr);
   }
 
-  std::printf("bench serve: %lld requests (%s) to %s%s, model %s%s\n", (long long)num_prompts, dataset_name.c_str(),
+  const int64_t total_requests = multi_turn ? num_prompts * mt_turns : num_prompts;
+  if (multi_turn)
+    std::printf("multi_turn: %lld conversations x %lld turns (shared system prompt %lld tokens + %lld of its own, "
+                "user messages %lld tokens, replies up to %lld tokens)\n",
+                (long long)num_prompts, (long long)mt_turns, (long long)mt_shared_prefix_len, (long long)mt_prefix_len,
+                (long long)mt_user_len, (long long)random_output_len);
+  std::printf("bench serve: %lld requests (%s) to %s%s, model %s%s\n", (long long)total_requests, dataset_name.c_str(),
               a.base_url.c_str(), endpoint.c_str(), a.model.c_str(),
               b ? (" and (--ab) " + b->base_url + endpoint + ", model " + b->model).c_str() : "");
   std::printf("traffic request rate: %s, burstiness: %g%s, maximum request concurrency: %s\n",
@@ -204,15 +232,33 @@ int BenchServeCommand::run() {
   else
     runs = {{"", &a, {}, {}}};
   for (Run& r : runs) {
-    const std::vector<double> arrivals = bench::arrival_times(num_prompts, request_rate, burstiness, seed);
-    bench::ProgressBar bar(num_prompts, !disable_tqdm && bench::stderr_is_terminal(), r.label);
+    bench::ProgressBar bar(total_requests, !disable_tqdm && bench::stderr_is_terminal(), r.label);
     const bench::Target& target = *r.target;
-    bench::RunResult result = bench::run_requests(
-        arrivals, max_concurrency,
-        [&](size_t i, std::chrono::steady_clock::time_point start) {
-          return bench::send_request(target, requests[i], ropt, start);
-        },
-        &bar);
+    bench::RunResult result;
+    if (multi_turn) {
+      const Tokenizer* t = tok ? &*tok : nullptr;
+      result = bench::run_conversations(
+          conversations.size(), size_t(mt_turns), max_concurrency,
+          [&](size_t c, size_t turn, const std::vector<std::string>& replies, std::chrono::steady_clock::time_point start) {
+            try {
+              return bench::send_request(target, bench::multi_turn_request(conversations[c], replies, turn, chat, t), ropt,
+                                         start);
+            } catch (const std::exception& e) {
+              RequestOutput o;
+              o.error = e.what();
+              return o;
+            }
+          },
+          &bar);
+    } else {
+      const std::vector<double> arrivals = bench::arrival_times(num_prompts, request_rate, burstiness, seed);
+      result = bench::run_requests(
+          arrivals, max_concurrency,
+          [&](size_t i, std::chrono::steady_clock::time_point start) {
+            return bench::send_request(target, requests[i], ropt, start);
+          },
+          &bar);
+    }
     bar.close();
     r.outputs = std::move(result.outputs);
     r.metrics = bench::calculate_metrics(r.outputs, result.duration_s, percentiles);
@@ -243,6 +289,12 @@ int BenchServeCommand::run() {
     j["dataset_name"] = dataset_name;
     j["dataset_path"] = dataset_path;
     j["num_prompts"] = num_prompts;
+    if (multi_turn) {
+      j["multi_turn_num_turns"] = mt_turns;
+      j["multi_turn_shared_prefix_len"] = mt_shared_prefix_len;
+      j["multi_turn_prefix_len"] = mt_prefix_len;
+      j["multi_turn_user_len"] = mt_user_len;
+    }
     j["request_rate"] = std::isinf(request_rate) ? Json("inf") : Json(request_rate);
     j["burstiness"] = burstiness;
     j["max_concurrency"] = max_concurrency > 0 ? Json(max_concurrency) : Json(nullptr);

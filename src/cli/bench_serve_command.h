@@ -26,6 +26,8 @@ struct BenchServeCommand {
   int64_t random_input_len = 1024, random_output_len = 128;
   double random_range_ratio = 0.0;
   int64_t prefix_len = 256, suffix_len = 256, num_prefixes = 10;  ///< --dataset-name prefix_repetition
+  /// --dataset-name multi_turn (--num-prompts conversations of mt_turns turns each)
+  int64_t mt_turns = 5, mt_shared_prefix_len = 512, mt_prefix_len = 0, mt_user_len = 128;
   std::string random_prompt_format = "text", tokenizer;
   bool ignore_eos = false, disable_tqdm = false;
   double temperature = 0.0, request_timeout = 3600;

@@ -131,3 +131,90 @@ def test_bench_serve_prefix_repetition_reports_hit_rate(cached, model, tmp_path)
     assert abs(r["prefix_cache_hit_rate"] - 6 * 128 / (8 * 140)) < 1e-9
     assert sorted(q["cached_tokens"] for q in r["requests"]) == [0, 0] + [128] * 6
     assert "Prefix cache hit rate (%):" in p.stdout
+
+
+def run_multi_turn_bench(srv, model, out, *extra):
+    import json
+    import subprocess
+
+    from conftest import binary
+
+    args = [binary(), "bench", "serve", "--base-url", srv.url, "--disable-tqdm", "--json", out,
+            "--dataset-name", "multi_turn", "--tokenizer", model[0], "--ignore-eos", "--seed", 5, *extra]
+    p = subprocess.run(list(map(str, args)), capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    return json.loads(out.read_text()), p.stdout
+
+
+def test_bench_serve_multi_turn_carries_replies_and_reports_hits(cached, model, tmp_path):
+    # 3 conversations x 4 turns, one conversation at a time: every turn after the first resumes from the
+    # previous turn's prompt, so it reports a hit on the 64-token grid.
+    r, stdout = run_multi_turn_bench(cached, model, tmp_path / "mt.json", "--num-prompts", 3,
+                                     "--multi-turn-num-turns", 4, "--multi-turn-shared-prefix-len", 90,
+                                     "--multi-turn-prefix-len", 10, "--multi-turn-user-len", 20,
+                                     "--output-len", 6, "--max-concurrency", 1)
+    assert r["completed"] == 12 and r["failed"] == 0
+    assert r["multi_turn_num_turns"] == 4
+    reqs = r["requests"]
+    for c in range(3):
+        turns = reqs[4 * c:4 * c + 4]
+        prompts = [q["prompt_tokens"] for q in turns]
+        assert prompts == sorted(prompts) and len(set(prompts)) == 4, prompts  # each turn extends the last
+        assert all(q["output_tokens"] == 6 for q in turns)
+        for prev, q in zip(turns, turns[1:]):
+            assert q["cached_tokens"] % 64 == 0 and q["cached_tokens"] >= 64, (c, q["cached_tokens"])
+            assert q["cached_tokens"] <= prev["prompt_tokens"] + 6
+    assert r["total_cached_tokens"] > 0 and 0 < r["prefix_cache_hit_rate"] < 1
+    assert "multi_turn: 3 conversations x 4 turns" in stdout
+    assert "Prefix cache hit rate (%):" in stdout
+
+
+def test_long_multi_turn_load_stays_within_the_snapshot_budget(cached, model, start_server, tmp_path):
+    import threading
+
+    # One snapshot's size from the default server's gauges, then a server with room for three of them and
+    # 64 KV pages: 8 conversations x 6 turns, 4 at once, must all complete with the gauges in budget.
+    complete(cached.openai(), ids(130, 77))
+    slot = metric(cached, "moefold_prefix_cache_snapshot_bytes") / metric(cached, "moefold_prefix_cache_snapshots")
+    budget = int(3 * slot)
+    srv = start_server(model[0], "--served-model-name", NAME, "--prefix-snapshot-memory", budget,
+                       "--num-kv-blocks", 64, "--max-model-len", 1024, "--max-num-seqs", 4)
+    seen, stop = [], threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            seen.append((metric(srv, "moefold_prefix_cache_snapshots"), metric(srv, "moefold_prefix_cache_snapshot_bytes")))
+            stop.wait(0.02)
+
+    t = threading.Thread(target=sample, daemon=True)
+    t.start()
+    try:
+        r, _ = run_multi_turn_bench(srv, model, tmp_path / "load.json", "--num-prompts", 8,
+                                    "--multi-turn-num-turns", 6, "--multi-turn-shared-prefix-len", 70,
+                                    "--multi-turn-prefix-len", 20, "--multi-turn-user-len", 25,
+                                    "--output-len", 8, "--max-concurrency", 4)
+    finally:
+        stop.set()
+        t.join(5)
+    assert r["completed"] == 48 and r["failed"] == 0, r["errors"]
+    assert len(seen) > 3
+    assert max(n for n, _ in seen) <= 3 and max(b for _, b in seen) <= budget
+    assert metric(srv, "moefold_prefix_cache_snapshots") > 0
+    assert r["total_cached_tokens"] > 0
+
+
+def test_ten_turn_completion_chat_resumes_each_turn(cached, uncached):
+    # Each turn's prompt is the previous prompt, its reply and a new line: it resumes at the previous
+    # prompt's last 64-token boundary (one boundary lower at most, where the join re-tokenizes) and its
+    # reply is the uncached server's.
+    c, u = cached.openai(), uncached.openai()
+    prompt = "Story so far: once upon a time there was a tiny model. " * 3
+    prev = 0
+    for turn in range(10):
+        text, lp, usage = complete(c, prompt)
+        assert (text, lp) == complete(u, prompt)[:2], turn
+        got = usage.prompt_tokens_details.cached_tokens
+        assert got % 64 == 0 and max(0, (prev // 64 - 1) * 64) <= got <= (prev // 64) * 64, (turn, got, prev)
+        prev = usage.prompt_tokens
+        prompt += text + f"\nTurn {turn}: and then what happened next in the story?\n"
+    assert prev > 300

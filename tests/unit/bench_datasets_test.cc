@@ -267,6 +267,77 @@ TEST(PrefixRepetitionRequests, SharedPrefixesAndDistinctSuffixes) {
   EXPECT_THROW(sample_prefix_repetition_requests(tok, {6, 0, 5, 1, 4, 9, false}), Error);
 }
 
+TEST(MultiTurnConversations, SharedSystemPromptUserTurnLengthsAndDeterminism) {
+  const Tokenizer tok = fixture_tokenizer("qwen35_mini");
+  MultiTurnOptions o;
+  o.num_conversations = 5;
+  o.num_turns = 4;
+  o.shared_prefix_len = 30;
+  o.conversation_prefix_len = 6;
+  o.user_len = 20;
+  o.range_ratio = 0.5;
+  o.output_len = 7;
+  o.seed = 3;
+  const std::vector<Conversation> c = sample_multi_turn_conversations(tok, o);
+  ASSERT_EQ(c.size(), 5u);
+  std::set<std::string> systems, users;
+  for (const Conversation& v : c) {
+    ASSERT_EQ(v.user_turns.size(), 4u);
+    EXPECT_EQ(v.output_len, 7);
+    EXPECT_EQ(v.system.substr(0, 40), c[0].system.substr(0, 40));  // the shared part comes first
+    systems.insert(v.system);
+    for (const std::string& u : v.user_turns) {
+      const size_t n = tok.encode(u, false).size();
+      EXPECT_GE(n, 9u) << u;  // drawn from [10, 30] tokens (adjusted text: a token or two off at most)
+      EXPECT_LE(n, 32u) << u;
+      users.insert(u);
+    }
+  }
+  EXPECT_EQ(systems.size(), 5u);  // each conversation's own part differs
+  EXPECT_EQ(users.size(), 20u);
+  const std::vector<Conversation> again = sample_multi_turn_conversations(tok, o);
+  EXPECT_EQ(again[4].user_turns[3], c[4].user_turns[3]);
+  EXPECT_EQ(again[2].system, c[2].system);
+  o.shared_prefix_len = o.conversation_prefix_len = 0;
+  EXPECT_EQ(sample_multi_turn_conversations(tok, o)[0].system, "");
+  o.num_turns = 0;
+  EXPECT_THROW(sample_multi_turn_conversations(tok, o), Error);
+  o.num_turns = 2;
+  o.conversation_prefix_len = -1;
+  EXPECT_THROW(sample_multi_turn_conversations(tok, o), Error);
+}
+
+// Turn t's request carries the earlier turns with the model's replies: on the completions endpoint
+// its prompt begins with turn t-1's prompt followed by that turn's reply (what a prefix cache reuses).
+TEST(MultiTurnConversations, EachTurnExtendsThePreviousWithTheReply) {
+  const Tokenizer tok = fixture_tokenizer("qwen35_mini");
+  Conversation c{"be brief", {"first question", "second", "third"}, 9};
+  const std::vector<std::string> replies = {"answer one", "answer two"};
+  const SampleRequest t0 = multi_turn_request(c, replies, 0, false, &tok);
+  EXPECT_EQ(t0.prompt, "System: be brief\n\nUser: first question\n\nAssistant:");
+  EXPECT_EQ(t0.prompt_len, int64_t(tok.encode(t0.prompt, false).size()));
+  EXPECT_EQ(t0.output_len, 9);
+  const SampleRequest t1 = multi_turn_request(c, replies, 1, false, &tok);
+  EXPECT_EQ(t1.prompt.rfind(t0.prompt + " answer one\n\n", 0), 0u) << t1.prompt;
+  const SampleRequest t2 = multi_turn_request(c, replies, 2, false, nullptr);
+  EXPECT_EQ(t2.prompt.rfind(t1.prompt + " answer two\n\nUser: third", 0), 0u) << t2.prompt;
+  EXPECT_EQ(t2.prompt_len, 0);
+  // Chat: the messages, the replies as assistant turns.
+  const SampleRequest m = multi_turn_request(c, replies, 2, true, &tok);
+  using M = std::vector<std::pair<std::string, std::string>>;
+  EXPECT_EQ(m.messages, (M{{"system", "be brief"}, {"user", "first question"}, {"assistant", "answer one"},
+                           {"user", "second"}, {"assistant", "answer two"}, {"user", "third"}}));
+  const nlohmann::json body = request_body(Target{"http://h:1", "/v1/chat/completions", "m"}, m, {});
+  ASSERT_EQ(body["messages"].size(), 6u);
+  EXPECT_EQ(body["messages"][4], (nlohmann::json{{"role", "assistant"}, {"content", "answer two"}}));
+  EXPECT_EQ(body["max_completion_tokens"], 9);
+  c.system.clear();
+  EXPECT_EQ(multi_turn_request(c, replies, 0, true, nullptr).messages, (M{{"user", "first question"}}));
+  EXPECT_THROW(multi_turn_request(c, replies, 3, true, nullptr), Error);       // no such turn
+  const std::vector<std::string> one_reply = {replies[0]};
+  EXPECT_THROW(multi_turn_request(c, one_reply, 2, false, nullptr), Error);  // a reply missing
+}
+
 }  // namespace
 }  // namespace moefold::bench
 

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <mutex>
 #include <stdexcept>
 #include <thread>
 
@@ -83,6 +84,54 @@ TEST(RunRequests, ArrivalTimesAreRespectedAndFailuresContained) {
   EXPECT_FALSE(res.outputs[2].success);
   EXPECT_NE(res.outputs[2].error.find("boom"), std::string::npos);
   EXPECT_THROW(run_requests({0.0}, -1, [](size_t, auto) { return RequestOutput{}; }, nullptr), Error);
+}
+
+// Conversations: turns of one conversation are sequential and carry the earlier replies, at most
+// max_concurrency conversations overlap, a failed turn ends its conversation (later turns not sent).
+TEST(RunConversations, TurnsInOrderWithRepliesConcurrencyAndFailures) {
+  std::atomic<int> in_flight{0}, peak{0}, sent{0};
+  std::mutex mu;
+  std::vector<std::vector<size_t>> turns_seen(6);
+  const RunResult res = run_conversations(
+      6, 4, 2,
+      [&](size_t c, size_t t, const std::vector<std::string>& replies, auto) {
+        const int now = ++in_flight;
+        int p = peak.load();
+        while (now > p && !peak.compare_exchange_weak(p, now)) {
+        }
+        ++sent;
+        EXPECT_EQ(replies.size(), t);
+        for (size_t k = 0; k < replies.size(); ++k) EXPECT_EQ(replies[k], "c" + std::to_string(c) + "t" + std::to_string(k));
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          turns_seen[c].push_back(t);
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        RequestOutput r;
+        --in_flight;
+        if (c == 3 && t == 1) throw std::runtime_error("boom");
+        r.success = true;
+        r.generated_text = "c" + std::to_string(c) + "t" + std::to_string(t);
+        return r;
+      },
+      nullptr);
+  EXPECT_LE(peak.load(), 2);
+  EXPECT_EQ(sent.load(), 5 * 4 + 2);  // conversation 3 stops after its failed turn 1
+  ASSERT_EQ(res.outputs.size(), 24u);
+  for (size_t c = 0; c < 6; ++c) {
+    for (size_t t = 0; t < 4; ++t) {
+      const RequestOutput& o = res.outputs[c * 4 + t];
+      if (c == 3 && t >= 1) {
+        EXPECT_FALSE(o.success);
+        EXPECT_NE(o.error.find(t == 1 ? "boom" : "not sent"), std::string::npos) << o.error;
+      } else {
+        EXPECT_EQ(o.generated_text, "c" + std::to_string(c) + "t" + std::to_string(t));
+      }
+    }
+    EXPECT_EQ(turns_seen[c], c == 3 ? std::vector<size_t>({0, 1}) : std::vector<size_t>({0, 1, 2, 3}));
+  }
+  EXPECT_THROW(run_conversations(1, 1, -1, [](size_t, size_t, const auto&, auto) { return RequestOutput{}; }, nullptr),
+               Error);
 }
 
 TEST(ProgressBar, RendersFractionCountsAndRate) {

@@ -424,6 +424,50 @@ TEST_P(PrefixCacheFixture, SnapshotMemoryStaysWithinItsBudget) {
   EXPECT_GT(st.cached_pages, 0);
 }
 
+// A long multi-turn load: 6 conversations of 8 turns, each turn's requests of all conversations queued
+// together over 4 sequences, 48 pages (under two turns' worth of prompts) and 3 snapshot slots. At
+// every step the snapshots stay within their slots and memory; no request fails (for memory or
+// anything else); every reply equals a cold run's; later turns hit.
+TEST_P(PrefixCacheFixture, LongMultiTurnLoadStaysWithinBudgets) {
+  Engine e = make_engine(*model_, true, 48, 256, 4, 3, 64);
+  const int64_t slot_bytes = e.runner->executor().state_slot_bytes();
+  std::vector<std::vector<int32_t>> convs;
+  for (int c = 0; c < 6; ++c) convs.push_back(make_prompt(20 + 9 * c, 500 + c, V_));
+  int64_t hits = 0, steps = 0;
+  for (int turn = 0; turn < 8; ++turn) {
+    std::map<RequestId, size_t> who;
+    for (size_t c = 0; c < convs.size(); ++c) who[e.sched->add(convs[c], greedy(3))] = c;
+    std::vector<Reply> got(convs.size());
+    for (; e.sched->has_work() && steps < 100000; ++steps) {
+      for (const TokenOutput& o : e.sched->step()) {
+        EXPECT_TRUE(o.error.empty()) << "turn " << turn << ": " << o.error;
+        Reply& r = got[who.at(o.id)];
+        r.tokens.push_back(o.token);
+        r.logprobs.push_back(o.logprob);
+        r.cached = o.cached_tokens;
+      }
+      const PrefixCacheStats st = e.runner->prefix_cache_stats();
+      ASSERT_LE(st.snapshots, 3) << "step " << steps;
+      ASSERT_LE(st.snapshot_bytes, 3 * slot_bytes) << "step " << steps;
+      ASSERT_EQ(st.snapshot_bytes, int64_t(st.snapshots) * slot_bytes);
+    }
+    ASSERT_FALSE(e.sched->has_work());
+    for (size_t c = 0; c < convs.size(); ++c) {
+      ASSERT_EQ(got[c].tokens.size(), 3u) << "turn " << turn << " conversation " << c;
+      if (turn == 7 || c == 0) EXPECT_EQ(got[c], fresh(convs[c], greedy(3))) << "turn " << turn << " conversation " << c;
+      if (turn > 0) hits += got[c].cached;
+      convs[c].insert(convs[c].end(), got[c].tokens.begin(), got[c].tokens.end());
+      const std::vector<int32_t> user = make_prompt(6 + 3 * turn, 600 + 10 * turn + int(c), V_);
+      convs[c].insert(convs[c].end(), user.begin(), user.end());
+    }
+  }
+  EXPECT_GT(hits, 0);
+  const PrefixCacheStats st = e.runner->prefix_cache_stats();
+  EXPECT_GT(st.evicted_pages, 0);  // the pool was too small to keep everything
+  if (hybrid_) EXPECT_GT(st.evicted_snapshots, 0);
+  EXPECT_EQ(e.sched->stats().kv_blocks_used, 0);
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, PrefixCacheFixture, ::testing::Values("qwen3_5_moe", "qwen3_next", "qwen3", "deepseek_v32"),
                          [](const auto& info) { return info.param; });
 

@@ -29,6 +29,7 @@
 #include "ops/cuda/gemm.h"
 #include "ops/cuda/fp8_gemv.h"
 #include "ops/cuda/gemv.h"
+#include "ops/cuda/invariant_gemm.h"
 #include "ops/cuda/moe_fp8.h"
 #include "ops/cuda/moe.h"
 #include "ops/cuda/rope.h"
@@ -432,14 +433,14 @@ class CudaExecutor : public Executor {
     return fp8_scratch_.data();
   }
   /// y[T, out] = x[T, in] . w^T (+ b) over the step's live rows (counts_[live_index] on the device):
-  /// with batch_invariant (default), up to 256 rows run the decode GEMM, whose per-row reduction order
-  /// depends only on the weight's shape; otherwise up to 16 rows run the GEMV; the rest cuBLASLt
-  /// (decode-regime algorithms pinned per shape up to 256 rows, see gemm.h).
+  /// with batch_invariant (default), every row count runs the decode GEMM's reduction order, which
+  /// depends only on the weight's shape (the decode GEMM up to 256 rows, the prefill GEMM above, see
+  /// invariant_gemm.h); otherwise up to 16 rows run the GEMV, the rest cuBLASLt.
   void dense(const bf16* x, const bf16* w, const bf16* b, bf16* y, int64_t T, int64_t in, int64_t out,
              int64_t x_stride = 0, int64_t y_stride = 0, int live_index = 0) {
     const int32_t* live = counts_.data() + live_index;
-    if (opt_.batch_invariant && T <= cuda::kDecodeGemmMaxRows && decode_gemm_fits(x, w, in, x_stride))
-      cuda::decode_gemm_bf16(x, w, b, y, T, in, out, live, dgemm_ws_.data(), stream_, x_stride, y_stride);
+    if (opt_.batch_invariant && decode_gemm_fits(x, w, in, x_stride))  // decode GEMM, or its arithmetic above 256 rows
+      cuda::invariant_gemm_bf16(x, w, b, y, T, in, out, live, dgemm_ws_.data(), stream_, x_stride, y_stride);
     else if (!opt_.batch_invariant && T <= kGemvRows)
       cuda::gemv_bf16(x, w, b, y, T, in, out, live, stream_, x_stride, y_stride);
     else
@@ -708,9 +709,8 @@ void CudaExecutor::launch_head(int64_t rows, int64_t r0, int64_t n, bool live_fr
                          counts_.data() + 2, stream_);
   cuda::rms_norm(hr_.data(), dev(w_.final_norm), hr_.data(), n, H, float(c.rms_norm_eps), nk, live, stream_);
   const bf16* lm = dev(w_.lm_head_param());
-  if (opt_.batch_invariant && n <= cuda::kDecodeGemmMaxRows && decode_gemm_fits(hr_.data(), lm, H, 0))
-    cuda::decode_gemm_bf16_f32out(hr_.data(), lm, nullptr, logits_.data(), n, H, V,
-                                  live, dgemm_ws_.data(), stream_);
+  if (opt_.batch_invariant && decode_gemm_fits(hr_.data(), lm, H, 0))
+    cuda::invariant_gemm_bf16_f32out(hr_.data(), lm, nullptr, logits_.data(), n, H, V, live, dgemm_ws_.data(), stream_);
   else if (!opt_.batch_invariant && n <= kGemvRows)
     cuda::gemv_bf16_f32out(hr_.data(), lm, nullptr, logits_.data(), n, H, V, live, stream_);
   else

@@ -18,7 +18,10 @@
 // Batch invariance: every GEMM of up to 256 rows runs the algorithm cuBLASLt's heuristic picks for 256
 // rows among those without split-K or a cross-CTA reduction, one per problem (in, out, strides, types),
 // so a row's result is bitwise the same whatever the number of rows: a decode step's tokens do not
-// depend on the rest of the batch or on the bucket. Above 256 rows the heuristic chooses per shape.
+// depend on the rest of the batch or on the bucket. Above 256 rows the heuristic chooses per shape, so
+// these rows are not invariant: the executor runs its batch-invariant projections through
+// invariant_gemm.h instead (the decode GEMM's arithmetic at every row count) and cuBLASLt only with
+// --no-batch-invariant (and for rows the decode GEMM's alignment rules exclude).
 // Chosen over a custom device-counted GEMM because cuBLASLt is the fastest dense GEMM on Hopper and
 // its cost for a bucket of T rows versus T_live rows is weight-read bound (identical) at decode sizes.
 #pragma once

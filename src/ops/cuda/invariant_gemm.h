@@ -1,0 +1,63 @@
+// Batch-invariant dense projections for ANY row count: y[r, n] = sum_k x[r, k] * w[n, k] (+ bias[n]),
+// where row r's output bits depend only on x[r, :], w and bias, never on how many rows share the call.
+//
+// Why: the decode GEMM (decode_gemm.h) gives that guarantee for 1..256 rows, but a prefill step of more
+// than 256 rows used to run cuBLASLt, whose reduction order differs from the decode GEMM's (it does not
+// cut K into the decode GEMM's S(N, K) splits) and whose algorithm and split-K change with M. So a
+// prompt row computed in a 300-row step (eight requests sharing a prefix in one step) and the same row
+// in a 200-row step (one request resumed from the prefix cache, or computed cold) differed in the
+// last bf16 bit, and a cache hit's logprobs differed from a cold run's (the prefix_cache_cuda_test
+// failure on the dense Qwen3 fixture, whose o_proj has S = 2).
+//
+// prefill_gemm_bf16 runs the decode GEMM's exact arithmetic with large tiles: K cut into 64-wide chunks
+// and the chunks into the S = decode_gemm_splits(N, K) contiguous splits; inside a split one fp32 chain
+// of mma.sync m16n8k16 steps in ascending k (k >= K zero-filled); the split partials added in order
+// 0..S-1 (kept in registers, no workspace), then the bias, then one rounding. A block holds 128 rows
+// x 128 columns (8 warps of 64 x 32) and walks all of K through a 4-stage cp.async pipeline; blocks
+// tile rows and columns (grouped raster for L2 reuse), so large M fills the GPU without split-K.
+// invariant_gemm_bf16 dispatches: the decode GEMM up to 256 rows, prefill_gemm_bf16 above.
+//
+// Live rows: *live_rows is read on the device (nullptr = max_rows); rows >= live of y are never
+// written, of x never read. Asynchronous on `stream`, capture-safe, no allocation.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace moefold::cuda {
+
+/// y[r, n] (bf16) = sum_k x[r, k] * w[n, k] (+ bias[n] bf16, optional) for r < *live_rows (nullptr:
+/// max_rows), bitwise equal to decode_gemm_bf16's row r for any batch of 1..256 rows.
+/// x: [max_rows, K] bf16, row stride x_stride >= K (0 = K); w: [N, K] dense row-major; y: [max_rows, N],
+/// row stride y_stride >= N (0 = N). Preconditions as decode_gemm_bf16 (K >= 8, K % 8 == 0, x and w
+/// 16-byte aligned, x_stride % 8 == 0, N in [1, 2^30]) except max_rows, any value >= 0 (0 is a no-op).
+/// Throws moefold::Error naming the shape for a broken precondition or a launch failure.
+void prefill_gemm_bf16(const __nv_bfloat16* x, const __nv_bfloat16* w, const __nv_bfloat16* bias, __nv_bfloat16* y,
+                       int64_t max_rows, int64_t K, int64_t N, const int32_t* live_rows, cudaStream_t stream,
+                       int64_t x_stride = 0, int64_t y_stride = 0);
+
+/// prefill_gemm_bf16 without its register double-buffering of the mma fragments (the first version,
+/// kept for the PERF comparison); bitwise the same results.
+void prefill_gemm_bf16_unpipelined(const __nv_bfloat16* x, const __nv_bfloat16* w, const __nv_bfloat16* bias,
+                                   __nv_bfloat16* y, int64_t max_rows, int64_t K, int64_t N, const int32_t* live_rows,
+                                   cudaStream_t stream, int64_t x_stride = 0, int64_t y_stride = 0);
+
+/// The same with fp32 output (the lm_head's logits); bias, if given, fp32.
+void prefill_gemm_bf16_f32out(const __nv_bfloat16* x, const __nv_bfloat16* w, const float* bias, float* y,
+                              int64_t max_rows, int64_t K, int64_t N, const int32_t* live_rows, cudaStream_t stream,
+                              int64_t x_stride = 0, int64_t y_stride = 0);
+
+/// The batch-invariant projection for any row count: decode_gemm_bf16 for max_rows <= 256 (with its
+/// `workspace`, sized by decode_gemm_workspace_bytes(256, N, K) and zero-filled once), else
+/// prefill_gemm_bf16 (workspace unused). Same preconditions and errors as those two.
+void invariant_gemm_bf16(const __nv_bfloat16* x, const __nv_bfloat16* w, const __nv_bfloat16* bias, __nv_bfloat16* y,
+                         int64_t max_rows, int64_t K, int64_t N, const int32_t* live_rows, void* workspace,
+                         cudaStream_t stream, int64_t x_stride = 0, int64_t y_stride = 0);
+
+/// The same with fp32 output.
+void invariant_gemm_bf16_f32out(const __nv_bfloat16* x, const __nv_bfloat16* w, const float* bias, float* y,
+                                int64_t max_rows, int64_t K, int64_t N, const int32_t* live_rows, void* workspace,
+                                cudaStream_t stream, int64_t x_stride = 0, int64_t y_stride = 0);
+
+}  // namespace moefold::cuda
