@@ -46,13 +46,31 @@ namespace moefold::cuda {
 using bf16 = __nv_bfloat16;
 
 /// Kernel choice for attention_prefill (decode always uses the split CUDA-core kernel).
-/// Auto: Wgmma for head_dim 64/128/192/256, Flash for the other multiples of 16. Flash: the mma.sync
+/// Auto: Ws for head_dim 64/128/192/256 on pages of a multiple of 16 tokens, else Wgmma for those
+/// head sizes, Flash for the other multiples of 16. Flash: the mma.sync
 /// kernel of attention_flash.cu (128-row tiles, double-buffered K/V, every multiple of 16 up to 256).
 /// Wgmma / WgmmaVt: the same tiling on Hopper warpgroup MMA (attention_wgmma.cu; V read MN-major /
 /// transposed through shared memory); WgmmaPipe: Wgmma with each tile's softmax overlapped with the
-/// previous tile's P V. TensorCore: the older 64-row mma.sync kernel. Simt keeps the CUDA-core kernel
-/// (fp32 P, the reference-like variant).
-enum class AttnKernel { Auto, Flash, Wgmma, WgmmaVt, TensorCore, Simt, WgmmaPipe };
+/// previous tile's P V. Ws: the warp-specialised kernel (attention_ws.cu: a TMA producer warp, K/V
+/// rings on mbarriers, two consumer warpgroups ping-ponging with the softmax overlapped with P V;
+/// head_dim 64/128/192/256 on pages of a multiple of 16 tokens; Auto's choice there); WsNoPingPong,
+/// WsNoOverlap, WsPlain, WsStages3, WsBn80: its A/B variants (attention_flash.h, WsVariant). TensorCore: the
+/// older 64-row mma.sync kernel. Simt keeps the CUDA-core kernel (fp32 P, the reference-like variant).
+enum class AttnKernel {
+  Auto,
+  Flash,
+  Wgmma,
+  WgmmaVt,
+  TensorCore,
+  Simt,
+  WgmmaPipe,
+  Ws,
+  WsNoPingPong,
+  WsNoOverlap,
+  WsPlain,
+  WsStages3,
+  WsBn80
+};
 
 /// Whether a model of this head size runs on the GPU: attention_prefill (Auto / Flash) takes every
 /// multiple of 16 from 16 to 256, attention_decode 32, 64, 96, 128, 192 and 256; true for the
