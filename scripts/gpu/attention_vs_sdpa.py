@@ -68,7 +68,7 @@ def gemm_tflops():
 
 VARIANT_COLUMNS = [  # perf kernel name -> column title (the variants beside the default)
     ("attn_ws", "ws"), ("attn_ws_nopp", "ws_nopp"), ("attn_ws_noiw", "ws_noiw"), ("attn_ws_plain", "ws_plain"),
-    ("attn_ws_s3", "ws_s3"), ("attn_ws_bn80", "ws_bn80"), ("attn_wgmma", "wgmma"), ("attn_wgmma_vt", "wg_vt"), ("attn_wgmma_pipe", "wg_pipe"),
+    ("attn_ws_s3", "ws_s3"), ("attn_ws_bn64", "ws_bn64"), ("attn_ws_pp", "ws_pp"), ("attn_ws_qr", "ws_qr"), ("attn_wgmma", "wgmma"), ("attn_wgmma_vt", "wg_vt"), ("attn_wgmma_pipe", "wg_pipe"),
     ("attn_fa", "flash"),
 ]
 
@@ -76,7 +76,7 @@ VARIANT_COLUMNS = [  # perf kernel name -> column title (the variants beside the
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--binary", default="build-cuda/tests/attention_test")
-    ap.add_argument("--kernels", default="auto,ws:ws_nopp,ws_noiw,ws_plain:ws_s3,ws_bn80,wgmma",
+    ap.add_argument("--kernels", default="auto,ws,ws_qr:ws_nopp,ws_noiw,ws_plain:ws_s3,ws_bn64,ws_pp,wgmma",
                     help="variant groups (MOEFOLD_TEST_KERNELS values) separated by ':', one process each")
     ap.add_argument("--timeout", type=int, default=40, help="seconds per process")
     args = ap.parse_args()

@@ -151,7 +151,7 @@ void run_all(std::vector<std::function<void()>>& work) {
 
 // ---- prefill -----------------------------------------------------------------------------------
 /// MOEFOLD_TEST_KERNELS: comma-separated prefill variants to check or time (flash, wgmma, wgmma_vt,
-/// wgmma_pipe, ws, ws_nopp, ws_noiw, ws_plain, ws_s3, ws_bn80, tc, simt, auto); unset = all. Lets a GPU run check new variants in their own process.
+/// wgmma_pipe, ws, ws_nopp, ws_noiw, ws_plain, ws_s3, ws_bn64, ws_pp, ws_qr, tc, simt, auto); unset = all. Lets a GPU run check new variants in their own process.
 bool kernel_selected(const std::string& name) {
   const char* v = std::getenv("MOEFOLD_TEST_KERNELS");
   if (!v || !*v) return true;
@@ -200,7 +200,9 @@ void check_prefill(const Heads& h, std::vector<int> ctx, std::vector<int> n, int
                                    {cu::AttnKernel::WsNoOverlap, "_ws_noiw"},
                                    {cu::AttnKernel::WsPlain, "_ws_plain"},
                                    {cu::AttnKernel::WsStages3, "_ws_s3"},
-                                   {cu::AttnKernel::WsBn80, "_ws_bn80"}});
+                                   {cu::AttnKernel::WsBn64, "_ws_bn64"},
+                                   {cu::AttnKernel::WsPingPong, "_ws_pp"},
+                                   {cu::AttnKernel::WsQRegs, "_ws_qr"}});
   kernels.push_back({cu::AttnKernel::Auto, "_auto"});
   if (old_kernels) kernels.insert(kernels.end(), {{cu::AttnKernel::TensorCore, "_tc"}, {cu::AttnKernel::Simt, "_simt"}});
   std::erase_if(kernels, [](const auto& k) { return !kernel_selected(k.second.substr(1)); });
@@ -509,7 +511,8 @@ TEST(AttentionPerf, DISABLED_Flash) {
   MOEFOLD_REQUIRE_GPU();
   perf_cases({cu::AttnKernel::Auto, cu::AttnKernel::Flash, cu::AttnKernel::Wgmma, cu::AttnKernel::WgmmaVt,
               cu::AttnKernel::WgmmaPipe, cu::AttnKernel::Ws, cu::AttnKernel::WsNoPingPong, cu::AttnKernel::WsNoOverlap,
-              cu::AttnKernel::WsPlain, cu::AttnKernel::WsStages3, cu::AttnKernel::WsBn80});
+              cu::AttnKernel::WsPlain, cu::AttnKernel::WsStages3, cu::AttnKernel::WsBn64, cu::AttnKernel::WsPingPong,
+              cu::AttnKernel::WsQRegs});
 }
 
 void perf_cases(std::initializer_list<cu::AttnKernel> kerns) {
@@ -529,10 +532,11 @@ void perf_cases(std::initializer_list<cu::AttnKernel> kerns) {
       const double flops = 4.0 * h->D * h->Hq * pairs;
       for (auto kern : kerns) {
         if (kern == cu::AttnKernel::TensorCore && c.n > 4096) continue;
-        const char* names[] = {"auto",       "fa", "wgmma",   "wgmma_vt", "tc_old",   "simt",
-                               "wgmma_pipe", "ws", "ws_nopp", "ws_noiw",  "ws_plain", "ws_s3", "ws_bn80"};
-        const char* sel[] = {"auto",       "flash", "wgmma",   "wgmma_vt", "tc",       "simt",
-                             "wgmma_pipe", "ws",    "ws_nopp", "ws_noiw",  "ws_plain", "ws_s3", "ws_bn80"};
+        const char* names[] = {"auto",     "fa",       "wgmma", "wgmma_vt", "tc_old",  "simt",
+                               "wgmma_pipe", "ws",    "ws_nopp", "ws_noiw", "ws_plain", "ws_s3",
+                               "ws_bn64",    "ws_pp", "ws_qr"};
+        const char* sel[] = {"auto",       "flash", "wgmma",   "wgmma_vt", "tc",       "simt",  "wgmma_pipe", "ws",
+                             "ws_nopp",    "ws_noiw", "ws_plain", "ws_s3", "ws_bn64", "ws_pp", "ws_qr"};
         if (!kernel_selected(sel[int(kern)])) continue;
         sh.kernel = kern;
         const double us = time_us([&] {

@@ -54,7 +54,7 @@ using bf16 = __nv_bfloat16;
 /// previous tile's P V. Ws: the warp-specialised kernel (attention_ws.cu: a TMA producer warp, K/V
 /// rings on mbarriers, two consumer warpgroups ping-ponging with the softmax overlapped with P V;
 /// head_dim 64/128/192/256 on pages of a multiple of 16 tokens; Auto's choice there); WsNoPingPong,
-/// WsNoOverlap, WsPlain, WsStages3, WsBn80: its A/B variants (attention_flash.h, WsVariant). TensorCore: the
+/// WsNoOverlap, WsPlain, WsStages3, WsBn64, WsPingPong, WsQRegs: its A/B variants (attention_flash.h, WsVariant). TensorCore: the
 /// older 64-row mma.sync kernel. Simt keeps the CUDA-core kernel (fp32 P, the reference-like variant).
 enum class AttnKernel {
   Auto,
@@ -69,7 +69,9 @@ enum class AttnKernel {
   WsNoOverlap,
   WsPlain,
   WsStages3,
-  WsBn80
+  WsBn64,
+  WsPingPong,
+  WsQRegs
 };
 
 /// Whether a model of this head size runs on the GPU: attention_prefill (Auto / Flash) takes every

@@ -47,11 +47,14 @@ void launch_attention_flash(FlashArgs a, int num_seqs, int max_q_len, cudaStream
 bool wgmma_supports_head_dim(int head_dim);
 void launch_attention_wgmma(FlashArgs a, int num_seqs, int max_q_len, int variant, cudaStream_t stream);
 
-/// Variants of the warp-specialised kernel (attention_ws.cu), for A/B timings: Default = ping-pong
-/// between the consumer warpgroups + softmax overlapped with P V inside each, 2 K/V stages;
-/// NoPingPong / NoOverlap drop one of the two, Plain both; Stages3 = Default with 3 stages
-/// (head_dim 128), Bn80 = Default with 80-key tiles (head_dim 256); elsewhere these run as Default.
-enum class WsVariant { Default, NoPingPong, NoOverlap, Plain, Stages3, Bn80 };
+/// Variants of the warp-specialised kernel (attention_ws.cu), for A/B timings. Default: the tuned
+/// choice per head size (256: ping-pong between the consumer warpgroups + softmax overlapped with
+/// P V inside each, 80-key tiles; 128: the overlap without ping-pong, 128-key tiles; 64 / 192: both,
+/// 128 / 64-key tiles; 2 K/V stages). NoPingPong / NoOverlap / Plain: without ping-pong / without
+/// the overlap / without both; Stages3 (128): both with 3 stages; Bn64 (256): both on 64-key tiles;
+/// PingPong (128): both; QRegs (128): Default with Q in registers for Q K^T. A variant that does not
+/// apply to the head size runs Default.
+enum class WsVariant { Default, NoPingPong, NoOverlap, Plain, Stages3, Bn64, PingPong, QRegs };
 
 /// Whether the warp-specialised kernel takes this head size and page size (64/128/192/256; pages of
 /// a multiple of 16 tokens, so each 16-key piece of a tile is one TMA box).

@@ -186,7 +186,7 @@ __device__ __forceinline__ void load_tile(const CUtensorMap* map, const KV* cach
   if (lane != 0) mbar_arrive(full);
 }
 
-template <typename KV, int D, int BN_, int STAGES, bool kPP, bool kIW>
+template <typename KV, int D, int BN_, int STAGES, bool kPP, bool kIW, bool kQR>
 __global__ void __launch_bounds__(kThreads, 1)
     attn_ws_kernel(const __grid_constant__ CUtensorMap tmk, const __grid_constant__ CUtensorMap tmv, const FlashArgs a) {
   static_assert(std::is_same_v<KV, bf16>, "the products read bf16 K/V (FP8 KV: convert in the consumers)");
@@ -277,6 +277,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int my_bar = 3 + cw, other_bar = 3 + (cw ^ 1);
   if (kPP && cw == 1) named_arrive(3, 256);
 
+  // kQR: this warp's 16 Q rows as m16n8k16 A fragments in registers (S = Q K^T from registers).
+  uint32_t qf[kQR ? KT : 1][4];
+  if constexpr (kQR) {
+#pragma unroll
+    for (int kk = 0; kk < KT; ++kk)
+      ldmatrix_x4(qf[kk], base + sw_off(cw * 64 + w4 * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8, kBM));
+  }
   auto issue_s = [&](float (&sc)[BN / 2], int st) {
 #pragma unroll
     for (int j = 0; j < BN / 2; ++j) sc[j] = 0.0f;
@@ -285,7 +292,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int kk = 0; kk < KT; ++kk) {
       const uint64_t da = wg::desc_sw128(qa + uint32_t((kk >> 2) * kBM * 128 + (kk & 3) * 32));
       const uint64_t db = wg::desc_sw128(k_addr + uint32_t(st) * C::kv_bytes + uint32_t((kk >> 2) * BN * 128 + (kk & 3) * 32));
-      if constexpr (BN == 64) wg::mma_ss_n64(sc, da, db, kk > 0 ? 1 : 0);
+      if constexpr (kQR) {
+        static_assert(!kQR || BN == 128, "Q from registers: 128-key tiles");
+        wg::mma_rs_n128(sc, qf[kk], db);
+      } else if constexpr (BN == 64) wg::mma_ss_n64(sc, da, db, kk > 0 ? 1 : 0);
       else if constexpr (BN == 80) wg::mma_ss_n80(sc, da, db, kk > 0 ? 1 : 0);
       else wg::mma_ss_n128(sc, da, db, kk > 0 ? 1 : 0);
     }
@@ -433,11 +443,11 @@ CUtensorMap kv_map(const KV* cache, int Hkv, int D) {
   return m;
 }
 
-template <int D, int BN, int STAGES, bool kPP, bool kIW>
+template <int D, int BN, int STAGES, bool kPP, bool kIW, bool kQR = false>
 void launch_cfg(const FlashArgs& a, dim3 grid, cudaStream_t stream) {
   using C = WsCfg<D, BN, STAGES>;
   static_assert(C::smem <= 227 * 1024, "shared memory");
-  auto* k = attn_ws_kernel<bf16, D, BN, STAGES, kPP, kIW>;
+  auto* k = attn_ws_kernel<bf16, D, BN, STAGES, kPP, kIW, kQR>;
   static std::once_flag once;
   std::call_once(once, [k] {
     MOEFOLD_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(C::smem)));
@@ -470,22 +480,23 @@ void launch_attention_ws(FlashArgs a, int num_seqs, int max_q_len, WsVariant v, 
   switch (a.dh) {
     case 64: launch_cfg<64, 128, 2, true, true>(a, grid, stream); break;
     case 192: launch_cfg<192, 64, 2, true, true>(a, grid, stream); break;
-    case 128:
+    case 128:  // default: softmax under P V without ping-pong (the fastest in the round-1 timings)
       switch (v) {
-        case WsVariant::NoPingPong: launch_cfg<128, 128, 2, false, true>(a, grid, stream); break;
+        case WsVariant::PingPong: launch_cfg<128, 128, 2, true, true>(a, grid, stream); break;
         case WsVariant::NoOverlap: launch_cfg<128, 128, 2, true, false>(a, grid, stream); break;
         case WsVariant::Plain: launch_cfg<128, 128, 2, false, false>(a, grid, stream); break;
         case WsVariant::Stages3: launch_cfg<128, 128, 3, true, true>(a, grid, stream); break;
-        default: launch_cfg<128, 128, 2, true, true>(a, grid, stream); break;
+        case WsVariant::QRegs: launch_cfg<128, 128, 2, false, true, true>(a, grid, stream); break;
+        default: launch_cfg<128, 128, 2, false, true>(a, grid, stream); break;
       }
       break;
-    default:
+    default:  // 256; default: ping-pong + overlap on 80-key tiles (3 stages do not fit)
       switch (v) {
-        case WsVariant::NoPingPong: launch_cfg<256, 64, 2, false, true>(a, grid, stream); break;
-        case WsVariant::NoOverlap: launch_cfg<256, 64, 2, true, false>(a, grid, stream); break;
-        case WsVariant::Plain: launch_cfg<256, 64, 2, false, false>(a, grid, stream); break;
-        case WsVariant::Bn80: launch_cfg<256, 80, 2, true, true>(a, grid, stream); break;
-        default: launch_cfg<256, 64, 2, true, true>(a, grid, stream); break;  // 3 stages do not fit
+        case WsVariant::NoPingPong: launch_cfg<256, 80, 2, false, true>(a, grid, stream); break;
+        case WsVariant::NoOverlap: launch_cfg<256, 80, 2, true, false>(a, grid, stream); break;
+        case WsVariant::Plain: launch_cfg<256, 80, 2, false, false>(a, grid, stream); break;
+        case WsVariant::Bn64: launch_cfg<256, 64, 2, true, true>(a, grid, stream); break;
+        default: launch_cfg<256, 80, 2, true, true>(a, grid, stream); break;
       }
       break;
   }
