@@ -18,12 +18,14 @@
 //   keep whatever they held), so a batch padded to a captured bucket replays correctly.
 //
 // Kernels. Rows of a block are (token, q head) pairs of ONE KV head, so all GQA heads of a token
-// share each K/V tile read. Prefill (default): tensor cores, flash-attention structure (8
-// warps, 128 rows x 64-key tiles, K and V double-buffered with cp.async from the pages, causal mask
-// only on diagonal tiles, longest tiles first), fp32 accumulation and online softmax: wgmma for
-// head_dim 64/128/192/256 (attention_wgmma.cu), mma.sync m16n8k16 for the other multiples of 16
-// (attention_flash.cu); the probabilities P are rounded to bf16 for the P.V product (as
-// FlashAttention does). AttnKernel::TensorCore keeps the older 64-row kernel.
+// share each K/V tile read. Prefill (default): tensor cores, flash-attention structure (128 rows
+// per block, causal mask only on diagonal tiles, longest tiles first), fp32 accumulation and online
+// softmax. For head_dim 64/128/192/256 on pages of a multiple of 16 tokens: the warp-specialised
+// wgmma kernel (attention_ws.cu: a TMA producer warp fills K/V rings on mbarriers, two consumer
+// warpgroups compute); other pages of those head sizes: the wgmma kernel with cp.async gathers
+// (attention_wgmma.cu); other multiples of 16: mma.sync m16n8k16 (attention_flash.cu). The
+// probabilities P are rounded to bf16 for the P.V product (as FlashAttention does).
+// AttnKernel::TensorCore keeps the older 64-row kernel.
 // Decode, and prefill with AttnKernel::Simt: CUDA cores, q.k and p.v in fp32 (P never rounded),
 // 32-key tiles, 4 rows per warp, split over the KV length for decode. Softmax statistics are fp32
 // throughout (online softmax on exp2 of log2e-scaled scores); the output is rounded once to bf16.

@@ -49,11 +49,12 @@ void launch_attention_wgmma(FlashArgs a, int num_seqs, int max_q_len, int varian
 
 /// Variants of the warp-specialised kernel (attention_ws.cu), for A/B timings. Default: the tuned
 /// choice per head size (256: ping-pong between the consumer warpgroups + softmax overlapped with
-/// P V inside each, 80-key tiles; 128: the overlap without ping-pong, 128-key tiles; 64 / 192: both,
-/// 128 / 64-key tiles; 2 K/V stages). NoPingPong / NoOverlap / Plain: without ping-pong / without
-/// the overlap / without both; Stages3 (128): both with 3 stages; Bn64 (256): both on 64-key tiles;
-/// PingPong (128): both; QRegs (128): Default with Q in registers for Q K^T. A variant that does not
-/// apply to the head size runs Default.
+/// P V inside each, 80-key tiles; 128: the overlap without ping-pong, Q in registers for Q K^T,
+/// 128-key tiles; 64 / 192: both, Q in shared memory, 128 / 64-key tiles; 2 K/V stages).
+/// NoPingPong / NoOverlap / Plain: without ping-pong / without the overlap / without both (Q in
+/// shared memory); Stages3 (128): both with 3 stages; Bn64 (256): both on 64-key tiles; PingPong
+/// (128): both; QRegs (128): the same as Default. A variant that does not apply to the head size
+/// runs Default.
 enum class WsVariant { Default, NoPingPong, NoOverlap, Plain, Stages3, Bn64, PingPong, QRegs };
 
 /// Whether the warp-specialised kernel takes this head size and page size (64/128/192/256; pages of

@@ -16,7 +16,8 @@
 //    read MN-major). kIW (intra-warpgroup overlap): S(j) and P(j-1) V(j-1) are issued together and
 //    the softmax of S(j) runs while P V is on the tensor cores. kPP (ping-pong): a pair of named
 //    barriers makes the two consumers take turns issuing their products, so one warpgroup's softmax
-//    runs under the other's matrix work.
+//    runs under the other's matrix work. kQR: Q K^T with Q in registers (loaded once with ldmatrix;
+//    the wgmma register-A form), for 128-key tiles. Defaults per head size: launch_attention_ws.
 // Causal: a block visits only the key tiles up to its last row; the one tile crossing the diagonal
 // is masked and comes last. Longest query tiles are scheduled first, across the sequences of a
 // batch. The sigmoid output gate is fused into the store. KV: the cache element type (bf16 today; a
@@ -480,14 +481,14 @@ void launch_attention_ws(FlashArgs a, int num_seqs, int max_q_len, WsVariant v, 
   switch (a.dh) {
     case 64: launch_cfg<64, 128, 2, true, true>(a, grid, stream); break;
     case 192: launch_cfg<192, 64, 2, true, true>(a, grid, stream); break;
-    case 128:  // default: softmax under P V without ping-pong (the fastest in the round-1 timings)
+    case 128:  // default: softmax under P V without ping-pong, Q in registers (the fastest on the H200)
       switch (v) {
         case WsVariant::PingPong: launch_cfg<128, 128, 2, true, true>(a, grid, stream); break;
         case WsVariant::NoOverlap: launch_cfg<128, 128, 2, true, false>(a, grid, stream); break;
         case WsVariant::Plain: launch_cfg<128, 128, 2, false, false>(a, grid, stream); break;
         case WsVariant::Stages3: launch_cfg<128, 128, 3, true, true>(a, grid, stream); break;
-        case WsVariant::QRegs: launch_cfg<128, 128, 2, false, true, true>(a, grid, stream); break;
-        default: launch_cfg<128, 128, 2, false, true>(a, grid, stream); break;
+        case WsVariant::NoPingPong: launch_cfg<128, 128, 2, false, true>(a, grid, stream); break;  // Q in smem
+        default: launch_cfg<128, 128, 2, false, true, true>(a, grid, stream); break;  // also QRegs
       }
       break;
     default:  // 256; default: ping-pong + overlap on 80-key tiles (3 stages do not fit)
