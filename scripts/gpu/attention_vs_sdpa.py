@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Prefill attention: moefold's flash kernel beside torch SDPA, in the same GPU run.
+"""Prefill attention: moefold's kernels beside torch SDPA, in the same GPU run.
 
 Runs the attention_test binary's AttentionPerf.DISABLED_Flash timings (PERF lines), then times
 torch.nn.functional.scaled_dot_product_attention on the same shapes (bf16, causal; the
@@ -66,11 +66,19 @@ def gemm_tflops():
     return 2 * 8192**3 / ms * 1e-9
 
 
+VARIANT_COLUMNS = [  # perf kernel name -> column title (the variants beside the default)
+    ("attn_ws", "ws"), ("attn_ws_nopp", "ws_nopp"), ("attn_ws_noiw", "ws_noiw"), ("attn_ws_plain", "ws_plain"),
+    ("attn_ws_s3", "ws_s3"), ("attn_ws_bn64", "ws_bn64"), ("attn_ws_pp", "ws_pp"), ("attn_ws_qr", "ws_qr"), ("attn_wgmma", "wgmma"), ("attn_wgmma_vt", "wg_vt"), ("attn_wgmma_pipe", "wg_pipe"),
+    ("attn_fa", "flash"),
+]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--binary", default="build-cuda/tests/attention_test")
-    ap.add_argument("--kernels", default="flash,wgmma_vt:auto,wgmma:wgmma_pipe",
+    ap.add_argument("--kernels", default="auto,ws,ws_qr:ws_nopp,ws_noiw,ws_plain:ws_s3,ws_bn64,ws_pp,wgmma",
                     help="variant groups (MOEFOLD_TEST_KERNELS values) separated by ':', one process each")
+    ap.add_argument("--timeout", type=int, default=40, help="seconds per process")
     args = ap.parse_args()
     ours = {}
     rc = 0
@@ -78,7 +86,7 @@ def main():
     for kernels in args.kernels.split(":"):
         env = dict(os.environ, MOEFOLD_TEST_KERNELS=kernels)
         test = f"AttentionPerf.DISABLED_Flash[{kernels}]"
-        proc = subprocess.run(["timeout", "40", args.binary, "--gtest_also_run_disabled_tests",
+        proc = subprocess.run(["timeout", str(args.timeout), args.binary, "--gtest_also_run_disabled_tests",
                                "--gtest_filter=AttentionPerf.DISABLED_Flash"], capture_output=True, text=True, env=env)
         for line in proc.stdout.splitlines():
             m = re.match(r"PERF kernel=(\S+) shape=(\S+) us=([\d.]+)", line)
@@ -90,27 +98,24 @@ def main():
             rc = 1
             print(f"{test}: rc={proc.returncode}", proc.stdout[-1500:], proc.stderr[-1500:], file=sys.stderr)
     gemm = gemm_tflops()
+    cols = [(k, t) for k, t in VARIANT_COLUMNS if any(key[0] == k for key in ours)]
     print(f"\nbf16 GEMM (torch.mm 8192^3): {gemm:.0f} TFLOP/s   torch {torch.__version__}, {torch.cuda.get_device_name()}")
+    print("moefold = the default (AttnKernel::Auto); SDPA/us > 1: moefold faster; variant columns in ms")
     print(f"{'heads':9} {'shape':10} {'moefold ms':>10} {'SDPA ms':>9} {'SDPA/us':>7} {'ours TF/s':>9} {'SDPA TF/s':>9} "
-          f"{'ours/GEMM':>9} {'flash ms':>8} {'wg_vt ms':>8} {'wg_mn ms':>8} {'pipe ms':>8}")
+          f"{'ours/GEMM':>9} " + " ".join(f"{t:>8}" for _, t in cols))
     for hname, (hq, hkv, d) in HEADS.items():
         for sname, (seqs, n, ctx) in SHAPES.items():
             f = flops(hq, d, seqs, n, ctx)
             t_sdpa = sdpa_ms(hq, hkv, d, seqs, n, ctx)
-            t_ours = ours.get(("attn_auto", hname, sname)) or ours.get(("attn_wgmma", hname, sname))  # the default
-            t_old = ours.get(("attn_fa", hname, sname))
-            t_wg = ours.get(("attn_wgmma_vt", hname, sname))
-            t_pipe = ours.get(("attn_wgmma_pipe", hname, sname))
-            t_mn = ours.get(("attn_wgmma", hname, sname))
+            t_ours = ours.get(("attn_auto", hname, sname))
             if t_ours is None:  # the default's process failed: show the first variant that ran
-                t_ours = ours.get(("attn_wgmma_vt", hname, sname)) or ours.get(("attn_fa", hname, sname))
+                t_ours = next((ours[(k, hname, sname)] for k, _ in cols if (k, hname, sname) in ours), None)
+            var = " ".join(f"{ours.get((k, hname, sname), float('nan')):8.3f}" for k, _ in cols)
             if t_ours is None:
                 print(f"{hname:9} {sname:10} {'-':>10} {t_sdpa:9.3f}")
                 continue
             print(f"{hname:9} {sname:10} {t_ours:10.3f} {t_sdpa:9.3f} {t_sdpa / t_ours:7.2f} {f / t_ours * 1e-9:9.0f} "
-                  f"{f / t_sdpa * 1e-9:9.0f} {f / t_ours * 1e-9 / gemm:9.2f} {t_old if t_old else float('nan'):8.3f} "
-                  f"{t_wg if t_wg else float('nan'):8.3f} {t_mn if t_mn else float('nan'):8.3f} "
-                  f"{t_pipe if t_pipe else float('nan'):8.3f}")
+                  f"{f / t_sdpa * 1e-9:9.0f} {f / t_ours * 1e-9 / gemm:9.2f} {var}")
             torch.cuda.empty_cache()
     return rc
 

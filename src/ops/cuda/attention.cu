@@ -302,6 +302,7 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 // ---- registry entries and the work of one call ---------------------------------------------------------
 const prof::Kernel kAttnPrefillFa{"attn_fa_kernel", prof::Category::AttentionPrefill};
 const prof::Kernel kAttnPrefillWg{"attn_wgmma_kernel", prof::Category::AttentionPrefill};
+const prof::Kernel kAttnPrefillWs{"attn_ws_kernel", prof::Category::AttentionPrefill};
 const prof::Kernel kAttnPrefillTc{"attn_tc_kernel", prof::Category::AttentionPrefill};
 const prof::Kernel kAttnPrefillSimt{"attn_kernel:prefill", prof::Category::AttentionPrefill};
 const prof::Kernel kAttnDecode{"attn_kernel:decode", prof::Category::AttentionDecode};
@@ -679,9 +680,17 @@ void attention_prefill(const bf16* q, const bf16* k_cache, const bf16* v_cache, 
     f.kc = b.kc, f.vc = b.vc, f.bt = b.bt, f.max_blocks = b.max_blocks, f.cu = cu_seqlens, f.ctx = context_lens;
     f.out = out, f.Hq = b.Hq, f.Hkv = b.Hkv, f.G = b.G, f.block_size = b.block_size, f.dh = shape.head_dim;
     f.scale_log2 = b.scale_log2;
+    const bool ws_ok = detail::ws_supports(shape.head_dim, shape.block_size) && aligned16(k_cache) && aligned16(v_cache);
     const AttnKernel k = shape.kernel != AttnKernel::Auto              ? shape.kernel
+                         : ws_ok                                       ? AttnKernel::Ws
                          : detail::wgmma_supports_head_dim(shape.head_dim) ? AttnKernel::Wgmma
                                                                            : AttnKernel::Flash;
+    if (k >= AttnKernel::Ws && k <= AttnKernel::WsQRegs) {
+      LaunchScope launch(kAttnPrefillWs, stream, [&] { return attention_work(shape, false); });
+      detail::launch_attention_ws(f, num_seqs, max_q_len,
+                                  static_cast<detail::WsVariant>(int(k) - int(AttnKernel::Ws)), stream);
+      return;
+    }
     if (k == AttnKernel::Wgmma || k == AttnKernel::WgmmaVt || k == AttnKernel::WgmmaPipe) {
       LaunchScope launch(kAttnPrefillWg, stream, [&] { return attention_work(shape, false); });
       detail::launch_attention_wgmma(f, num_seqs, max_q_len,

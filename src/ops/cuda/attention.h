@@ -18,12 +18,14 @@
 //   keep whatever they held), so a batch padded to a captured bucket replays correctly.
 //
 // Kernels. Rows of a block are (token, q head) pairs of ONE KV head, so all GQA heads of a token
-// share each K/V tile read. Prefill (default): tensor cores, flash-attention structure (8
-// warps, 128 rows x 64-key tiles, K and V double-buffered with cp.async from the pages, causal mask
-// only on diagonal tiles, longest tiles first), fp32 accumulation and online softmax: wgmma for
-// head_dim 64/128/192/256 (attention_wgmma.cu), mma.sync m16n8k16 for the other multiples of 16
-// (attention_flash.cu); the probabilities P are rounded to bf16 for the P.V product (as
-// FlashAttention does). AttnKernel::TensorCore keeps the older 64-row kernel.
+// share each K/V tile read. Prefill (default): tensor cores, flash-attention structure (128 rows
+// per block, causal mask only on diagonal tiles, longest tiles first), fp32 accumulation and online
+// softmax. For head_dim 64/128/192/256 on pages of a multiple of 16 tokens: the warp-specialised
+// wgmma kernel (attention_ws.cu: a TMA producer warp fills K/V rings on mbarriers, two consumer
+// warpgroups compute); other pages of those head sizes: the wgmma kernel with cp.async gathers
+// (attention_wgmma.cu); other multiples of 16: mma.sync m16n8k16 (attention_flash.cu). The
+// probabilities P are rounded to bf16 for the P.V product (as FlashAttention does).
+// AttnKernel::TensorCore keeps the older 64-row kernel.
 // Decode, and prefill with AttnKernel::Simt: CUDA cores, q.k and p.v in fp32 (P never rounded),
 // 32-key tiles, 4 rows per warp, split over the KV length for decode. Softmax statistics are fp32
 // throughout (online softmax on exp2 of log2e-scaled scores); the output is rounded once to bf16.
@@ -46,13 +48,33 @@ namespace moefold::cuda {
 using bf16 = __nv_bfloat16;
 
 /// Kernel choice for attention_prefill (decode always uses the split CUDA-core kernel).
-/// Auto: Wgmma for head_dim 64/128/192/256, Flash for the other multiples of 16. Flash: the mma.sync
+/// Auto: Ws for head_dim 64/128/192/256 on pages of a multiple of 16 tokens, else Wgmma for those
+/// head sizes, Flash for the other multiples of 16. Flash: the mma.sync
 /// kernel of attention_flash.cu (128-row tiles, double-buffered K/V, every multiple of 16 up to 256).
 /// Wgmma / WgmmaVt: the same tiling on Hopper warpgroup MMA (attention_wgmma.cu; V read MN-major /
 /// transposed through shared memory); WgmmaPipe: Wgmma with each tile's softmax overlapped with the
-/// previous tile's P V. TensorCore: the older 64-row mma.sync kernel. Simt keeps the CUDA-core kernel
-/// (fp32 P, the reference-like variant).
-enum class AttnKernel { Auto, Flash, Wgmma, WgmmaVt, TensorCore, Simt, WgmmaPipe };
+/// previous tile's P V. Ws: the warp-specialised kernel (attention_ws.cu: a TMA producer warp, K/V
+/// rings on mbarriers, two consumer warpgroups ping-ponging with the softmax overlapped with P V;
+/// head_dim 64/128/192/256 on pages of a multiple of 16 tokens; Auto's choice there); WsNoPingPong,
+/// WsNoOverlap, WsPlain, WsStages3, WsBn64, WsPingPong, WsQRegs: its A/B variants (attention_flash.h, WsVariant). TensorCore: the
+/// older 64-row mma.sync kernel. Simt keeps the CUDA-core kernel (fp32 P, the reference-like variant).
+enum class AttnKernel {
+  Auto,
+  Flash,
+  Wgmma,
+  WgmmaVt,
+  TensorCore,
+  Simt,
+  WgmmaPipe,
+  Ws,
+  WsNoPingPong,
+  WsNoOverlap,
+  WsPlain,
+  WsStages3,
+  WsBn64,
+  WsPingPong,
+  WsQRegs
+};
 
 /// Whether a model of this head size runs on the GPU: attention_prefill (Auto / Flash) takes every
 /// multiple of 16 from 16 to 256, attention_decode 32, 64, 96, 128, 192 and 256; true for the

@@ -1,7 +1,8 @@
 // Internal to the CUDA attention ops: the prefill kernels called by attention_prefill (attention.cu):
 // the mma.sync flash kernel (attention_flash.cu; AttnKernel::Flash, and Auto for head sizes wgmma
-// does not take) and the wgmma kernel (attention_wgmma.cu; Wgmma / WgmmaVt / WgmmaPipe, and Auto for
-// head_dim 64/128/192/256). Contract as attention.h.
+// does not take), the wgmma kernel (attention_wgmma.cu; Wgmma / WgmmaVt / WgmmaPipe, and Auto for
+// head_dim 64/128/192/256 on pages the warp-specialised kernel does not take) and the
+// warp-specialised TMA kernel (attention_ws.cu; Ws*, and Auto where it applies). Contract as attention.h.
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -45,5 +46,23 @@ void launch_attention_flash(FlashArgs a, int num_seqs, int max_q_len, cudaStream
 /// softmax of each tile overlapped with the previous tile's P V.
 bool wgmma_supports_head_dim(int head_dim);
 void launch_attention_wgmma(FlashArgs a, int num_seqs, int max_q_len, int variant, cudaStream_t stream);
+
+/// Variants of the warp-specialised kernel (attention_ws.cu), for A/B timings. Default: the tuned
+/// choice per head size (256: ping-pong between the consumer warpgroups + softmax overlapped with
+/// P V inside each, 80-key tiles; 128: the overlap without ping-pong, Q in registers for Q K^T,
+/// 128-key tiles; 64 / 192: both, Q in shared memory, 128 / 64-key tiles; 2 K/V stages).
+/// NoPingPong / NoOverlap / Plain: without ping-pong / without the overlap / without both (Q in
+/// shared memory); Stages3 (128): both with 3 stages; Bn64 (256): both on 64-key tiles; PingPong
+/// (128): both; QRegs (128): the same as Default. A variant that does not apply to the head size
+/// runs Default.
+enum class WsVariant { Default, NoPingPong, NoOverlap, Plain, Stages3, Bn64, PingPong, QRegs };
+
+/// Whether the warp-specialised kernel takes this head size and page size (64/128/192/256; pages of
+/// a multiple of 16 tokens, so each 16-key piece of a tile is one TMA box).
+bool ws_supports(int head_dim, int block_size);
+
+/// Fills the tile fields of `a` and launches the warp-specialised kernel. Throws moefold::Error for
+/// an unsupported head / page size, unaligned caches or too many query tiles.
+void launch_attention_ws(FlashArgs a, int num_seqs, int max_q_len, WsVariant v, cudaStream_t stream);
 
 }  // namespace moefold::cuda::detail
