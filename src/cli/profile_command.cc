@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/device_option.h"
+#include "cli/quantization_option.h"
 #include "core/error.h"
 #include "core/kernel_registry.h"
 #include "models/load_model.h"
@@ -30,6 +31,7 @@ std::unique_ptr<ProfileCommand> add_profile_command(CLI::App& app) {
   c->add_option("--load-format", p->load_format, "auto | safetensors | dummy (seeded random weights)");
   device_choices(c->add_option("--device", p->device));
   c->add_option("--seed", p->seed, "seed for dummy weights");
+  add_quantization_options(c, p->quantization, p->fp8_lm_head);
   c->add_option("--workload", p->workloads,
                 "prefill:N | decode:BxC | mixed:BxPxD (repeatable; run in order on one model load)")
       ->required();
@@ -111,7 +113,7 @@ int ProfileCommand::run() {
 
   const auto t_load = std::chrono::steady_clock::now();
   if (device == "cpu") {
-    cpu_model = load_model(model_dir, format, seed);
+    cpu_model = load_model(model_dir, format, seed, parse_quantization(quantization), fp8_lm_head);
     runner = std::make_unique<ModelRunner>(*cpu_model, ro);
     prof::set_device_timer(nullptr);
   } else {
@@ -123,6 +125,8 @@ int ProfileCommand::run() {
     co.max_rows = needs.max_rows;
     co.max_blocks_per_seq = needs.max_blocks_per_seq;
     co.max_logits_rows = std::max(needs.max_seqs, 1);
+    co.quantization = parse_quantization(quantization);
+    co.fp8_lm_head = fp8_lm_head;
     runner = std::make_unique<ModelRunner>(make_cuda_executor(model_dir, format, seed, co), ro);
     prof::set_device_timer(cuda::cuda_event_timer());
 #endif

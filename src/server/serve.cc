@@ -202,7 +202,7 @@ int run_server(const ServeOptions& o) {
   std::unique_ptr<Model> cpu_model;
   std::unique_ptr<ModelRunner> runner;
   if (o.device == "cpu") {
-    cpu_model = load_model(dir, format, o.seed);
+    cpu_model = load_model(dir, format, o.seed, parse_quantization(o.quantization), o.fp8_lm_head);
     runner = std::make_unique<ModelRunner>(*cpu_model, ro);
   } else {
 #ifdef MOEFOLD_HAVE_CUDA
@@ -214,6 +214,8 @@ int run_server(const ServeOptions& o) {
     co.max_rows = o.max_num_batched_tokens;
     co.max_blocks_per_seq = (pool.max_model_len + o.block_size - 1) / o.block_size;
     co.enforce_eager = o.enforce_eager;
+    co.quantization = parse_quantization(o.quantization);
+    co.fp8_lm_head = o.fp8_lm_head;
     if (!o.cuda_graph_sizes.empty()) co.cuda_graph_sizes = o.cuda_graph_sizes;
     co.batch_invariant = o.batch_invariant;
     co.log_graphs = true;
