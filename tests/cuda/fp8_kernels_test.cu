@@ -354,7 +354,11 @@ TEST(MoeFp8, ContractVsIdealChain) {
   for (auto [E, k, H, I] : shapes) {
     std::unique_ptr<MoeCase> own;
     MoeCase& m = E == 256 ? real_shape() : *(own = std::make_unique<MoeCase>(E, k, H, I));
-    for (int T : {1, 2, 17, 64}) moe_case(m, T, std::max(T, 64));
+    for (int T : {1, 2, 17, 64}) {
+      // MOEFOLD_FP8_QUICK=1: the real shape's 64-token case (seconds of fp64 reference) is left out.
+      if (E == 256 && T == 64 && std::getenv("MOEFOLD_FP8_QUICK")) continue;
+      moe_case(m, T, std::max(T, 64));
+    }
     if (E != 256)
       for (int T : {113, 114, 128}) moe_case(m, T, 128);
     moe_case(m, 17, 17);

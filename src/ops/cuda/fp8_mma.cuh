@@ -46,18 +46,30 @@ __device__ __forceinline__ uint32_t e4m3x2_bf16x2(uint32_t w, uint32_t sel) {
 }
 
 /// One scale block of MF weight fragments as loaded by a lane: rows g, g + 8 of each, 32 bytes each,
-/// and their block scales.
+/// their block scales, and the lane's 64 bytes of token fragment 0 (prefetched with the weights, so no
+/// activation load is waited for on the critical path).
 template <int MF>
 struct WBlock {
   uint4 v[MF][2][2];
   float s[MF][2];
+  uint4 x0[4];
 };
+
+/// The lane's 64 activation bytes of block kb for token pointer p (null: a token past the live count,
+/// zeros); columns >= K as zeros.
+__device__ __forceinline__ void load_tok(uint4 (&x)[4], const __nv_bfloat16* p, int kb, int K) {
+  const int k0 = kb * kBlockK + (threadIdx.x & 3) * 32;
+#pragma unroll
+  for (int c = 0; c < 4; ++c)
+    x[c] = p != nullptr && k0 + 8 * c < K ? __ldg(reinterpret_cast<const uint4*>(p + k0 + 8 * c)) : make_uint4(0, 0, 0, 0);
+}
 
 /// Loads block kb of the lane's rows (row[mf][h]: the row's first byte, null = a row past the end:
 /// zeros; sc[mf][h]: its scale row) when kb < KB; columns >= K load as zeros.
 template <int MF>
 __device__ __forceinline__ void load_block(WBlock<MF>& b, const uint8_t* const (&row)[MF][2],
-                                           const float* const (&sc)[MF][2], int kb, int KB, int K) {
+                                           const float* const (&sc)[MF][2], const __nv_bfloat16* tok0, int kb,
+                                           int KB, int K) {
   const int k0 = kb * kBlockK + (threadIdx.x & 3) * 32;
 #pragma unroll
   for (int mf = 0; mf < MF; ++mf)
@@ -69,15 +81,7 @@ __device__ __forceinline__ void load_block(WBlock<MF>& b, const uint8_t* const (
         b.v[mf][h][c] = ok && k0 + 16 * c < K ? ptx::ld_stream16(row[mf][h] + k0 + 16 * c) : make_uint4(0, 0, 0, 0);
       b.s[mf][h] = ok ? __ldg(sc[mf][h] + kb) : 0.0f;
     }
-}
-
-/// The lane's 64 activation bytes of block kb for token pointer p (null: a token past the live count,
-/// zeros); columns >= K as zeros.
-__device__ __forceinline__ void load_tok(uint4 (&x)[4], const __nv_bfloat16* p, int kb, int K) {
-  const int k0 = kb * kBlockK + (threadIdx.x & 3) * 32;
-#pragma unroll
-  for (int c = 0; c < 4; ++c)
-    x[c] = p != nullptr && k0 + 8 * c < K ? __ldg(reinterpret_cast<const uint4*>(p + k0 + 8 * c)) : make_uint4(0, 0, 0, 0);
+  load_tok(b.x0, kb < KB ? tok0 : nullptr, kb, K);
 }
 
 __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
@@ -100,8 +104,49 @@ __device__ __forceinline__ void warp_mma_fp8(const uint8_t* const (&row)[MF][2],
 #pragma unroll
       for (int q = 0; q < 4; ++q) acc[mf][nt][q] = 0.0f;
   WBlock<MF> b0, b1;  // two blocks in flight per lane
-  load_block<MF>(b0, row, sc, kb0, KB, K);
-  load_block<MF>(b1, row, sc, kb0 + WK, KB, K);
+  const __nv_bfloat16* t0 = tok(0);
+  load_block<MF>(b0, row, sc, t0, kb0, KB, K);
+  load_block<MF>(b1, row, sc, t0, kb0 + WK, KB, K);
+  // One token fragment (decode batches of <= 8 rows, every expert tile): each step's A is decoded right
+  // before its mma (fewer registers); the mma chain is the same as below, so the bits are too.
+  auto step1 = [&](WBlock<MF>& b, int kb) {
+    uint4 v[MF][2][2], xa[4];
+    float s[MF][2];
+#pragma unroll
+    for (int mf = 0; mf < MF; ++mf)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        v[mf][h][0] = b.v[mf][h][0];
+        v[mf][h][1] = b.v[mf][h][1];
+        s[mf][h] = b.s[mf][h];
+      }
+#pragma unroll
+    for (int c = 0; c < 4; ++c) xa[c] = b.x0[c];
+    load_block<MF>(b, row, sc, t0, kb + 2 * WK, KB, K);  // refill while the mma work runs
+    float p[MF][4];
+#pragma unroll
+    for (int mf = 0; mf < MF; ++mf)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) p[mf][q] = 0.0f;
+#pragma unroll
+    for (int st = 0; st < 8; ++st) {
+      const uint32_t bb0 = word(xa[st >> 1], (st & 1) * 2), bb1 = word(xa[st >> 1], (st & 1) * 2 + 1);
+#pragma unroll
+      for (int mf = 0; mf < MF; ++mf) {
+        const uint32_t w0 = word(v[mf][0][st >> 2], st & 3), w1 = word(v[mf][1][st >> 2], st & 3);
+        const uint32_t a[4] = {e4m3x2_bf16x2(w0, 0x1404u), e4m3x2_bf16x2(w1, 0x1404u), e4m3x2_bf16x2(w0, 0x3424u),
+                               e4m3x2_bf16x2(w1, 0x3424u)};
+        ptx::mma_bf16_16816(p[mf], a, bb0, bb1);
+      }
+    }
+#pragma unroll
+    for (int mf = 0; mf < MF; ++mf) {
+      acc[mf][0][0] = fmaf(p[mf][0], s[mf][0], acc[mf][0][0]);
+      acc[mf][0][1] = fmaf(p[mf][1], s[mf][0], acc[mf][0][1]);
+      acc[mf][0][2] = fmaf(p[mf][2], s[mf][1], acc[mf][0][2]);
+      acc[mf][0][3] = fmaf(p[mf][3], s[mf][1], acc[mf][0][3]);
+    }
+  };
   auto step = [&](WBlock<MF>& b, int kb) {
     uint32_t a[MF][8][4];
     float s[MF][2];
@@ -118,9 +163,10 @@ __device__ __forceinline__ void warp_mma_fp8(const uint8_t* const (&row)[MF][2],
       s[mf][0] = b.s[mf][0];
       s[mf][1] = b.s[mf][1];
     }
-    load_block<MF>(b, row, sc, kb + 2 * WK, KB, K);  // refill while the mma work runs
     uint4 xa[4];
-    load_tok(xa, tok(0), kb, K);
+#pragma unroll
+    for (int c = 0; c < 4; ++c) xa[c] = b.x0[c];
+    load_block<MF>(b, row, sc, t0, kb + 2 * WK, KB, K);  // refill while the mma work runs
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
       if (nt < nt_live) {  // warp-uniform
@@ -150,12 +196,20 @@ __device__ __forceinline__ void warp_mma_fp8(const uint8_t* const (&row)[MF][2],
       }
     }
   };
-  for (int kb = kb0; kb < KB;) {
-    step(b0, kb);
-    kb += WK;
-    if (kb >= KB) break;
-    step(b1, kb);
-    kb += WK;
+  auto run = [&](const auto& f) {
+    for (int kb = kb0; kb < KB;) {
+      f(b0, kb);
+      kb += WK;
+      if (kb >= KB) break;
+      f(b1, kb);
+      kb += WK;
+    }
+  };
+  if constexpr (NT == 1) {
+    run(step1);
+  } else {
+    if (nt_live <= 1) run(step1);  // warp-uniform
+    else run(step);
   }
 }
 
@@ -191,12 +245,13 @@ __device__ __forceinline__ void block_reduce(float (&acc)[MF][NT][4], float* red
   }
 }
 
-/// Warps along K for a K-column weight (depends on K only: part of every output's reduction order):
-/// the largest power of two <= 8 with at least two scale blocks per warp (1 for K <= 256).
-inline int warps_along_k(int64_t K) {
+/// Warps along K for a K-column weight (depends on K and the kernel's block only: part of every
+/// output's reduction order): the largest power of two <= max_wk with at least two scale blocks per
+/// warp (1 for K <= 256).
+inline int warps_along_k(int64_t K, int max_wk = 8) {
   const int64_t KB = (K + kBlockK - 1) / kBlockK;
   int wk = 1;
-  while (wk < 8 && KB >= 4 * wk) wk *= 2;
+  while (wk < max_wk && KB >= 4 * wk) wk *= 2;
   return wk;
 }
 

@@ -25,6 +25,9 @@ constexpr int kWarps = 8, kThreads = kWarps * 32;
 constexpr int kTilePairs = 8;
 static_assert(kTilePairs == moe_detail::expert_tile_rows(kMoeExpertGemv), "the plan's tiles are the GEMV's");
 constexpr int kGateUpCols = kWarps;
+// The tensor-core kernels run blocks of 4 warps: two or more blocks share an SM, so one block's item
+// start (the plan's dependent loads) and its reduction overlap the other's weight stream.
+constexpr int kMmaWarps = 4, kMmaThreads = kMmaWarps * 32;
 constexpr int kDownRowsPerWarp = 4, kDownRows = kWarps * kDownRowsPerWarp;
 
 const prof::Kernel kGateUp{"moe_fp8_gemv_gate_up_kernel", prof::Category::RoutedExpertGemm};
@@ -126,7 +129,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_fp8_down_kernel(const bf16* _
 }
 
 // ---- tensor-core kernels (fp8_mma.cuh) ------------------------------------------------------------
-// Items (plan tile, slice) grid-stride over the resident blocks. A block's 8 warps = WK (along K) x WN.
+// Items (plan tile, slice) grid-stride over the resident blocks. A block's 4 warps = WK (along K) x WN.
 // gate_up: a warp owns 16 act columns (its gate fragment and the matching up fragment: the two mma C
 // fragments line up, so SiLU(g) * u is formed in registers); a slice = WN * 16 columns. down: a warp
 // owns 16 rows of H; a slice = WN * 16 rows. The tile's <= 8 pairs are the token fragment.
@@ -134,7 +137,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_fp8_down_kernel(const bf16* _
 const prof::Kernel kMmaGateUp{"moe_fp8_mma_gate_up_kernel", prof::Category::RoutedExpertGemm};
 const prof::Kernel kMmaDown{"moe_fp8_mma_down_kernel", prof::Category::RoutedExpertGemm};
 
-__global__ void __launch_bounds__(kThreads) moe_fp8_mma_gate_up_kernel(const bf16* __restrict__ x,
+__global__ void __launch_bounds__(kMmaThreads) moe_fp8_mma_gate_up_kernel(const bf16* __restrict__ x,
                                                                       const uint8_t* __restrict__ gate_up,
                                                                       const float* __restrict__ scale,
                                                                       const PlanView plan, int k, int H, int I, int WK,
@@ -142,7 +145,7 @@ __global__ void __launch_bounds__(kThreads) moe_fp8_mma_gate_up_kernel(const bf1
   pdl_begin();
   __shared__ float red[7 * 32 * 2 * 4];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int WN = kWarps / WK, wk = warp % WK, wn = warp / WK;
+  const int WN = kMmaWarps / WK, wk = warp % WK, wn = warp / WK;
   const int KB = (H + fp8mma::kBlockK - 1) / fp8mma::kBlockK;
   const int slices = (I + WN * 16 - 1) / (WN * 16);
   const int items = *plan.num_tiles * slices;
@@ -179,7 +182,7 @@ __global__ void __launch_bounds__(kThreads) moe_fp8_mma_gate_up_kernel(const bf1
   }
 }
 
-__global__ void __launch_bounds__(kThreads) moe_fp8_mma_down_kernel(const bf16* __restrict__ act,
+__global__ void __launch_bounds__(kMmaThreads) moe_fp8_mma_down_kernel(const bf16* __restrict__ act,
                                                                    const uint8_t* __restrict__ down,
                                                                    const float* __restrict__ scale,
                                                                    const PlanView plan, int H, int I, int WK,
@@ -187,7 +190,7 @@ __global__ void __launch_bounds__(kThreads) moe_fp8_mma_down_kernel(const bf16* 
   pdl_begin();
   __shared__ float red[7 * 32 * 4];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int WN = kWarps / WK, wk = warp % WK, wn = warp / WK;
+  const int WN = kMmaWarps / WK, wk = warp % WK, wn = warp / WK;
   const int KB = (I + fp8mma::kBlockK - 1) / fp8mma::kBlockK;
   const int slices = (H + WN * 16 - 1) / (WN * 16);
   const int items = *plan.num_tiles * slices;
@@ -225,11 +228,11 @@ __global__ void __launch_bounds__(kThreads) moe_fp8_mma_down_kernel(const bf16* 
 }
 
 template <class Kernel>
-int resident_blocks(Kernel kernel) {
+int resident_blocks(Kernel kernel, int threads = kThreads) {
   int dev = 0, sms = 0, per_sm = 0;
   MOEFOLD_CUDA_CHECK(cudaGetDevice(&dev));
   MOEFOLD_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  MOEFOLD_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0));
+  MOEFOLD_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0));
   return std::max(1, sms * std::max(1, per_sm));
 }
 
@@ -296,12 +299,12 @@ void moe_fp8_expert_gate_up(const bf16* x, const uint8_t* gate_up, const float* 
                             const MoeWorkspace& ws, cudaStream_t stream) {
   check(s, ws, "moe_fp8_expert_gate_up");
   MOEFOLD_CHECK(x && gate_up && gate_up_scale, "moe_fp8_expert_gate_up: null pointer");
-  static const int resident = resident_blocks(moe_fp8_mma_gate_up_kernel);
-  const int WK = fp8mma::warps_along_k(s.H), WN = kWarps / WK;
+  static const int resident = resident_blocks(moe_fp8_mma_gate_up_kernel, kMmaThreads);
+  const int WK = fp8mma::warps_along_k(s.H, kMmaWarps), WN = kMmaWarps / WK;
   const int64_t items = int64_t(max_tiles(s, ws)) * ((s.I + WN * 16 - 1) / (WN * 16));
   if (items <= 0) return;
   LaunchScope launch(kMmaGateUp, stream, [&] { return work(true, s); });
-  launch_pdl(moe_fp8_mma_gate_up_kernel, dim3(int(std::min<int64_t>(items, resident))), dim3(kThreads), 0, stream,
+  launch_pdl(moe_fp8_mma_gate_up_kernel, dim3(int(std::min<int64_t>(items, resident))), dim3(kMmaThreads), 0, stream,
              x, gate_up, gate_up_scale, plan_of(ws), s.k, s.H, s.I, WK, ws.act);
   MOEFOLD_CUDA_CHECK_LAUNCH();
 }
@@ -310,12 +313,12 @@ void moe_fp8_expert_down(const uint8_t* down, const float* down_scale, const Moe
                          cudaStream_t stream) {
   check(s, ws, "moe_fp8_expert_down");
   MOEFOLD_CHECK(down && down_scale, "moe_fp8_expert_down: null pointer");
-  static const int resident = resident_blocks(moe_fp8_mma_down_kernel);
-  const int WK = fp8mma::warps_along_k(s.I), WN = kWarps / WK;
+  static const int resident = resident_blocks(moe_fp8_mma_down_kernel, kMmaThreads);
+  const int WK = fp8mma::warps_along_k(s.I, kMmaWarps), WN = kMmaWarps / WK;
   const int64_t items = int64_t(max_tiles(s, ws)) * ((s.H + WN * 16 - 1) / (WN * 16));
   if (items <= 0) return;
   LaunchScope launch(kMmaDown, stream, [&] { return work(false, s); });
-  launch_pdl(moe_fp8_mma_down_kernel, dim3(int(std::min<int64_t>(items, resident))), dim3(kThreads), 0, stream,
+  launch_pdl(moe_fp8_mma_down_kernel, dim3(int(std::min<int64_t>(items, resident))), dim3(kMmaThreads), 0, stream,
              ws.act, down, down_scale, plan_of(ws), s.H, s.I, WK, ws.y);
   MOEFOLD_CUDA_CHECK_LAUNCH();
 }
