@@ -1,12 +1,15 @@
-// Contract tests of the block-scaled FP8 kernels (src/ops/cuda/fp8_gemv.h, moe_fp8.h) against the ideal
-// quantised chain in fp64 (src/ops/cpu/fp8_ideal.h: the same quantised weights, exact arithmetic; the
-// kernels are W8A16, so the reference takes the activations as given): rows 1, 2, 17, 64, 113, 256 (dense)
-// and 1, 2, 17, 64 (experts) at a capacity above the live count (live count read from device memory),
-// poisoned outputs, padding rows untouched (bytes), a row alone bitwise equal to the same row in the
-// batch, partial blocks (K = 576, N = 192, I = 192), E 8 .. 512, and routing replays in which only expert
-// 0 (resp. only expert E-1) is routed. The stage probes (after the expert GEMMs, per slot, after the
-// combine) are printed against the chain with FP8 activations (1 x 128) too, for scale. Skips without a
-// GPU. Fp8Bench.* (MOEFOLD_FP8_BENCH=1) prints the decode-size bandwidth table (L2 flushed per run).
+// Contract tests of the block-scaled FP8 kernels (src/ops/cuda/fp8_gemv.h, moe_fp8.h; the tensor-core
+// ones of fp8_mma.cuh and the CUDA-core ones of fp8.cuh) against the ideal quantised chain in fp64
+// (src/ops/cpu/fp8_ideal.h: the same quantised weights, exact arithmetic; the kernels are W8A16, so the
+// reference takes the activations as given): rows 1, 2, 17, 64, 113, 114, 128, 256 (dense) and 1, 2, 17,
+// 64 (+ 113, 114, 128) tokens (experts) at a capacity above the live count (live count read from device
+// memory), poisoned outputs, padding rows untouched (bytes), a row alone bitwise equal to the same row in
+// the batch, partial blocks (K 64 .. 2112, N 48 .. 300, I 192 .. 2112), E 8 .. 512, routing replays in
+// which only expert 0 (resp. only expert E-1) is routed, the exact e4m3 decoding (one-hot rows), fp32
+// outputs (the FP8 lm_head) and the device quantisation of dummy weights. The stage probes (after the
+// expert GEMMs, per slot, after the combine) are printed against the chain with FP8 activations (1 x 128)
+// too, for scale. Skips without a GPU. Fp8Bench.* (MOEFOLD_FP8_BENCH=1) prints the decode-size bandwidth
+// table (L2 flushed per run), the tensor-core kernels beside the CUDA-core ones.
 #include <gtest/gtest.h>
 
 #include <algorithm>
