@@ -3,9 +3,13 @@
 projections and torch._scaled_grouped_mm for the routed experts, at decode sizes, L2 flushed before each
 timed run, weight bytes / time against a device-to-device copy measured in the same run. Prints one
 `PEER ...` line per case (the same shapes as tests/cuda/fp8_kernels_test.cu's Fp8Bench)."""
+import os
 import sys
 
 import torch
+
+# FP8_PEER_T="1,8,64": the token counts to time (default 1, 2, 4, 8, 16, 32, 64).
+TOKENS = tuple(int(t) for t in os.environ.get("FP8_PEER_T", "1,2,4,8,16,32,64").split(","))
 
 dev = "cuda"
 flush = torch.empty(256 << 20, dtype=torch.uint8, device=dev)
@@ -36,7 +40,7 @@ def main():
     f8 = torch.float8_e4m3fn
     for n, k in ((8192, 2048), (2048, 4096), (12288, 2048)):
         w = (torch.randn(n, k, device=dev) * 0.05).to(f8)
-        for t in (1, 2, 4, 8, 16, 32, 64):
+        for t in TOKENS:
             m = max(16, t)
             x = torch.randn(m, k, device=dev).to(f8)
             mode = None
@@ -60,7 +64,7 @@ def main():
     E, k_, H, I = 256, 8, 2048, 512
     wg = (torch.randn(E, 2 * I, H, device=dev) * 0.03).to(f8)
     wd = (torch.randn(E, H, I, device=dev) * 0.03).to(f8)
-    for t in (1, 2, 4, 8, 16, 32, 64):
+    for t in TOKENS:
         g = min(E, t * k_)
         offs = torch.arange(16, 16 * g + 1, 16, device=dev, dtype=torch.int32)
         xa = torch.randn(16 * g, H, device=dev).to(f8)

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "cli/quantization_option.h"
 #include "core/error.h"
 #include "core/kernel_registry.h"
 #include "models/load_model.h"
@@ -39,6 +40,7 @@ std::unique_ptr<BenchOfflineCommand> add_bench_offline_command(CLI::App& bench) 
   b->app->add_option("--decode-steps", b->decode_steps, "timed decode steps per batch size");
   b->app->add_option("--repeats", b->repeats, "timed prefills per length (median reported)");
   b->app->add_option("--seed", b->seed, "dummy-weight seed");
+  add_quantization_options(b->app, b->quantization, b->fp8_lm_head);
   b->app->add_option("--json", b->json_out, "also write the results as JSON");
   b->app->add_flag("--enforce-eager", b->enforce_eager, "run decode steps eagerly (no CUDA graphs)");
   b->app->add_flag("--batch-invariant,!--no-batch-invariant", b->batch_invariant,
@@ -93,18 +95,25 @@ int BenchOfflineCommand::run() {
   o.max_logits_rows = max_batch;
   o.enforce_eager = enforce_eager;
   o.batch_invariant = batch_invariant;
+  o.quantization = parse_quantization(quantization);
+  o.fp8_lm_head = fp8_lm_head;
   if (!cuda_graph_sizes.empty()) o.cuda_graph_sizes = cuda_graph_sizes;
   o.log_graphs = true;
   auto t_load = Clock::now();
   ModelRunner runner(make_cuda_executor(model_dir, parse_load_format(load_format), seed, o),
                      RunnerOptions{blocks, bs, max_batch});
-  std::printf("weights loaded and uploaded in %.1f s (decode: %s, %s)\n", seconds_since(t_load),
-              enforce_eager ? "eager" : "CUDA graphs", batch_invariant ? "batch-invariant" : "not batch-invariant");
+  const bool fp8 = o.quantization == Quantization::Fp8;
+  std::printf("weights loaded and uploaded in %.1f s (decode: %s, %s; weights %s, lm_head %s)\n",
+              seconds_since(t_load), enforce_eager ? "eager" : "CUDA graphs",
+              batch_invariant ? "batch-invariant" : "not batch-invariant", fp8 ? "fp8" : "as loaded",
+              fp8_lm_head ? "fp8" : "bf16");
 
   nlohmann::json results = {{"device", prop.name},
                             {"model", model_dir},
                             {"copy_bandwidth_bytes_per_s", bw},
                             {"cuda_graphs", !enforce_eager},
+                            {"quantization", fp8 ? "fp8" : "none"},
+                            {"fp8_lm_head", fp8_lm_head},
                             {"batch_invariant", batch_invariant},
                             {"bf16_gemm_flops", peak},
                             {"prefill", nlohmann::json::array()},
@@ -167,7 +176,12 @@ int BenchOfflineCommand::run() {
     const double E = double(std::max<int64_t>(cfg.num_experts, 1)), k = double(cfg.num_experts_per_tok);
     const double per_expert = cfg.num_experts ? double(pc.routed_expert) / E : 0;
     const double touched = cfg.num_experts ? E * (1 - std::pow(1 - k / E, B)) : 0;
-    const double weight_bytes = 2.0 * (double(pc.total - pc.embedding - pc.routed_expert) + touched * per_expert);
+    // Bytes per weight: 2 (bf16); with -q fp8 the routed experts and the dense projections take 1 (their
+    // fp32 per-row block scales add 4 / 128), the rest stays bf16 (norms, router, embedding).
+    const double b_q = fp8 ? 1.0 + 4.0 / 128.0 : 2.0, b_head = fp8_lm_head ? 1.0 + 4.0 / 128.0 : 2.0;
+    const double head = double(cfg.vocab_size) * double(cfg.hidden_size);
+    const double dense = double(pc.total - pc.embedding - pc.routed_expert) - (cfg.tie_word_embeddings ? 0 : head);
+    const double weight_bytes = b_q * (dense + touched * per_expert) + b_head * head;
     const double kv_bytes = double(B) * (decode_context + decode_steps / 2.0) * double(cfg.kv_bytes_per_token(2));
     const double state_bytes = 2.0 * double(B) * double(cfg.deltanet_state_bytes_per_seq(2));
     const double floor_s = (weight_bytes + kv_bytes + state_bytes) / bw;

@@ -18,6 +18,8 @@ struct BenchOfflineCommand {
   std::vector<int> decode_batch = {1, 8, 64};
   int decode_context = 512, decode_steps = 32, repeats = 3;
   uint64_t seed = 0;
+  std::string quantization;  ///< --quantization (models/load_model.h)
+  bool fp8_lm_head = false;  ///< --fp8-lm-head
   bool enforce_eager = false;
   bool batch_invariant = true;
   std::vector<int32_t> cuda_graph_sizes;  ///< empty: the executor's default buckets

@@ -20,6 +20,8 @@ struct Fp8Commands {
   int layer = -1;
   // drift
   std::string a_quant = "none", b_quant = "fp8", a_device = "cpu", b_device = "cpu";
+  bool a_lm_head = false, b_lm_head = false;  ///< --a-fp8-lm-head / --b-fp8-lm-head
+  std::string b_only;  ///< --b-fp8-only: B quantises only the tensors whose name contains it (CPU)
   int num_prompts = 30, max_tokens = 32, prompt_len = 16;
   bool with_answers = false;
   uint64_t seed = 0;

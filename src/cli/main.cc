@@ -14,6 +14,7 @@
 #include "io/npy.h"
 #include "io/deepseek_v4_config.h"
 #include "models/deepseek_v4_executor.h"
+#include "cli/quantization_option.h"
 #include "models/load_model.h"
 #include "models/weight_loader.h"
 #include "runtime/model_runner.h"
@@ -67,6 +68,7 @@ struct GpuOpts {
   bool batch_invariant = true;
 };
 std::string g_quantization;  ///< --quantization of the model commands
+bool g_fp8_lm_head = false;  ///< --fp8-lm-head of the model commands
 GpuOpts g_gpu;
 ParallelConfig g_parallel;  ///< --tensor-parallel-size, --enable-expert-parallel, --expert-parallel-size
 
@@ -85,7 +87,7 @@ std::unique_ptr<ModelRunner> make_runner(const std::string& dir, LoadFormat form
         make_deepseek_v4_executor(dir, format == LoadFormat::Dummy, seed, opt.num_blocks, opt.max_seqs), opt);
   }
   if (device == "cpu" && tp) {  // the whole model is loaded, sharded over the ranks, then freed
-    auto full = load_model(dir, format, seed, parse_quantization(g_quantization));
+    auto full = load_model(dir, format, seed, parse_quantization(g_quantization), g_fp8_lm_head);
     return std::make_unique<ModelRunner>(
         make_cpu_parallel_executor(*full, g_parallel, opt.num_blocks, opt.block_size, opt.max_seqs), opt);
   }
@@ -94,7 +96,7 @@ std::unique_ptr<ModelRunner> make_runner(const std::string& dir, LoadFormat form
                 "GPU executor has no NCCL sharding yet)",
                 g_parallel.tensor_parallel_size, device);
   if (device == "cpu") {
-    cpu_model = load_model(dir, format, seed, parse_quantization(g_quantization));
+    cpu_model = load_model(dir, format, seed, parse_quantization(g_quantization), g_fp8_lm_head);
     return std::make_unique<ModelRunner>(*cpu_model, opt);
   }
   if (device == "cuda") {
@@ -108,6 +110,7 @@ std::unique_ptr<ModelRunner> make_runner(const std::string& dir, LoadFormat form
     co.enforce_eager = g_gpu.enforce_eager;
     co.batch_invariant = g_gpu.batch_invariant;
     co.quantization = parse_quantization(g_quantization);
+    co.fp8_lm_head = g_fp8_lm_head;
     return std::make_unique<ModelRunner>(make_cuda_executor(dir, format, seed, co), opt);
 #else
     fail("--device cuda: this binary was built without the CUDA backend");
@@ -266,9 +269,7 @@ int run_command(int argc, char** argv) {
     c->add_option("--load-format", load_format, "auto | safetensors | dummy (seeded random weights)");
     device_choices(c->add_option("--device", device));
     c->add_option("--seed", seed, "seed for dummy weights");
-    c->add_option("--quantization,-q", g_quantization,
-                  "fp8: quantise the weights at load into 128x128 block-scaled FP8 (an FP8 checkpoint needs no flag)")
-        ->check(CLI::IsMember({"", "none", "fp8"}));
+    add_quantization_options(c, g_quantization, g_fp8_lm_head);
     c->add_flag("--enforce-eager", g_gpu.enforce_eager, "--device cuda: run decode steps eagerly (no CUDA graphs)");
     c->add_flag("--batch-invariant,!--no-batch-invariant", g_gpu.batch_invariant,
                 "--device cuda: kernels whose per-row results do not depend on the rest of the batch (default: on)");

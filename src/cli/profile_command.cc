@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/device_option.h"
+#include "cli/quantization_option.h"
 #include "core/error.h"
 #include "core/kernel_registry.h"
 #include "models/load_model.h"
@@ -34,6 +35,7 @@ std::unique_ptr<ProfileCommand> add_profile_command(CLI::App& app) {
   device_choices(c->add_option("--device", p->device));
   c->add_option("--seed", p->seed, "seed for dummy weights");
   add_parallel_options(c, p->parallel);
+  add_quantization_options(c, p->quantization, p->fp8_lm_head);
   c->add_option("--workload", p->workloads,
                 "prefill:N | decode:BxC | mixed:BxPxD (repeatable; run in order on one model load)")
       ->required();
@@ -118,12 +120,12 @@ int ProfileCommand::run() {
                 "--tensor-parallel-size {} --device {}: tensor parallelism runs on the CPU backend only so far",
                 parallel.tensor_parallel_size, device);
   if (device == "cpu" && parallel.tensor_parallel_size > 1) {  // the ranks' ops overlap on the timeline
-    auto full = load_model(model_dir, format, seed);
+    auto full = load_model(model_dir, format, seed, parse_quantization(quantization), fp8_lm_head);
     runner = std::make_unique<ModelRunner>(
         make_cpu_parallel_executor(*full, parallel, ro.num_blocks, ro.block_size, ro.max_seqs), ro);
     prof::set_device_timer(nullptr);
   } else if (device == "cpu") {
-    cpu_model = load_model(model_dir, format, seed);
+    cpu_model = load_model(model_dir, format, seed, parse_quantization(quantization), fp8_lm_head);
     runner = std::make_unique<ModelRunner>(*cpu_model, ro);
     prof::set_device_timer(nullptr);
   } else {
@@ -135,6 +137,8 @@ int ProfileCommand::run() {
     co.max_rows = needs.max_rows;
     co.max_blocks_per_seq = needs.max_blocks_per_seq;
     co.max_logits_rows = std::max(needs.max_seqs, 1);
+    co.quantization = parse_quantization(quantization);
+    co.fp8_lm_head = fp8_lm_head;
     runner = std::make_unique<ModelRunner>(make_cuda_executor(model_dir, format, seed, co), ro);
     prof::set_device_timer(cuda::cuda_event_timer());
 #endif

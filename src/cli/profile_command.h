@@ -18,6 +18,8 @@ struct ProfileCommand {
   std::vector<std::string> workloads;
   ProfileOptions options;
   uint64_t seed = 0;         ///< dummy-weight seed
+  std::string quantization;  ///< --quantization (models/load_model.h)
+  bool fp8_lm_head = false;  ///< --fp8-lm-head
   int32_t block_size = 16;   ///< tokens per KV page
   int gemm_size = 0;         ///< roofline GEMM size (0: 8192 on the GPU, 1024 on the CPU)
   std::string command_line;  ///< the invocation, printed in the header (set by main)

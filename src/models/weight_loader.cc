@@ -155,14 +155,26 @@ class DummySource : public WeightSource {
 /// 128 x 128 blocks as it arrives; what the inner source already holds in FP8 is kept as is.
 class QuantizingSource : public WeightSource {
  public:
-  explicit QuantizingSource(std::unique_ptr<WeightSource> inner) : inner_(std::move(inner)) {}
+  QuantizingSource(std::unique_ptr<WeightSource> inner, bool weights, bool lm_head, std::string only)
+      : inner_(std::move(inner)), weights_(weights), lm_head_(lm_head), only_(std::move(only)) {}
   bool has(const std::string& name) const override { return inner_->has(name); }
   std::vector<float> load(const TensorSpec& spec) override { return load_param(spec, false).host; }
+  bool quantizes_lm_head() const override { return lm_head_; }
   Param load_param(const TensorSpec& spec, bool may_defer) override {
-    if (!fp8_quantisable(spec)) return inner_->load_param(spec, may_defer);
-    Param p = inner_->load_param(spec, false);  // quantisation needs the values: never deferred
-    if (p.fp8 || p.host.empty()) return p;
+    const bool quantise = spec.role == TensorRole::LmHead
+                              ? lm_head_
+                              : weights_ && fp8_quantisable(spec) &&
+                                    (only_.empty() || spec.name.find(only_) != std::string::npos);
+    if (!quantise) return inner_->load_param(spec, may_defer);
     const int64_t cols = spec.shape.back(), rows = spec.shape[spec.shape.size() - 2];
+    // A deferred dummy tensor stays a recipe: its executor quantises it on the device (same bits).
+    Param p = inner_->load_param(spec, may_defer);
+    if (p.dummy) {
+      p.fp8_rows = rows;
+      p.fp8_cols = cols;
+      return p;
+    }
+    if (p.fp8 || p.host.empty()) return p;
     auto f = std::make_shared<Fp8Weight>(fp8_quantize(p.host.data(), p.numel / (rows * cols), rows, cols));
     Param out(fp8_dequantize(*f));
     out.fp8 = std::move(f);
@@ -172,6 +184,8 @@ class QuantizingSource : public WeightSource {
 
  private:
   std::unique_ptr<WeightSource> inner_;
+  bool weights_, lm_head_;
+  std::string only_;
 };
 
 /// Rows of b stacked under a's: the fp32 values and, when both are FP8, the FP8 form (else none).
@@ -242,8 +256,9 @@ std::unique_ptr<WeightSource> checkpoint_source(const std::string& dir) { return
 std::unique_ptr<WeightSource> dummy_source(uint64_t seed, bool fused_experts, bool defer) {
   return std::make_unique<DummySource>(seed, fused_experts, defer);
 }
-std::unique_ptr<WeightSource> fp8_quantizing_source(std::unique_ptr<WeightSource> inner) {
-  return std::make_unique<QuantizingSource>(std::move(inner));
+std::unique_ptr<WeightSource> fp8_quantizing_source(std::unique_ptr<WeightSource> inner, bool weights, bool lm_head,
+                                                    const std::string& only) {
+  return std::make_unique<QuantizingSource>(std::move(inner), weights, lm_head, only);
 }
 
 bool fp8_quantisable(const TensorSpec& spec) {
@@ -262,7 +277,21 @@ ModelWeights load_weights(const ModelConfig& c, WeightSource& src, const std::fu
   ModelWeights w;
   w.embed = src.load_param({P + "embed_tokens.weight", {V, H}, TensorRole::Embedding}, true);
   w.final_norm = src.load({P + "norm.weight", {H}, norm_role});
-  if (!c.tie_word_embeddings) w.lm_head = src.load_param({"lm_head.weight", {V, H}, TensorRole::LmHead}, true);
+  if (!c.tie_word_embeddings) {
+    w.lm_head = src.load_param({"lm_head.weight", {V, H}, TensorRole::LmHead}, true);
+  } else if (src.quantizes_lm_head()) {  // --fp8-lm-head, tied: an FP8 copy of the embedding
+    if (w.embed.dummy) {  // deferred dummy: the same recipe, quantised on the device
+      w.lm_head.numel = w.embed.numel;
+      w.lm_head.dummy = w.embed.dummy;
+      w.lm_head.fp8_rows = V;
+      w.lm_head.fp8_cols = H;
+    } else {
+      MOEFOLD_CHECK(!w.embed.host.empty(), "--fp8-lm-head: the tied embedding has no host values");
+      auto f = std::make_shared<Fp8Weight>(fp8_quantize(w.embed.host.data(), 1, V, H));
+      w.lm_head = Param(fp8_dequantize(*f));
+      w.lm_head.fp8 = std::move(f);
+    }
+  }
   w.layers.resize(size_t(c.num_layers));
   for (int64_t i = 0; i < c.num_layers; ++i) {
     LayerWeights& L = w.layers[size_t(i)];

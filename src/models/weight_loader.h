@@ -37,6 +37,9 @@ class WeightSource {
   /// Called once every tensor has been loaded: a checkpoint throws if it holds language-model tensors
   /// the config does not account for, except names starting with one of the `skip` prefixes.
   virtual void check_complete(const std::vector<std::string>& skip = {}) const { (void)skip; }
+  /// --fp8-lm-head: whether the lm_head is to be block-scaled FP8 (load_weights then quantises a tied
+  /// lm_head from the embedding; an untied one arrives FP8 from load_param).
+  virtual bool quantizes_lm_head() const { return false; }
 };
 
 /// Dummy tensors of at least this many elements may be deferred (smaller ones, e.g. norms and the
@@ -54,7 +57,12 @@ std::unique_ptr<WeightSource> dummy_source(uint64_t seed, bool fused_experts, bo
 /// --quantization fp8 over `inner`: tensors for which fp8_quantisable() holds arrive block-scaled FP8
 /// (128 x 128 blocks, scale_inv = max |block| / 448; Param::fp8 set and host = its exact dequantisation);
 /// tensors already FP8 in a checkpoint are kept as they are. Quantised tensors are never deferred.
-std::unique_ptr<WeightSource> fp8_quantizing_source(std::unique_ptr<WeightSource> inner);
+/// `weights` false leaves those tensors alone; `lm_head` (--fp8-lm-head) quantises the lm_head (role
+/// LmHead, or the tied embedding's copy: see WeightSource::quantizes_lm_head) the same way.
+/// `only` non-empty: of those tensors, quantise just the ones whose name contains it (the drift
+/// command's per-layer / per-tensor attribution, e.g. "layers.3." or "mlp.down_proj").
+std::unique_ptr<WeightSource> fp8_quantizing_source(std::unique_ptr<WeightSource> inner, bool weights = true,
+                                                    bool lm_head = false, const std::string& only = "");
 /// The tensors the FP8 releases (Qwen3.x-FP8) store in FP8: routed experts and the dense projections
 /// (attention, DeltaNet qkv / z / out, shared expert, dense MLP); not embeddings, lm_head, norms, the
 /// router, shared_expert_gate nor the DeltaNet in_proj_a / in_proj_b.

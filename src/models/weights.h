@@ -27,6 +27,9 @@ struct Param {
   void* device_scale = nullptr;  ///< set only when the device copy is FP8
   /// Set for a dummy tensor left unmaterialised (host empty): its values are dummy_value(*dummy, i).
   std::optional<DummyRecipe> dummy;
+  /// With `dummy`: --quantization fp8 (or --fp8-lm-head) is pending: the executor quantises the recipe's
+  /// values on its device, 128 x 128 blocks per [fp8_rows, fp8_cols] matrix (fp8_quantize's bits).
+  int64_t fp8_rows = 0, fp8_cols = 0;
   Param() = default;
   Param(std::vector<float> v) : host(std::move(v)), numel(int64_t(host.size())) {}  // NOLINT: implicit by design
   const float* data() const { return host.data(); }

@@ -207,12 +207,12 @@ int run_server(const ServeOptions& o) {
                 "--tensor-parallel-size {} --device {}: tensor parallelism runs on the CPU backend only so far",
                 o.parallel.tensor_parallel_size, o.device);
   if (o.device == "cpu" && o.parallel.tensor_parallel_size > 1) {  // sharded over the ranks, then freed
-    auto full = load_model(dir, format, o.seed);
+    auto full = load_model(dir, format, o.seed, parse_quantization(o.quantization), o.fp8_lm_head);
     runner = std::make_unique<ModelRunner>(
         make_cpu_parallel_executor(*full, o.parallel, ro.num_blocks, ro.block_size, ro.max_seqs + ro.snapshot_slots),
         ro);
   } else if (o.device == "cpu") {
-    cpu_model = load_model(dir, format, o.seed);
+    cpu_model = load_model(dir, format, o.seed, parse_quantization(o.quantization), o.fp8_lm_head);
     runner = std::make_unique<ModelRunner>(*cpu_model, ro);
   } else {
 #ifdef MOEFOLD_HAVE_CUDA
@@ -224,6 +224,8 @@ int run_server(const ServeOptions& o) {
     co.max_rows = o.max_num_batched_tokens;
     co.max_blocks_per_seq = (pool.max_model_len + o.block_size - 1) / o.block_size;
     co.enforce_eager = o.enforce_eager;
+    co.quantization = parse_quantization(o.quantization);
+    co.fp8_lm_head = o.fp8_lm_head;
     if (!o.cuda_graph_sizes.empty()) co.cuda_graph_sizes = o.cuda_graph_sizes;
     co.batch_invariant = o.batch_invariant;
     co.log_graphs = true;

@@ -15,6 +15,8 @@ struct ServeOptions {
   std::string load_format = "auto";
   std::string device = "cpu";
   uint64_t seed = 0;  ///< dummy-weight seed
+  std::string quantization;   ///< --quantization: "" / "none" or "fp8" (models/load_model.h)
+  bool fp8_lm_head = false;   ///< --fp8-lm-head
   std::string host = "127.0.0.1";
   int port = 8000;  ///< 0 = any free port (printed at start)
   int32_t max_num_seqs = 32;

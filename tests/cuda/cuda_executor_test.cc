@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/kernel_registry.h"
 #include "cuda/contract.h"
 #include "io/npy.h"
 #include "models/cuda/cuda_executor.h"
@@ -214,6 +215,46 @@ TEST(CudaForwardSmall, HybridPrefillAndDecode) {
   r.insert(r.end(), r1.begin(), r1.end());
   EXPECT_TRUE(test::contract("forward_small_vs_cpu_bf16_chain_pinned_p90_row", fam + ",T=7+1", p90_row_error(g, r, V),
                              1e-2));
+}
+
+// --quantization fp8 --fp8-lm-head on the GPU (decode steps as CUDA graphs, the default): prefill and
+// three decode steps against the CPU's fp32 chain over the same FP8 weights (bf16 emulated, routing
+// pinned), and the tensor-core FP8 kernels are the ones that ran (dense, experts, lm_head).
+TEST(CudaForwardSmall, Fp8WeightsAndLmHeadWithDecodeGraphs) {
+  MOEFOLD_REQUIRE_GPU();
+  const std::string fam = "qwen3_5_moe";
+  auto cpu_model = load_model((kFixtures / fam).string(), LoadFormat::Safetensors, 0, Quantization::Fp8, true);
+  cpu_model->set_emulate_bf16(true);
+  const int64_t V = cpu_model->config().vocab_size;
+  CudaExecutorOptions o;
+  o.num_blocks = 64;
+  o.block_size = 16;
+  o.num_slots = 2;
+  o.max_rows = 256;
+  o.quantization = Quantization::Fp8;
+  o.fp8_lm_head = true;
+  prof::reset_launch_counts();
+  ModelRunner gpu(make_cuda_executor((kFixtures / fam).string(), LoadFormat::Safetensors, 0, o), RunnerOptions{64, 16, 2});
+  ModelRunner cpu(*cpu_model, {64, 16, 1});
+  RoutedExperts routing;
+  cpu.executor().set_routing({nullptr, &routing});
+  gpu.executor().set_routing({&routing, nullptr});
+  std::vector<int32_t> ids = {5, 17, 42, 99, 3, 250, 7};
+  int32_t s = gpu.add_sequence(ids), c = cpu.add_sequence(ids);
+  auto r = cpu.step({{c, int32_t(ids.size()), true}})[0];
+  auto g = gpu.step({{s, int32_t(ids.size()), true}})[0];
+  for (int32_t tok : {11, 23, 5}) {
+    gpu.append_token(s, tok);
+    cpu.append_token(c, tok);
+    auto r1 = cpu.step({{c, 1, true}})[0];
+    auto g1 = gpu.step({{s, 1, true}})[0];
+    g.insert(g.end(), g1.begin(), g1.end());
+    r.insert(r.end(), r1.begin(), r1.end());
+  }
+  EXPECT_TRUE(test::contract("forward_fp8_vs_cpu_fp8_chain_pinned_p90_row", fam + ",T=7+3,fp8_lm_head",
+                             p90_row_error(g, r, V), 2e-2));
+  EXPECT_NO_THROW(prof::require_kernels_ran(
+      {"fp8_gemv_mma_kernel", "fp8_gemv_mma_kernel:f32out", "moe_fp8_mma_gate_up_kernel", "moe_fp8_mma_down_kernel"}));
 }
 
 // A replayed expert id outside [0, E) is an Error before anything runs, as on the CPU (the top-k and

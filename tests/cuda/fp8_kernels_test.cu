@@ -1,12 +1,15 @@
-// Contract tests of the block-scaled FP8 kernels (src/ops/cuda/fp8_gemv.h, moe_fp8.h) against the ideal
-// quantised chain in fp64 (src/ops/cpu/fp8_ideal.h: the same quantised weights, exact arithmetic; the
-// kernels are W8A16, so the reference takes the activations as given): rows 1, 2, 17, 64, 113, 256 (dense)
-// and 1, 2, 17, 64 (experts) at a capacity above the live count (live count read from device memory),
-// poisoned outputs, padding rows untouched (bytes), a row alone bitwise equal to the same row in the
-// batch, partial blocks (K = 576, N = 192, I = 192), E 8 .. 512, and routing replays in which only expert
-// 0 (resp. only expert E-1) is routed. The stage probes (after the expert GEMMs, per slot, after the
-// combine) are printed against the chain with FP8 activations (1 x 128) too, for scale. Skips without a
-// GPU. Fp8Bench.* (MOEFOLD_FP8_BENCH=1) prints the decode-size bandwidth table (L2 flushed per run).
+// Contract tests of the block-scaled FP8 kernels (src/ops/cuda/fp8_gemv.h, moe_fp8.h; the tensor-core
+// ones of fp8_mma.cuh and the CUDA-core ones of fp8.cuh) against the ideal quantised chain in fp64
+// (src/ops/cpu/fp8_ideal.h: the same quantised weights, exact arithmetic; the kernels are W8A16, so the
+// reference takes the activations as given): rows 1, 2, 17, 64, 113, 114, 128, 256 (dense) and 1, 2, 17,
+// 64 (+ 113, 114, 128) tokens (experts) at a capacity above the live count (live count read from device
+// memory), poisoned outputs, padding rows untouched (bytes), a row alone bitwise equal to the same row in
+// the batch, partial blocks (K 64 .. 2112, N 48 .. 300, I 192 .. 2112), E 8 .. 512, routing replays in
+// which only expert 0 (resp. only expert E-1) is routed, the exact e4m3 decoding (one-hot rows), fp32
+// outputs (the FP8 lm_head) and the device quantisation of dummy weights. The stage probes (after the
+// expert GEMMs, per slot, after the combine) are printed against the chain with FP8 activations (1 x 128)
+// too, for scale. Skips without a GPU. Fp8Bench.* (MOEFOLD_FP8_BENCH=1) prints the decode-size bandwidth
+// table (L2 flushed per run), the tensor-core kernels beside the CUDA-core ones.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -23,6 +26,7 @@
 
 #include "core/dtype.h"
 #include "core/fp8_block.h"
+#include "models/dummy_init.h"
 #include "cuda/contract.h"
 #include "cuda/cuda_test_util.h"
 #include "ops/cpu/fp8_ideal.h"
@@ -69,9 +73,19 @@ std::vector<float> to_f32(const std::vector<uint16_t>& b, size_t from, size_t to
 
 // ---- dense ---------------------------------------------------------------------------------------
 
-void dense_case(int64_t K, int64_t N, int64_t T, int64_t cap, bool bias) {
+enum class Dense { Mma, Simt };
+
+/// The dense kernel under test: the tensor-core fp8_gemv (default) or the CUDA-core one.
+void run_dense(Dense which, const bf16* x, const DevFp8& w, const bf16* b, bf16* y, int64_t cap, int64_t K, int64_t N,
+               const int32_t* live) {
+  if (which == Dense::Mma) fp8_gemv(x, w.q.data(), w.s.data(), b, y, cap, K, N, live, nullptr);
+  else fp8_gemv_simt(x, w.q.data(), w.s.data(), b, y, cap, K, N, live, nullptr);
+}
+
+void dense_case(int64_t K, int64_t N, int64_t T, int64_t cap, bool bias, Dense which = Dense::Mma) {
   const std::string shape = "K=" + std::to_string(K) + ",N=" + std::to_string(N) + ",T=" + std::to_string(T) +
-                            ",cap=" + std::to_string(cap) + (bias ? ",bias" : "");
+                            ",cap=" + std::to_string(cap) + (bias ? ",bias" : "") +
+                            (which == Dense::Simt ? ",simt" : "");
   const Fp8Weight w = rand_fp8(N, K, uint64_t(K * 31 + N));
   DevFp8 dw(w);
   std::vector<float> x = test::rand_bf16(size_t(cap * K), uint64_t(T + 7));
@@ -82,7 +96,7 @@ void dense_case(int64_t K, int64_t N, int64_t T, int64_t cap, bool bias) {
   y.fill_bytes(0xFF);
   DeviceBuffer<int32_t> live(1);
   live.upload(std::vector<int32_t>{int32_t(T)});
-  fp8_gemv(dx.data(), dw.q.data(), dw.s.data(), bias ? db.data() : nullptr, y.data(), cap, K, N, live.data(), nullptr);
+  run_dense(which, dx.data(), dw, bias ? db.data() : nullptr, y.data(), cap, K, N, live.data());
   MOEFOLD_CUDA_CHECK(cudaDeviceSynchronize());
   const auto yb = bits_of(y);
   std::vector<double> ref = cpu::fp8_linear_ideal(x.data(), T, w, false);
@@ -94,8 +108,7 @@ void dense_case(int64_t K, int64_t N, int64_t T, int64_t cap, bool bias) {
   EXPECT_TRUE(contract_exact("fp8_gemv:padding_untouched", shape, test::touched(yb, size_t(T * N), yb.size())));
   // Batch invariance: the last live row computed alone (max_rows 1) has the same bits.
   DeviceBuffer<bf16> y1(static_cast<size_t>(N));
-  fp8_gemv(dx.data() + (T - 1) * K, dw.q.data(), dw.s.data(), bias ? db.data() : nullptr, y1.data(), 1, K, N, nullptr,
-           nullptr);
+  run_dense(which, dx.data() + (T - 1) * K, dw, bias ? db.data() : nullptr, y1.data(), 1, K, N, nullptr);
   MOEFOLD_CUDA_CHECK(cudaDeviceSynchronize());
   const auto y1b = bits_of(y1);
   size_t diff = 0;
@@ -106,13 +119,71 @@ void dense_case(int64_t K, int64_t N, int64_t T, int64_t cap, bool bias) {
 /// MOEFOLD_FP8_SMALL=1: the small shapes only (compute-sanitizer runs).
 bool small_only() { return std::getenv("MOEFOLD_FP8_SMALL") != nullptr; }
 
+// K x N: partial scale blocks along K (64, 192, 448, 576, 2112: 0.5 .. 16.5 blocks) and along N (100,
+// 130, 272, 300), every warps-along-K split (K 64 .. 4096 -> WK 1, 2, 4, 8).
 TEST(Fp8Gemv, ContractVsIdealChain) {
   MOEFOLD_REQUIRE_GPU();
-  std::vector<std::pair<int64_t, int64_t>> shapes = {{2048, 512}, {576, 192}, {144, 100}, {4096, 272}};
-  if (small_only()) shapes = {{576, 192}, {144, 100}};
+  std::vector<std::pair<int64_t, int64_t>> shapes = {{2048, 512}, {576, 192}, {144, 100}, {4096, 272}, {64, 80},
+                                                     {192, 130}, {448, 256}, {2112, 300}, {1024, 48}};
+  if (small_only()) shapes = {{576, 192}, {144, 100}, {64, 80}};
   for (auto [K, N] : shapes)
-    for (int64_t T : {1, 2, 17, 64, 113, 256}) dense_case(K, N, T, T == 256 ? 256 : std::max<int64_t>(T + 3, 64), false);
+    for (int64_t T : {1, 2, 17, 64, 113, 114, 128, 256})
+      dense_case(K, N, T, T == 256 ? 256 : std::max<int64_t>(T + 3, 64), false);
   dense_case(576, 1536, 17, 32, true);
+  dense_case(2112, 300, 64, 64, true);
+  // The CUDA-core kernel of before, for the record (the benchmarks' baseline).
+  for (int64_t T : {1, 17, 64}) dense_case(576, 192, T, 64, false, Dense::Simt);
+}
+
+// fp32 outputs (the FP8 lm_head), and the decoding exact: x = unit rows e_r, so y[r, n] is the weight
+// value f8(w[n, r]) * scale itself, exactly (every one of the 254 finite e4m3 codes, subnormals too).
+TEST(Fp8Gemv, F32OutAndExactDecoding) {
+  MOEFOLD_REQUIRE_GPU();
+  const int64_t K = 256, N = 272, T = 256;
+  Fp8Weight w;
+  w.rows = N;
+  w.cols = K;
+  w.q.resize(size_t(N * K));
+  for (int64_t i = 0; i < N * K; ++i) {
+    const uint8_t b = uint8_t((i * 7 + i / K) & 0xff);
+    w.q[size_t(i)] = (b & 0x7f) == 0x7f ? 0 : b;  // no NaN codes
+  }
+  w.scale.resize(size_t(N * w.col_blocks()));
+  for (size_t i = 0; i < w.scale.size(); ++i) w.scale[i] = std::ldexp(0.37f + 0.01f * float(i % 13), int(i % 9) - 4);
+  DevFp8 dw(w);
+  std::vector<float> x(size_t(T * K), 0.0f);
+  for (int64_t r = 0; r < T; ++r) x[size_t(r * K + r)] = 1.0f;
+  auto dx = test::dev_bf16(x);
+  DeviceBuffer<float> y(size_t(T * N));
+  fp8_gemv_f32out(dx.data(), dw.q.data(), dw.s.data(), nullptr, y.data(), T, K, N, nullptr, nullptr);
+  MOEFOLD_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<float> yh(size_t(T * N));
+  y.download(yh.data(), yh.size());
+  size_t bad = 0;
+  for (int64_t r = 0; r < T; ++r)
+    for (int64_t n = 0; n < N; ++n) {
+      const float want = w.value(n, r), got = yh[size_t(r * N + n)];
+      bad += !(want == got);  // exact (a -0 weight may come back +0: the mma adds +0 partials)
+    }
+  EXPECT_TRUE(contract_exact("fp8_gemv_f32out:unit_rows_exact", "K=256,N=272,T=256", bad));
+  // The lm_head shape class (fp32 out, bias) against the ideal chain.
+  const Fp8Weight wr = rand_fp8(1000, 576, 3);
+  DevFp8 dwr(wr);
+  for (int64_t t : {1, 17, 64}) {
+    std::vector<float> xr = test::rand_bf16(size_t(t * 576), uint64_t(t));
+    std::vector<float> b(1000, 0.25f);
+    auto dxr = test::dev_bf16(xr);
+    DeviceBuffer<float> db(b.size()), yr(size_t(t * 1000));
+    db.upload(b);
+    fp8_gemv_f32out(dxr.data(), dwr.q.data(), dwr.s.data(), db.data(), yr.data(), t, 576, 1000, nullptr, nullptr);
+    MOEFOLD_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<float> got(size_t(t * 1000));
+    yr.download(got.data(), got.size());
+    std::vector<double> ref = cpu::fp8_linear_ideal(xr.data(), t, wr, false);
+    for (auto& v : ref) v += 0.25;
+    EXPECT_TRUE(contract("fp8_gemv_f32out", "K=576,N=1000,T=" + std::to_string(t),
+                         cpu::rel_err(got.data(), ref.data(), got.size()), 1e-5));
+  }
 }
 
 TEST(Fp8Gemv, DequantiseIsExactBf16OfTheProduct) {
@@ -127,6 +198,27 @@ TEST(Fp8Gemv, DequantiseIsExactBf16OfTheProduct) {
   for (int64_t r = 0; r < w.rows; ++r)
     for (int64_t c = 0; c < w.cols; ++c) bad += ob[size_t(r * w.cols + c)] != f32_to_bf16(w.value(r, c));
   EXPECT_TRUE(contract_exact("fp8_dequantize_bf16", "300x576", bad));
+}
+
+// --load-format dummy -q fp8 on the GPU: the device quantisation of a recipe equals fp8_quantize of its
+// host values, bit for bit (q and scales), partial blocks in both dims, several matrices.
+TEST(Fp8Quantize, DummyOnTheDeviceEqualsTheHost) {
+  MOEFOLD_REQUIRE_GPU();
+  const DummyRecipe r{0x1234abcdull, 0.03f};
+  const int64_t mats = 3, rows = 200, cols = 300;
+  std::vector<float> host(size_t(mats * rows * cols));
+  for (size_t i = 0; i < host.size(); ++i) host[i] = dummy_value(r, int64_t(i));
+  const Fp8Weight want = fp8_quantize(host.data(), mats, rows, cols);
+  DeviceBuffer<uint8_t> q(want.q.size());
+  DeviceBuffer<float> sc(want.scale.size());
+  fp8_quantize_dummy(r, mats, rows, cols, q.data(), sc.data(), nullptr);
+  MOEFOLD_CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<uint8_t> gq = q.download();
+  const std::vector<float> gs = sc.download();
+  size_t bad = 0;
+  for (size_t i = 0; i < gq.size(); ++i) bad += gq[i] != want.q[i];
+  for (size_t i = 0; i < gs.size(); ++i) bad += std::memcmp(&gs[i], &want.scale[i], 4) != 0;
+  EXPECT_TRUE(contract_exact("fp8_quantize_dummy:bitwise", "3x200x300", bad));
 }
 
 // ---- routed experts ------------------------------------------------------------------------------
@@ -257,12 +349,21 @@ MoeCase& real_shape() {
 
 TEST(MoeFp8, ContractVsIdealChain) {
   MOEFOLD_REQUIRE_GPU();
-  std::vector<std::array<int, 4>> shapes = {{8, 2, 128, 64}, {16, 4, 256, 192}, {256, 8, 2048, 512}, {512, 10, 512, 128}};
+  // I: partial scale blocks 64, 192, 448, 576, 2112 (down's K, gate_up's rows); H 128 .. 2048.
+  std::vector<std::array<int, 4>> shapes = {{8, 2, 128, 64},   {16, 4, 256, 192}, {256, 8, 2048, 512},
+                                            {512, 10, 512, 128}, {32, 4, 256, 448}, {8, 2, 384, 576},
+                                            {8, 1, 128, 2112}};
   if (small_only()) shapes = {{8, 2, 128, 64}, {16, 4, 256, 192}};
   for (auto [E, k, H, I] : shapes) {
     std::unique_ptr<MoeCase> own;
     MoeCase& m = E == 256 ? real_shape() : *(own = std::make_unique<MoeCase>(E, k, H, I));
-    for (int T : {1, 2, 17, 64}) moe_case(m, T, std::max(T, 64));
+    for (int T : {1, 2, 17, 64}) {
+      // MOEFOLD_FP8_QUICK=1: the real shape's 64-token case (seconds of fp64 reference) is left out.
+      if (E == 256 && T == 64 && std::getenv("MOEFOLD_FP8_QUICK")) continue;
+      moe_case(m, T, std::max(T, 64));
+    }
+    if (E != 256)
+      for (int T : {113, 114, 128}) moe_case(m, T, 128);
     moe_case(m, 17, 17);
   }
 }
@@ -338,22 +439,46 @@ TEST(Fp8Bench, DecodeBandwidth) {
     const double dn_bytes = touched * m.H * (m.I + double(m.I / 128) * 4);
     const double tg = time_cold([&] { moe_fp8_expert_gate_up(dx.data(), m.dgu->q.data(), m.dgu->s.data(), s, ws, nullptr); });
     const double td = time_cold([&] { moe_fp8_expert_down(m.ddn->q.data(), m.ddn->s.data(), s, ws, nullptr); });
-    std::printf("BENCH moe_fp8 T=%d touched=%.0f gate_up us=%.1f GB/s=%.0f (%.0f%%) down us=%.1f GB/s=%.0f (%.0f%%) "
-                "both GB/s=%.0f (%.0f%%)\n",
-                T, touched, tg, gu_bytes / tg * 1e-3, 100 * gu_bytes / tg * 1e-3 / peak, td, dn_bytes / td * 1e-3,
-                100 * dn_bytes / td * 1e-3 / peak, (gu_bytes + dn_bytes) / (tg + td) * 1e-3,
-                100 * (gu_bytes + dn_bytes) / (tg + td) * 1e-3 / peak);
+    const double tgs =
+        time_cold([&] { moe_fp8_expert_gate_up_simt(dx.data(), m.dgu->q.data(), m.dgu->s.data(), s, ws, nullptr); });
+    const double tds = time_cold([&] { moe_fp8_expert_down_simt(m.ddn->q.data(), m.ddn->s.data(), s, ws, nullptr); });
+    auto pct = [&](double bytes, double us) { return 100 * bytes / us * 1e-3 / peak; };
+    std::printf("BENCH moe_fp8 T=%d touched=%.0f mma: gate_up us=%.1f (%.0f%%) down us=%.1f (%.0f%%) both GB/s=%.0f "
+                "(%.0f%%) | simt: gate_up us=%.1f down us=%.1f both (%.0f%%)\n",
+                T, touched, tg, pct(gu_bytes, tg), td, pct(dn_bytes, td), (gu_bytes + dn_bytes) / (tg + td) * 1e-3,
+                pct(gu_bytes + dn_bytes, tg + td), tgs, tds, pct(gu_bytes + dn_bytes, tgs + tds));
   }
   // Dense projections of that model: q|gate (8192 x 2048), o_proj (2048 x 4096), DeltaNet qkv|z (12288 x 2048).
-  for (auto [N, K] : std::vector<std::pair<int64_t, int64_t>>{{8192, 2048}, {2048, 4096}, {12288, 2048}}) {
+  for (auto [N, K] : std::vector<std::pair<int64_t, int64_t>>{{8192, 2048}, {2048, 4096}, {12288, 2048}, {1024, 2048}}) {
     const Fp8Weight w = rand_fp8(N, K, 1);
     DevFp8 dw(w);
     for (int T : {1, 2, 4, 8, 16, 32, 64}) {
       auto dx = test::dev_bf16(test::rand_bf16(size_t(T) * K, 3));
       DeviceBuffer<bf16> y(size_t(T) * N);
       const double us = time_cold([&] { fp8_gemv(dx.data(), dw.q.data(), dw.s.data(), nullptr, y.data(), T, K, N, nullptr, nullptr); });
+      const double us_s =
+          time_cold([&] { fp8_gemv_simt(dx.data(), dw.q.data(), dw.s.data(), nullptr, y.data(), T, K, N, nullptr, nullptr); });
       const double bytes = double(N) * (K + double(K / 128) * 4);
-      std::printf("BENCH fp8_gemv N=%lld K=%lld T=%d us=%.1f GB/s=%.0f (%.0f%%)\n", (long long)N, (long long)K, T, us,
+      std::printf("BENCH fp8_gemv N=%lld K=%lld T=%d mma us=%.1f GB/s=%.0f (%.0f%%) | simt us=%.1f (%.0f%%)\n",
+                  (long long)N, (long long)K, T, us, bytes / us * 1e-3, 100 * bytes / us * 1e-3 / peak, us_s,
+                  100 * bytes / us_s * 1e-3 / peak);
+    }
+  }
+  // The FP8 lm_head at the 35B shape (248320 x 2048, fp32 logits).
+  {
+    const int64_t N = 248320, K = 2048;
+    Fp8Weight w;
+    w.rows = N;
+    w.cols = K;
+    w.q.assign(size_t(N * K), 0x38);  // 1.0: the values do not change the time
+    w.scale.assign(size_t(N * w.col_blocks()), 0.01f);
+    DevFp8 dw(w);
+    for (int T : {1, 64}) {
+      auto dx = test::dev_bf16(test::rand_bf16(size_t(T) * K, 3));
+      DeviceBuffer<float> y(size_t(T) * N);
+      const double us = time_cold([&] { fp8_gemv_f32out(dx.data(), dw.q.data(), dw.s.data(), nullptr, y.data(), T, K, N, nullptr, nullptr); });
+      const double bytes = double(N) * (K + double(K / 128) * 4);
+      std::printf("BENCH fp8_lm_head N=%lld K=%lld T=%d us=%.1f GB/s=%.0f (%.0f%%)\n", (long long)N, (long long)K, T, us,
                   bytes / us * 1e-3, 100 * bytes / us * 1e-3 / peak);
     }
   }

@@ -64,3 +64,52 @@ def test_generate_takes_quantization_fp8():
     assert len(json.loads(r.stdout)["tokens"]) == 4
     r = run("generate", "--model", FIXTURE, "--prompt-ids", "1", "--quantization", "int4")
     assert r.returncode != 0
+
+
+def test_serve_answers_with_fp8_weights_and_fp8_lm_head(model, start_server):
+    """`serve -q fp8 --fp8-lm-head` (CPU: the FP8 weights dequantised exactly) answers completions."""
+    srv = start_server(model[0], "-q", "fp8", "--fp8-lm-head", "--max-num-seqs", 4)
+    r = srv.post("/v1/completions", {"model": "tiny-moe", "prompt": "hello there", "max_tokens": 5,
+                                     "temperature": 0, "ignore_eos": True})
+    assert r.status_code == 200, r.text
+    j = r.json()
+    assert j["usage"]["completion_tokens"] == 5 and isinstance(j["choices"][0]["text"], str)
+
+
+def test_serve_refuses_an_unknown_quantization(model):
+    r = run("serve", "--model", model[0], "--load-format", "dummy", "-q", "int4", timeout=30)
+    assert r.returncode != 0 and "int4" in r.stderr
+
+
+def test_profile_takes_quantization_and_fp8_lm_head(tmp_path):
+    out = tmp_path / "prof.json"
+    r = run("profile", "--model", FIXTURE, "--device", "cpu", "-q", "fp8", "--fp8-lm-head", "--workload", "decode:2x8",
+            "--steps", "2", "--warmup", "1", "--json", out)
+    assert r.returncode == 0, r.stderr
+    assert out.exists() and "cpu::linear:lm_head" in r.stdout
+
+
+def test_bench_offline_takes_quantization():
+    """bench offline measures the GPU: on a machine without one it stops with that reason, not at the
+    options (-q fp8 --fp8-lm-head parse)."""
+    r = run("bench", "offline", "--model", FIXTURE, "-q", "fp8", "--fp8-lm-head", "--prefill", "0",
+            "--decode-batch", "1", timeout=60)
+    if r.returncode == 0:  # a CUDA build on a GPU machine
+        assert "weights fp8, lm_head fp8" in r.stdout
+    else:
+        assert "CUDA" in r.stderr and "quantization" not in r.stderr, r.stderr
+
+
+def test_drift_compares_fp8_lm_head_and_attributes_by_tensor_name(tmp_path):
+    out = tmp_path / "drift.json"
+    r = run("drift", "--model", FIXTURE, "--b-quantization", "none", "--b-fp8-lm-head", "--num-prompts", "2",
+            "--max-tokens", "4", "--json", out)
+    assert r.returncode == 0, r.stderr
+    j = json.loads(out.read_text())
+    assert j["b"]["fp8_lm_head"] is True and len(j["prompts"]) == 2
+    r = run("drift", "--model", FIXTURE, "--b-fp8-only", "layers.1.", "--num-prompts", "2", "--max-tokens", "4",
+            "--json", out)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(out.read_text())["b"]["only"] == "layers.1."
+    r = run("drift", "--model", FIXTURE, "--b-fp8-only", "layers.1.", "--b-device", "cuda", "--num-prompts", "1")
+    assert r.returncode != 0

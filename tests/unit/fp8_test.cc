@@ -218,13 +218,77 @@ TEST(Fp8Loader, QuantizationFlagEqualsTheScriptsCheckpoint) {
 TEST(Fp8Loader, QuantizationFlagQuantisesDummyWeights) {
   const std::string dir = (test::kFixtures / "qwen3_5_moe").string();
   const ModelConfig cfg = ModelConfig::from_dir(dir);
-  auto src = make_weight_source(dir, cfg, LoadFormat::Dummy, 5, Quantization::Fp8, true);
+  // Materialised (the CPU backend): quantised on the host.
+  auto src = make_weight_source(dir, cfg, LoadFormat::Dummy, 5, Quantization::Fp8, false);
   ModelWeights w = load_weights(cfg, *src);
   ASSERT_TRUE(w.layers[0].moe.gate_up.fp8);
-  EXPECT_FALSE(w.layers[0].moe.gate_up.dummy);  // quantised weights are materialised, never deferred
+  EXPECT_FALSE(w.layers[0].moe.gate_up.dummy);
   EXPECT_EQ(w.layers[0].moe.gate_up.host, fp8_dequantize(*w.layers[0].moe.gate_up.fp8));
   EXPECT_FALSE(w.layers[0].moe.router.w.fp8);
   EXPECT_THROW(parse_quantization("int4"), Error);
+  // Deferred (an executor generating dummy weights on its device): the recipe stays, marked for FP8 with
+  // its matrix shape ([E, 2I, H] experts: 2I x H matrices), for the device to quantise (same bits:
+  // tests/cuda/fp8_kernels_test.cu, Fp8Quantize.DummyOnTheDeviceEqualsTheHost).
+  auto dsrc = make_weight_source(dir, cfg, LoadFormat::Dummy, 5, Quantization::Fp8, true);
+  ModelWeights d = load_weights(cfg, *dsrc);
+  const Param& gu = d.layers[0].moe.gate_up;
+  ASSERT_TRUE(gu.dummy);
+  EXPECT_FALSE(gu.fp8);
+  EXPECT_EQ(gu.fp8_rows, 2 * cfg.moe_intermediate_size);
+  EXPECT_EQ(gu.fp8_cols, cfg.hidden_size);
+  EXPECT_EQ(d.layers[0].moe.router.w.fp8_cols, 0);  // not quantised
+}
+
+// --fp8-lm-head: an untied lm_head arrives FP8 (the other weights as they were); a tied one becomes an
+// FP8 copy of the embedding, which itself stays unquantised.
+TEST(Fp8Loader, Fp8LmHeadUntiedAndTied) {
+  {
+    const std::string dir = (test::kFixtures / "qwen3_5_moe").string();
+    const ModelConfig cfg = ModelConfig::from_dir(dir);
+    auto src = make_weight_source(dir, cfg, LoadFormat::Safetensors, 0, Quantization::None, false, true);
+    ModelWeights w = load_weights(cfg, *src);
+    ASSERT_TRUE(w.lm_head.fp8);
+    EXPECT_EQ(w.lm_head.host, fp8_dequantize(*w.lm_head.fp8));
+    EXPECT_FALSE(w.embed.fp8);
+    EXPECT_FALSE(w.layers[0].moe.gate_up.fp8);
+    auto plain = checkpoint_source(dir);
+    ModelWeights p = load_weights(cfg, *plain);
+    EXPECT_EQ(w.lm_head.fp8->q, fp8_quantize(p.lm_head.data(), 1, cfg.vocab_size, cfg.hidden_size).q);
+  }
+  {
+    const std::string dir = (test::kFixtures / "qwen3").string();
+    const ModelConfig cfg = ModelConfig::from_dir(dir);
+    ASSERT_TRUE(cfg.tie_word_embeddings);
+    auto src = make_weight_source(dir, cfg, LoadFormat::Safetensors, 0, Quantization::None, false, true);
+    ModelWeights w = load_weights(cfg, *src);
+    ASSERT_TRUE(w.lm_head.fp8);
+    EXPECT_FALSE(w.embed.fp8);
+    const Fp8Weight want = fp8_quantize(w.embed.data(), 1, cfg.vocab_size, cfg.hidden_size);
+    EXPECT_EQ(w.lm_head.fp8->q, want.q);
+    EXPECT_EQ(w.lm_head.fp8->scale, want.scale);
+    // The model runs with it: logits move by FP8 rounding, not more.
+    auto fp8 = load_model(dir, LoadFormat::Safetensors, 0, Quantization::None, true);
+    auto ref = load_model(dir, LoadFormat::Safetensors);
+    const auto a = prompt_logits(*fp8), b = prompt_logits(*ref);
+    double num = 0, den = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+      den += double(b[i]) * b[i];
+    }
+    EXPECT_GT(num, 0.0);
+    EXPECT_LT(std::sqrt(num / den), 0.1);
+  }
+}
+
+// The drift command's attribution filter: only the tensors whose name holds the string are quantised.
+TEST(Fp8Loader, OnlyFilterQuantisesTheNamedTensors) {
+  const std::string dir = (test::kFixtures / "qwen3_5_moe").string();
+  const ModelConfig cfg = ModelConfig::from_dir(dir);
+  auto src = fp8_quantizing_source(checkpoint_source(dir), true, false, "layers.1.");
+  ModelWeights w = load_weights(cfg, *src);
+  for (size_t i = 0; i < w.layers.size(); ++i) EXPECT_EQ(bool(w.layers[i].moe.gate_up.fp8), i == 1) << i;
+  EXPECT_TRUE(w.layers[1].attn.q_proj.w.fp8);
+  EXPECT_FALSE(w.lm_head.fp8);
 }
 
 json fp8_config(json q) {

@@ -94,6 +94,16 @@ class CudaExecutor : public Executor {
       p.host.shrink_to_fit();
       return;
     }
+    if (p.dummy && p.fp8_cols > 0) {  // dummy + --quantization fp8: quantised here (fp8_quantize's bits)
+      fp8_store_.emplace_back(size_t(p.numel));
+      const int64_t rows = p.numel / p.fp8_cols, kb = (p.fp8_cols + 127) / 128;
+      scale_store_.emplace_back(size_t(rows * kb));
+      cuda::fp8_quantize_dummy(*p.dummy, p.numel / (p.fp8_rows * p.fp8_cols), p.fp8_rows, p.fp8_cols,
+                               fp8_store_.back().data(), scale_store_.back().data(), nullptr);
+      p.device = fp8_store_.back().data();
+      p.device_scale = scale_store_.back().data();
+      return;
+    }
     if (p.dummy) {  // unmaterialised dummy tensor: generate it here
       weights_store_.emplace_back(size_t(p.numel));
       cuda::dummy_fill_bf16(*p.dummy, weights_store_.back().data(), p.numel, nullptr);
@@ -708,7 +718,16 @@ void CudaExecutor::launch_head(int64_t rows, int64_t r0, int64_t n, bool live_fr
   cuda::embedding_gather(h_.data(), rows, H, logits_rows_.data() + r0, hr_.data(), n, live,
                          counts_.data() + 2, stream_);
   cuda::rms_norm(hr_.data(), dev(w_.final_norm), hr_.data(), n, H, float(c.rms_norm_eps), nk, live, stream_);
-  const bf16* lm = dev(w_.lm_head_param());
+  const Param& lmp = w_.lm_head_param();
+  if (lmp.device_scale) {  // --fp8-lm-head
+    const auto* w8 = static_cast<const uint8_t*>(lmp.device);
+    const auto* sc = static_cast<const float*>(lmp.device_scale);
+    if (n <= cuda::kFp8GemvMaxRows && cuda::fp8_gemv_supported(H, hr_.data(), 0, w8))
+      return cuda::fp8_gemv_f32out(hr_.data(), w8, sc, nullptr, logits_.data(), n, H, V, live, stream_);
+    cuda::fp8_dequantize_bf16(w8, sc, V, H, fp8_scratch(size_t(V * H)), stream_);
+    return cuda::gemm_bf16_f32out(hr_.data(), fp8_scratch_.data(), nullptr, logits_.data(), n, H, V, stream_);
+  }
+  const bf16* lm = dev(lmp);
   if (opt_.batch_invariant && decode_gemm_fits(hr_.data(), lm, H, 0))
     cuda::invariant_gemm_bf16_f32out(hr_.data(), lm, nullptr, logits_.data(), n, H, V, live, dgemm_ws_.data(), stream_);
   else if (!opt_.batch_invariant && n <= kGemvRows)
@@ -939,7 +958,8 @@ std::unique_ptr<Executor> make_cuda_executor(const std::string& dir, LoadFormat 
                 "--device cuda: attention head_dim {} is not supported on the GPU (prefill: multiples of 16 up to 256; "
                 "decode: 32, 64, 96, 128, 192, 256)", cfg.head_dim);
   auto exec = std::make_unique<CudaExecutor>(cfg, opt);
-  std::unique_ptr<WeightSource> src = make_weight_source(dir, cfg, format, seed, opt.quantization, opt.dummy_on_device);
+  std::unique_ptr<WeightSource> src = make_weight_source(dir, cfg, format, seed, opt.quantization, opt.dummy_on_device,
+                                                         opt.fp8_lm_head);
   ModelWeights w = load_weights(cfg, *src, [&](Param& p) { exec->place(p); });
   exec->finish_load(std::move(w));
   return exec;

@@ -37,6 +37,9 @@ struct CudaExecutorOptions {
   /// --quantization fp8: weights quantised at load into block-scaled FP8 (an FP8 checkpoint is FP8
   /// without it); FP8 weights stay FP8 on the GPU (docs/fp8.md).
   Quantization quantization = Quantization::None;
+  /// --fp8-lm-head: the lm_head quantised at load into 128 x 128 block-scaled FP8 and run by the FP8
+  /// decode GEMM (fp8_gemv_f32out) up to 256 logits rows (larger passes: a bf16 copy and the bf16 GEMM).
+  bool fp8_lm_head = false;
   static std::vector<int32_t> default_cuda_graph_sizes() { return {1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256}; }
 };
 

@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "ops/cuda/fp8.cuh"
+#include "ops/cuda/fp8_mma.cuh"
 #include "ops/cuda/launch_scope.h"
 #include "ops/cuda/moe_fp8.h"
 #include "ops/cuda/moe_gemm.cuh"
@@ -24,6 +25,9 @@ constexpr int kWarps = 8, kThreads = kWarps * 32;
 constexpr int kTilePairs = 8;
 static_assert(kTilePairs == moe_detail::expert_tile_rows(kMoeExpertGemv), "the plan's tiles are the GEMV's");
 constexpr int kGateUpCols = kWarps;
+// The tensor-core kernels run blocks of 4 warps: two or more blocks share an SM, so one block's item
+// start (the plan's dependent loads) and its reduction overlap the other's weight stream.
+constexpr int kMmaWarps = 4, kMmaThreads = kMmaWarps * 32;
 constexpr int kDownRowsPerWarp = 4, kDownRows = kWarps * kDownRowsPerWarp;
 
 const prof::Kernel kGateUp{"moe_fp8_gemv_gate_up_kernel", prof::Category::RoutedExpertGemm};
@@ -124,12 +128,111 @@ __global__ void __launch_bounds__(kThreads, 2) moe_fp8_down_kernel(const bf16* _
   }
 }
 
+// ---- tensor-core kernels (fp8_mma.cuh) ------------------------------------------------------------
+// Items (plan tile, slice) grid-stride over the resident blocks. A block's 4 warps = WK (along K) x WN.
+// gate_up: a warp owns 16 act columns (its gate fragment and the matching up fragment: the two mma C
+// fragments line up, so SiLU(g) * u is formed in registers); a slice = WN * 16 columns. down: a warp
+// owns 16 rows of H; a slice = WN * 16 rows. The tile's <= 8 pairs are the token fragment.
+
+const prof::Kernel kMmaGateUp{"moe_fp8_mma_gate_up_kernel", prof::Category::RoutedExpertGemm};
+const prof::Kernel kMmaDown{"moe_fp8_mma_down_kernel", prof::Category::RoutedExpertGemm};
+
+__global__ void __launch_bounds__(kMmaThreads) moe_fp8_mma_gate_up_kernel(const bf16* __restrict__ x,
+                                                                      const uint8_t* __restrict__ gate_up,
+                                                                      const float* __restrict__ scale,
+                                                                      const PlanView plan, int k, int H, int I, int WK,
+                                                                      bf16* __restrict__ act) {
+  pdl_begin();
+  __shared__ float red[7 * 32 * 2 * 4];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int WN = kMmaWarps / WK, wk = warp % WK, wn = warp / WK;
+  const int KB = (H + fp8mma::kBlockK - 1) / fp8mma::kBlockK;
+  const int slices = (I + WN * 16 - 1) / (WN * 16);
+  const int items = *plan.num_tiles * slices;
+  for (int item = blockIdx.x; item < items; item += gridDim.x) {
+    const int ti = item / slices, slice = item - ti * slices;
+    const TileRef tr = tile_ref(plan, ti);
+    const int c0 = (slice * WN + wn) * 16;
+    const uint8_t* row[2][2];
+    const float* sc[2][2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int c = c0 + g + 8 * h;
+#pragma unroll
+      for (int part = 0; part < 2; ++part) {  // 0: gate row c, 1: up row I + c
+        const int64_t r = int64_t(tr.expert) * 2 * I + part * I + c;
+        row[part][h] = c < I ? gate_up + r * H : nullptr;
+        sc[part][h] = c < I ? scale + r * KB : nullptr;
+      }
+    }
+    const bf16* xp = g < tr.n ? x + int64_t(plan.pairs[tr.j0 + g] / k) * H : nullptr;
+    float acc[2][1][4];
+    fp8mma::warp_mma_fp8<2, 1>(row, sc, [&](int) { return xp; }, 1, H, wk, WK, acc);
+    fp8mma::block_reduce<2, 1>(acc, red, WK, WN);
+    if (wk == 0)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int col = c0 + g + 8 * h, p = 2 * t + c;
+          if (col < I && p < tr.n)
+            act[int64_t(tr.j0 + p) * I + col] =
+                __float2bfloat16_rn(moe_detail::silu_f32(acc[0][0][2 * h + c]) * acc[1][0][2 * h + c]);
+        }
+  }
+}
+
+__global__ void __launch_bounds__(kMmaThreads) moe_fp8_mma_down_kernel(const bf16* __restrict__ act,
+                                                                   const uint8_t* __restrict__ down,
+                                                                   const float* __restrict__ scale,
+                                                                   const PlanView plan, int H, int I, int WK,
+                                                                   bf16* __restrict__ y) {
+  pdl_begin();
+  __shared__ float red[7 * 32 * 4];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int WN = kMmaWarps / WK, wk = warp % WK, wn = warp / WK;
+  const int KB = (I + fp8mma::kBlockK - 1) / fp8mma::kBlockK;
+  const int slices = (H + WN * 16 - 1) / (WN * 16);
+  const int items = *plan.num_tiles * slices;
+  for (int item = blockIdx.x; item < items; item += gridDim.x) {
+    const int ti = item / slices, slice = item - ti * slices;
+    const TileRef tr = tile_ref(plan, ti);
+    const int h0 = (slice * WN + wn) * 16;
+    const uint8_t* row[1][2];
+    const float* sc[1][2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int hr = h0 + g + 8 * h;
+      const int64_t r = int64_t(tr.expert) * H + hr;
+      row[0][h] = hr < H ? down + r * I : nullptr;
+      sc[0][h] = hr < H ? scale + r * KB : nullptr;
+    }
+    const bf16* ap = g < tr.n ? act + int64_t(tr.j0 + g) * I : nullptr;
+    float acc[1][1][4];
+    fp8mma::warp_mma_fp8<1, 1>(row, sc, [&](int) { return ap; }, 1, I, wk, WK, acc);
+    fp8mma::block_reduce<1, 1>(acc, red, WK, WN);
+    if (wk == 0)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int p = 2 * t + c;
+        if (p < tr.n) {
+          const int pr = plan.pairs[tr.j0 + p];
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int hr = h0 + g + 8 * h;
+            if (hr < H) y[int64_t(pr) * H + hr] = __float2bfloat16_rn(acc[0][0][2 * h + c]);
+          }
+        }
+      }
+  }
+}
+
 template <class Kernel>
-int resident_blocks(Kernel kernel) {
+int resident_blocks(Kernel kernel, int threads = kThreads) {
   int dev = 0, sms = 0, per_sm = 0;
   MOEFOLD_CUDA_CHECK(cudaGetDevice(&dev));
   MOEFOLD_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  MOEFOLD_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0));
+  MOEFOLD_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0));
   return std::max(1, sms * std::max(1, per_sm));
 }
 
@@ -166,9 +269,9 @@ prof::Work work(bool gate_up, const MoeShape& s) {
 
 }  // namespace
 
-void moe_fp8_expert_gate_up(const bf16* x, const uint8_t* gate_up, const float* gate_up_scale, const MoeShape& s,
-                            const MoeWorkspace& ws, cudaStream_t stream) {
-  check(s, ws, "moe_fp8_expert_gate_up");
+void moe_fp8_expert_gate_up_simt(const bf16* x, const uint8_t* gate_up, const float* gate_up_scale, const MoeShape& s,
+                                 const MoeWorkspace& ws, cudaStream_t stream) {
+  check(s, ws, "moe_fp8_expert_gate_up_simt");
   MOEFOLD_CHECK(x && gate_up && gate_up_scale, "moe_fp8_expert_gate_up: null pointer");
   static const int resident = resident_blocks(moe_fp8_gate_up_kernel);
   const int64_t items = int64_t(max_tiles(s, ws)) * (s.I / kGateUpCols);
@@ -179,9 +282,9 @@ void moe_fp8_expert_gate_up(const bf16* x, const uint8_t* gate_up, const float* 
   MOEFOLD_CUDA_CHECK_LAUNCH();
 }
 
-void moe_fp8_expert_down(const uint8_t* down, const float* down_scale, const MoeShape& s, const MoeWorkspace& ws,
-                         cudaStream_t stream) {
-  check(s, ws, "moe_fp8_expert_down");
+void moe_fp8_expert_down_simt(const uint8_t* down, const float* down_scale, const MoeShape& s, const MoeWorkspace& ws,
+                              cudaStream_t stream) {
+  check(s, ws, "moe_fp8_expert_down_simt");
   MOEFOLD_CHECK(down && down_scale, "moe_fp8_expert_down: null pointer");
   static const int resident = resident_blocks(moe_fp8_down_kernel);
   const int64_t items = int64_t(max_tiles(s, ws)) * (s.H / kDownRows);
@@ -189,6 +292,34 @@ void moe_fp8_expert_down(const uint8_t* down, const float* down_scale, const Moe
   LaunchScope launch(kDown, stream, [&] { return work(false, s); });
   launch_pdl(moe_fp8_down_kernel, dim3(int(std::min<int64_t>(items, resident))), dim3(kThreads), 0, stream, ws.act,
              down, down_scale, plan_of(ws), s.H, s.I, ws.y);
+  MOEFOLD_CUDA_CHECK_LAUNCH();
+}
+
+void moe_fp8_expert_gate_up(const bf16* x, const uint8_t* gate_up, const float* gate_up_scale, const MoeShape& s,
+                            const MoeWorkspace& ws, cudaStream_t stream) {
+  check(s, ws, "moe_fp8_expert_gate_up");
+  MOEFOLD_CHECK(x && gate_up && gate_up_scale, "moe_fp8_expert_gate_up: null pointer");
+  static const int resident = resident_blocks(moe_fp8_mma_gate_up_kernel, kMmaThreads);
+  const int WK = fp8mma::warps_along_k(s.H, kMmaWarps), WN = kMmaWarps / WK;
+  const int64_t items = int64_t(max_tiles(s, ws)) * ((s.I + WN * 16 - 1) / (WN * 16));
+  if (items <= 0) return;
+  LaunchScope launch(kMmaGateUp, stream, [&] { return work(true, s); });
+  launch_pdl(moe_fp8_mma_gate_up_kernel, dim3(int(std::min<int64_t>(items, resident))), dim3(kMmaThreads), 0, stream,
+             x, gate_up, gate_up_scale, plan_of(ws), s.k, s.H, s.I, WK, ws.act);
+  MOEFOLD_CUDA_CHECK_LAUNCH();
+}
+
+void moe_fp8_expert_down(const uint8_t* down, const float* down_scale, const MoeShape& s, const MoeWorkspace& ws,
+                         cudaStream_t stream) {
+  check(s, ws, "moe_fp8_expert_down");
+  MOEFOLD_CHECK(down && down_scale, "moe_fp8_expert_down: null pointer");
+  static const int resident = resident_blocks(moe_fp8_mma_down_kernel, kMmaThreads);
+  const int WK = fp8mma::warps_along_k(s.I, kMmaWarps), WN = kMmaWarps / WK;
+  const int64_t items = int64_t(max_tiles(s, ws)) * ((s.H + WN * 16 - 1) / (WN * 16));
+  if (items <= 0) return;
+  LaunchScope launch(kMmaDown, stream, [&] { return work(false, s); });
+  launch_pdl(moe_fp8_mma_down_kernel, dim3(int(std::min<int64_t>(items, resident))), dim3(kMmaThreads), 0, stream,
+             ws.act, down, down_scale, plan_of(ws), s.H, s.I, WK, ws.y);
   MOEFOLD_CUDA_CHECK_LAUNCH();
 }
 

@@ -1,8 +1,10 @@
-// Routed experts with block-scaled FP8 weights (core/fp8_block.h) at decode sizes: the split GEMV of
-// moe_gemv.cu over the same plan (tiles of <= 8 pairs of one expert), streaming each touched expert's
-// e4m3 weights and fp32 per-row block scales once over all SMs (W8A16: bf16 activations, weights decoded
-// exactly, fp32 accumulation; reduction order of fp8.cuh, fixed by the shape: bitwise batch-invariant at
-// every capacity). Router, top-k, plan and combine are the bf16 chain's own (moe.h), so expert 0 and
+// Routed experts with block-scaled FP8 weights (core/fp8_block.h) at decode sizes over the plan of
+// moe_gemv.cu (tiles of <= 8 pairs of one expert), streaming each touched expert's e4m3 weights and fp32
+// per-row block scales once over all SMs (W8A16: bf16 activations, weights decoded exactly to bf16 in
+// registers, fp32 accumulation). moe_fp8_expert_gate_up / _down run on the tensor cores (mma.sync,
+// fp8_mma.cuh: a tile's pairs are the 8 tokens of the mma's n8 fragment); the *_simt variants are the
+// CUDA-core kernels of before (fp8.cuh), kept as the benchmarks' baseline. Either's reduction order is
+// fixed by the shape: bitwise batch-invariant at every capacity. Router, top-k, plan and combine are the bf16 chain's own (moe.h), so expert 0 and
 // expert E-1 are routed, planned and combined like any other and padding rows are never touched.
 //
 // Layouts: gate_up [E, 2I, H] e4m3 (rows 0..I-1 gate, I..2I-1 up of each expert; per-expert checkpoints
@@ -31,6 +33,12 @@ void moe_fp8_expert_gate_up(const __nv_bfloat16* x, const uint8_t* gate_up, cons
 /// ws.y[pair, :] for every planned pair. Same preconditions. Asynchronous.
 void moe_fp8_expert_down(const uint8_t* down, const float* down_scale, const MoeShape& shape,
                          const MoeWorkspace& ws, cudaStream_t stream);
+
+/// The CUDA-core versions of the two (same contract; other bits).
+void moe_fp8_expert_gate_up_simt(const __nv_bfloat16* x, const uint8_t* gate_up, const float* gate_up_scale,
+                                 const MoeShape& shape, const MoeWorkspace& ws, cudaStream_t stream);
+void moe_fp8_expert_down_simt(const uint8_t* down, const float* down_scale, const MoeShape& shape,
+                              const MoeWorkspace& ws, cudaStream_t stream);
 
 /// The routed chain of moe_forward with FP8 experts: router logits -> moe_route (GEMV tiles) -> FP8
 /// gate_up -> FP8 down -> moe_combine (fp32, slot order, + gated shared expert + residual).
