@@ -877,6 +877,29 @@ TEST(MoeGemv, ForcedAtLargerCapacity) {
 // bit for bit, at the issue's live counts, with the padding poisoned.
 const std::vector<int> kBucket128Lives = {1, 9, 33, 64, 113, 114, 127, 128, 2};
 
+// For compute-sanitizer (memcheck / racecheck): the streaming kernels forced, one and several plan tiles
+// per expert, with and without the early start of down.
+TEST(MoeStream, SanitizeSmall) {
+  MOEFOLD_REQUIRE_GPU();
+  MoeWeights& w = small_weights();
+  for (bool early : {true, false}) {
+    moe_detail::set_stream_early_down(early);
+    for (int T : {3, 40}) {
+      std::vector<uint16_t> xh, shh, none;
+      std::vector<float> xf, shf, resf;
+      rand_bf16(size_t(T) * w.H, 950 + T, 1.0f, xh, &xf);
+      rand_bf16(size_t(T) * w.H, 951 + T, 0.5f, shh, &shf);
+      ChainRun g = run_chain(w, T, T + 2, xh, shh, none, kMoeExpertStream);
+      const std::vector<float> ref = reference_rows(w, w.k, T, xf, shf, resf, g.ids.data(), g.weights.data());
+      const std::string shp = shape_str(w.E, w.k, w.H, w.I, T, T + 2) + (early ? ",early_down" : ",late_down");
+      EXPECT_TRUE(contract("moe_stream_forced", shp, rel_err(from_bf16(g.out), ref), 1e-2));
+      EXPECT_TRUE(contract_exact("moe_stream_forced_padding", shp,
+                                 g.pad_out_bytes_written + g.pad_logits + g.pad_ids + g.pad_weights + g.pad_act + g.pad_y));
+    }
+  }
+  moe_detail::set_stream_early_down(true);
+}
+
 TEST(MoeStream, GraphReplayFixtureShapes) {
   MOEFOLD_REQUIRE_GPU();
   uint64_t seed = 5100;
