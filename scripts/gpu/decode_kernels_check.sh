@@ -3,7 +3,10 @@
 # contract tests, then the PERF cases (old kernel vs new, A B B A, copy bandwidth measured in the same
 # binary), each under its own time limit; a summary table last.
 # Usage (repository root, after `source scripts/gpu/env.sh BUILD`): scripts/gpu/decode_kernels_check.sh [BUILD]
-# Env: CHECK_S / PERF_S seconds per test binary (default 14 / 12).
+# Env: CHECK_S / PERF_S seconds per test binary (default 14 / 12); MOE_FILTER / GDN_FILTER replace the
+# contract tests' filters; SKIP_GDN=1 skips the DeltaNet part; OLD_BIN=path adds bench offline old (A)
+# vs BUILD/moefold (B), A B B A, graphs both, decode batches $AB_BATCH (default 1,64,256), under AB_S
+# seconds (default 34).
 set -uo pipefail
 b=${1:-build-cuda}/tests
 out=${OUT:-/tmp}/decode_kernels
@@ -21,9 +24,16 @@ run() {  # name seconds binary filter [extra]
   echo "SUMMARY $name rc=$rc contracts_pass=$pass contracts_fail=$fail $(grep -E '^\[  (PASSED|FAILED) ' "$out/$name.txt" | tr '\n' ' ')"
   grep -E 'verdict=FAIL|^\[  FAILED  \]|Failure|error' "$out/$name.txt" | head -5
 }
-run gdn_tests "$cs" gated_delta_net_test 'GdnDecode.*:GdnArgs.*:GdnPrefill.FixtureShapes'
-run moe_tests "$cs" moe_test 'MoeChain.TileConfigsBitIdentical:MoeStream.*:MoeGemv.SmallGraphReplay:MoeChain.SanitizeSmall'
-run gdn_perf "$ps" gated_delta_net_test 'GdnPerf.DISABLED_DecodeVariants' --gtest_also_run_disabled_tests
+[ -n "${SKIP_GDN:-}" ] || run gdn_tests "$cs" gated_delta_net_test "${GDN_FILTER:-GdnDecode.*:GdnArgs.*:GdnPrefill.FixtureShapes}"
+run moe_tests "$cs" moe_test "${MOE_FILTER:-MoeChain.TileConfigsBitIdentical:MoeStream.*:MoeGemv.SmallGraphReplay:MoeChain.SanitizeSmall}"
+[ -n "${SKIP_GDN:-}" ] || run gdn_perf "$ps" gated_delta_net_test 'GdnPerf.DISABLED_DecodeVariants' --gtest_also_run_disabled_tests
 run moe_perf "$ps" moe_test 'MoePerf.DISABLED_DecodeExperts' --gtest_also_run_disabled_tests
+if [ -n "${OLD_BIN:-}" ]; then
+  A_BIN=$OLD_BIN B_BIN=${1:-build-cuda}/moefold A_FLAGS= timeout "${AB_S:-34}" scripts/gpu/decode_ab.sh \
+    "${1:-build-cuda}/moefold" configs/qwen3.6-35b-a3b "$out/ab" --load-format dummy --device cuda \
+    --decode-batch "${AB_BATCH:-1,64,256}" --decode-steps 16 >"$out/ab.txt" 2>&1
+  echo "SUMMARY bench_ab rc=$?"
+fi
 echo "== PERF =="
-grep -h '^PERF' "$out/gdn_perf.txt" "$out/moe_perf.txt" | sed -e 's/^PERF //'
+cat "$out"/gdn_perf.txt "$out/moe_perf.txt" 2>/dev/null | grep -h '^PERF' | sed -e 's/^PERF //'
+[ -f "$out/ab.txt" ] && { echo "== bench offline A (old) B (new) B A =="; grep -E '^ *(decode batch|[0-9]+ )' "$out/ab.txt" | tail -5; grep -E '^decode' "$out/ab.txt" | head -12; }

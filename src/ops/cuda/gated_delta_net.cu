@@ -518,11 +518,13 @@ int gdn_decode_auto_cols(int max_seqs, const GdnDims& d) {
     MOEFOLD_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
     return n;
   }();
-  // Widest tiles that still give every SM about four blocks (64 KB state tiles at CPL 4).
+  // The widest tiles that still give at least every other SM a block. Measured on the H200 at the 35B
+  // shape (docs/benchmarks.md): 4 columns a lane are fastest from 8 sequences (256 blocks) on, 2 at 2
+  // sequences (128 blocks), 1 at one sequence (128 blocks of 32 columns; 2 columns tie).
   const int64_t heads = int64_t(max_seqs) * d.num_v_heads;
   for (int cpl : {4, 2}) {
     if (d.v_dim % (32 * cpl) != 0) continue;
-    if (heads * (d.v_dim / (32 * cpl)) >= 4LL * sms) return cpl;
+    if (2 * heads * (d.v_dim / (32 * cpl)) >= sms) return cpl;
   }
   return 1;
 }

@@ -13,7 +13,7 @@
 //
 // Expert kernels by step capacity (moe_expert_config): capacity <= kMoeSmallBatchMaxRows (16) runs, with
 // batch_invariant (the engine's default), the tensor-core streaming kernels (moe_stream.cu: per warp one
-// plan tile of <= 16 pairs x 16 weight rows at a time, a private cp.async ring over all K steps of its
+// plan tile of <= 8 pairs x 16 weight rows at a time, a private cp.async ring over all K steps of its
 // items), else the small-batch split GEMV (moe_gemv.cu: CUDA-core fp32 dot products over the plan's
 // tiles of <= 8 pairs of one expert); larger capacities run the tensor-core tiles (16 / 64 / 128 rows,
 // moe_gemm.cuh). All compute the same function with fp32 accumulation, silu(g) * u from the fp32 gate
@@ -42,7 +42,7 @@ constexpr int kMoeSmallBatchMaxRows = 16;
 /// MoeShape::expert_tiles / moe_expert_config value of the small-batch GEMV expert kernels.
 constexpr int kMoeExpertGemv = 3;
 /// MoeShape::expert_tiles / moe_expert_config value of the decode-size tensor-core streaming kernels
-/// (moe_stream.cu: bit-identical to the tiles 0/1/2, 16-row plan tiles).
+/// (moe_stream.cu: bit-identical to the tiles 0/1/2, 8-row plan tiles).
 constexpr int kMoeExpertStream = 4;
 
 /// Static sizes of one MoE layer at one bucket capacity. Preconditions (checked, moefold::Error):
