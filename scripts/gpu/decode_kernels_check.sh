@@ -4,7 +4,8 @@
 # binary), each under its own time limit; a summary table last.
 # Usage (repository root, after `source scripts/gpu/env.sh BUILD`): scripts/gpu/decode_kernels_check.sh [BUILD]
 # Env: CHECK_S / PERF_S seconds per test binary (default 14 / 12); MOE_FILTER / GDN_FILTER replace the
-# contract tests' filters; SKIP_GDN=1 skips the DeltaNet part; OLD_BIN=path adds bench offline old (A)
+# contract tests' filters; SKIP_GDN=1 skips the DeltaNet part, SKIP_PERF=1 the PERF cases; EXTRA adds
+# test binaries (see below); OLD_BIN=path adds bench offline old (A)
 # vs BUILD/moefold (B), A B B A, graphs both, decode batches $AB_BATCH (default 1,64,256), under AB_S
 # seconds (default 34).
 set -uo pipefail
@@ -26,11 +27,15 @@ run() {  # name seconds binary filter [extra]
 }
 [ -n "${SKIP_GDN:-}" ] || run gdn_tests "$cs" gated_delta_net_test "${GDN_FILTER:-GdnDecode.*:GdnArgs.*:GdnPrefill.FixtureShapes}"
 run moe_tests "$cs" moe_test "${MOE_FILTER:-MoeChain.TileConfigsBitIdentical:MoeStream.*:MoeGemv.SmallGraphReplay:MoeChain.SanitizeSmall}"
-[ -n "${SKIP_GDN:-}" ] || run gdn_perf "$ps" gated_delta_net_test 'GdnPerf.DISABLED_DecodeVariants' --gtest_also_run_disabled_tests
-run moe_perf "$ps" moe_test 'MoePerf.DISABLED_DecodeExperts' --gtest_also_run_disabled_tests
+for e in ${EXTRA:-}; do  # EXTRA="binary:seconds[:filter] ...": more test binaries, e.g. cuda_graph_test:12
+  IFS=: read -r ebin esecs efilter <<<"$e"
+  run "$ebin" "$esecs" "$ebin" "${efilter:-*}"
+done
+[ -n "${SKIP_PERF:-}" ] || [ -n "${SKIP_GDN:-}" ] || run gdn_perf "$ps" gated_delta_net_test 'GdnPerf.DISABLED_DecodeVariants' --gtest_also_run_disabled_tests
+[ -n "${SKIP_PERF:-}" ] || run moe_perf "$ps" moe_test 'MoePerf.DISABLED_DecodeExperts' --gtest_also_run_disabled_tests
 if [ -n "${OLD_BIN:-}" ]; then
   A_BIN=$OLD_BIN B_BIN=${1:-build-cuda}/moefold A_FLAGS= timeout "${AB_S:-34}" scripts/gpu/decode_ab.sh \
-    "${1:-build-cuda}/moefold" configs/qwen3.6-35b-a3b "$out/ab" --load-format dummy --device cuda \
+    "${1:-build-cuda}/moefold" configs/qwen3.6-35b-a3b "$out/ab" --load-format dummy \
     --decode-batch "${AB_BATCH:-1,64,256}" --decode-steps 16 >"$out/ab.txt" 2>&1
   echo "SUMMARY bench_ab rc=$?"
 fi

@@ -6,7 +6,7 @@
 // and live rows are bit-equal to an unpadded run. Skips without a GPU.
 //
 // Small-batch GEMV path (capacity <= 16, MoeGemv.*) and the batch-invariant path (MoeStream.*: the
-// streaming kernels at capacity <= 16, tiles above): the routed chain captured once in a CUDA graph per
+// streaming kernels at capacity 1, tiles above): the routed chain captured once in a CUDA graph per
 // bucket and replayed at changing live counts with poisoned padding; exactly the live pairs planned, no
 // padding row or pair written, live rows bit-equal to one-row runs (batch invariance), vs the CPU.
 //
@@ -591,13 +591,10 @@ TEST(MoeChain, TileConfigsBitIdentical) {
       rand_bf16(size_t(T) * w->H, 77 + T, 1.0f, xh, nullptr);
       rand_bf16(size_t(T) * w->H, 78 + T, 0.5f, shh, nullptr);
       ChainRun base = run_chain(*w, T, T + 3, xh, shh, none, 0);
-      // -4: down without the early start; 104..107: the streaming kernels' variants 0..3.
-      for (int cfg : {1, 2, kMoeExpertStream, -kMoeExpertStream, 105, 106, 107}) {
+      for (int cfg : {1, 2, kMoeExpertStream, -kMoeExpertStream}) {  // -: down without the early start
         moe_detail::set_stream_early_down(cfg >= 0);
-        moe_detail::set_stream_variant(cfg > 100 ? cfg - 104 : 0);
-        ChainRun r = run_chain(*w, T, T + 3, xh, shh, none, cfg > 100 ? kMoeExpertStream : std::abs(cfg));
+        ChainRun r = run_chain(*w, T, T + 3, xh, shh, none, std::abs(cfg));
         moe_detail::set_stream_early_down(true);
-        moe_detail::set_stream_variant(0);
         size_t mis = 0;
         for (size_t i = 0; i < r.out.size(); ++i) mis += r.out[i] != base.out[i];
         mis += (r.pad_out_bytes_written + r.pad_act + r.pad_y) + (r.offsets != base.offsets) + (r.pairs != base.pairs);
@@ -733,7 +730,8 @@ void check_gemv_replays(const MoeWeights& w, int k, int cap, const std::vector<i
   const int E = w.E, H = w.H, I = w.I;
   SmallChain c(w, k, cap, invariant);
   if (!invariant) ASSERT_EQ(moe_expert_config(c.shape), kMoeExpertGemv);
-  if (invariant && cap <= kMoeSmallBatchMaxRows) ASSERT_EQ(moe_expert_config(c.shape), kMoeExpertStream);
+  if (invariant) ASSERT_NE(moe_expert_config(c.shape), kMoeExpertGemv);
+  if (invariant && cap <= kMoeStreamMaxRows) ASSERT_EQ(moe_expert_config(c.shape), kMoeExpertStream);
   const bool with_replay = routing != Routing::kTopk;
   cudaStream_t st;
   MOEFOLD_CUDA_CHECK(cudaStreamCreate(&st));
@@ -874,10 +872,10 @@ TEST(MoeGemv, ForcedAtLargerCapacity) {
                              g.pad_out_bytes_written + g.pad_logits + g.pad_ids + g.pad_weights + g.pad_act + g.pad_y));
 }
 
-// ---- batch-invariant decode path (streaming kernels at capacities <= 16, tiles above) -------------------
+// ---- batch-invariant decode path (streaming kernels at capacity 1, tiles above) ------------------------
 // The same graph-replay contract with batch_invariant: the one-row runs (capacity 1: the streaming
-// kernels) must equal the rows of bucket 16 (streaming) and of bucket 128 (16-row tiles, the wide plan)
-// bit for bit, at the issue's live counts, with the padding poisoned.
+// kernels) must equal the rows of bucket 16 and of bucket 128 (16-row tiles; the wide plan at 128) bit
+// for bit, at the issue's live counts, with the padding poisoned.
 const std::vector<int> kBucket128Lives = {1, 9, 33, 64, 113, 114, 127, 128, 2};
 
 // For compute-sanitizer (memcheck / racecheck): the streaming kernels forced, one and several plan tiles
@@ -1119,14 +1117,10 @@ TEST(MoePerf, DISABLED_DecodeExperts) {
     std::vector<int> cfgs = {0, kMoeExpertStream, kMoeExpertStream, 0};
     if (T <= kMoeSmallBatchMaxRows) cfgs.push_back(kMoeExpertGemv);
     if (T >= 64) cfgs.push_back(1);  // the 64-row tiles (fewer, fuller CTAs when experts hold several rows)
-    // The streaming kernels' other variants (moe_detail::set_stream_variant: 1 = shallower co-resident
-    // rings, 2 = no L2 prefetch, 3 = both) and the default without the early (PDL) start of down (-4).
-    for (int v : {-4, 101, 102, 103}) cfgs.push_back(v);
+    cfgs.push_back(-kMoeExpertStream);  // the streaming kernels without the early (PDL) start of down
     for (size_t ci = 0; ci < cfgs.size(); ++ci) {
-      const int cfg = cfgs[ci] > 100 ? kMoeExpertStream : std::abs(cfgs[ci]);
-      const int variant = cfgs[ci] > 100 ? cfgs[ci] - 100 : 0;
+      const int cfg = std::abs(cfgs[ci]);
       moe_detail::set_stream_early_down(cfgs[ci] >= 0);
-      moe_detail::set_stream_variant(variant);
       const MoeShape shape{T, E, k, H, I, cfg};
       const size_t bytes = moe_workspace_bytes(shape);
       std::vector<std::unique_ptr<DevBuf>> wsb;
@@ -1156,8 +1150,7 @@ TEST(MoePerf, DISABLED_DecodeExperts) {
                                : cfg == 1 ? "tiles64"
                                : cfg == kMoeExpertGemv ? "gemv"
                                : cfgs[ci] < 0 ? "stream_no_early_down"
-                               : variant ? "stream_v" + std::to_string(variant)
-                                         : "stream";
+                                              : "stream";
       const std::string order = ci >= 4 ? "" : (ci == 0 || ci == 3 ? ",A" : ",B");
       const std::string shp = fmt::format("E={},k={},H={},I={},T={},experts={:.1f}{}", E, k, H, I, T,
                                           wbytes / (3.0 * I * H * 2), order);
@@ -1169,7 +1162,6 @@ TEST(MoePerf, DISABLED_DecodeExperts) {
       for (auto& g : full) cudaGraphExecDestroy(g);
       for (auto& g : experts) cudaGraphExecDestroy(g);
       moe_detail::set_stream_early_down(true);
-      moe_detail::set_stream_variant(0);
     }
   }
   MOEFOLD_CUDA_CHECK(cudaStreamDestroy(st));

@@ -118,11 +118,10 @@ TEST(ProfilerGpu, HybridPrefillAndDecodeTables) {
   EXPECT_EQ(calls(dec.profile, "argmax_kernel"), steps);  // one launch for the batch's rows per step
   EXPECT_EQ(calls(dec.profile, "cpu::sample_token"), 0);
   // Expert GEMM work from the plan's counts: batch * k pairs per layer, not the capacity's. Batch
-  // invariance (the executor's default) runs the streaming tensor-core experts at decode-size
-  // capacities (the tiles' bits), never the small-batch GEMV.
+  // invariance (the executor's default) runs the 16-row expert tiles, never the small-batch GEMV.
   EXPECT_EQ(calls(dec.profile, "moe_gemv_gate_up_kernel"), 0);
-  const auto* gu = find(dec.profile, "moe_stream_kernel:gate_up");
-  ASSERT_NE(gu, nullptr) << "decode-size capacity must run the streaming expert kernels";
+  const auto* gu = find(dec.profile, "moe_gemm_kernel:gate_up:bm16");
+  ASSERT_NE(gu, nullptr) << "decode-size capacity must run the 16-row expert tiles";
   EXPECT_EQ(gu->calls, steps * layers);
   const double H = 128, I = 64, k = 4;
   EXPECT_DOUBLE_EQ(gu->work.flops, double(steps * layers) * 2.0 * batch * k * H * 2 * I);

@@ -11,12 +11,12 @@
 // Row-major everywhere; bf16 = __nv_bfloat16. Shapes: T = capacity (rows the buffers hold), E experts,
 // k = top-k, H hidden size, I expert intermediate size, P = T * k (router pairs).
 //
-// Expert kernels by step capacity (moe_expert_config): capacity <= kMoeSmallBatchMaxRows (16) runs, with
-// batch_invariant (the engine's default), the tensor-core streaming kernels (moe_stream.cu: per warp one
-// plan tile of <= 8 pairs x 16 weight rows at a time, a private cp.async ring over all K steps of its
-// items), else the small-batch split GEMV (moe_gemv.cu: CUDA-core fp32 dot products over the plan's
-// tiles of <= 8 pairs of one expert); larger capacities run the tensor-core tiles (16 / 64 / 128 rows,
-// moe_gemm.cuh). All compute the same function with fp32 accumulation, silu(g) * u from the fp32 gate
+// Expert kernels by step capacity (moe_expert_config): without batch_invariant, capacity <=
+// kMoeSmallBatchMaxRows (16) runs the small-batch split GEMV (moe_gemv.cu: CUDA-core fp32 dot products
+// over the plan's tiles of <= 8 pairs of one expert); with batch_invariant (the engine's default),
+// capacity <= kMoeStreamMaxRows (1) runs the tensor-core streaming kernels (moe_stream.cu: per warp one
+// plan tile of <= 16 pairs x 16 weight rows at a time, a private cp.async ring over all K steps of its
+// items); the other capacities run the tensor-core tiles (16 / 64 / 128 rows, moe_gemm.cuh). All compute the same function with fp32 accumulation, silu(g) * u from the fp32 gate
 // and up sums rounded once to bf16 (act), and y rounded once to bf16; the combine is the same kernel.
 //
 // Batch invariance (bitwise): the router logits (K split by H only), top-k and combine are per row and
@@ -42,8 +42,11 @@ constexpr int kMoeSmallBatchMaxRows = 16;
 /// MoeShape::expert_tiles / moe_expert_config value of the small-batch GEMV expert kernels.
 constexpr int kMoeExpertGemv = 3;
 /// MoeShape::expert_tiles / moe_expert_config value of the decode-size tensor-core streaming kernels
-/// (moe_stream.cu: bit-identical to the tiles 0/1/2, 8-row plan tiles).
+/// (moe_stream.cu: bit-identical to the tiles 0/1/2, 16-row plan tiles).
 constexpr int kMoeExpertStream = 4;
+/// With batch_invariant, step capacities up to this many rows run the streaming kernels (measured on the
+/// H200, docs/benchmarks.md: 12% faster than the 16-row tiles at one token, slower from two on).
+constexpr int kMoeStreamMaxRows = 1;
 
 /// Static sizes of one MoE layer at one bucket capacity. Preconditions (checked, moefold::Error):
 /// 1 <= k <= E <= 1024, E % 2 == 0, H % 128 == 0, I % 64 == 0, capacity >= 1, -1 <= expert_tiles <= 4.
@@ -58,13 +61,13 @@ struct MoeShape {
                           // themselves); 3 (kMoeExpertGemv) forces the small-batch GEMV at any capacity
                           // (tests, benchmarks; its bits differ from the tiles'); 4 (kMoeExpertStream)
                           // forces the streaming kernels (the tiles' bits)
-  bool batch_invariant = false;  // with expert_tiles -1: never the GEMV (the streaming kernels at capacities
-                                 // <= 16 instead), so a row's bits do not depend on the capacity
+  bool batch_invariant = false;  // with expert_tiles -1: never the GEMV (the streaming kernels or the
+                                 // tiles instead), so a row's bits do not depend on the capacity
 };
 
-/// The expert kernels a step of `shape` runs: shape.expert_tiles when >= 0, else for capacity <=
-/// kMoeSmallBatchMaxRows kMoeExpertStream (batch_invariant) or kMoeExpertGemv, else 0/1/2 (tiles of
-/// 16/64/128 rows by capacity * k / E). Two steps give a row the same bits iff they run the same kind:
+/// The expert kernels a step of `shape` runs: shape.expert_tiles when >= 0, else kMoeExpertGemv for
+/// capacity <= kMoeSmallBatchMaxRows without batch_invariant, kMoeExpertStream for capacity <=
+/// kMoeStreamMaxRows with it, else 0/1/2 (tiles of 16/64/128 rows by capacity * k / E). Two steps give a row the same bits iff they run the same kind:
 /// GEMV (3) or tensor cores (0, 1, 2, 4).
 int moe_expert_config(const MoeShape& shape);
 

@@ -12,20 +12,23 @@
 
 namespace moefold::cuda::moe_detail {
 
-/// Expert-kernel configuration: for capacities up to kMoeSmallBatchMaxRows the tensor-core streaming
-/// kernel (kMoeExpertStream, bit-identical to the tiles) with batch_invariant, else the small-batch GEMV
-/// (kMoeExpertGemv); above, by the average rows per expert at full capacity (capacity * k / E):
+/// Expert-kernel configuration: without batch_invariant the small-batch GEMV (kMoeExpertGemv) for
+/// capacities up to kMoeSmallBatchMaxRows; with it the tensor-core streaming kernels (kMoeExpertStream,
+/// bit-identical to the tiles) up to kMoeStreamMaxRows; above, by the average rows per expert at full capacity (capacity * k / E):
 /// 0 = decode tiles (BM 16: weight streaming), 1 = medium (BM 64), 2 = prefill (BM 128).
 inline int expert_config(const MoeShape& s) {
   if (s.expert_tiles >= 0) return s.expert_tiles;
-  if (s.capacity <= kMoeSmallBatchMaxRows) return s.batch_invariant ? kMoeExpertStream : kMoeExpertGemv;
+  if (s.capacity <= kMoeSmallBatchMaxRows) {
+    if (!s.batch_invariant) return kMoeExpertGemv;
+    if (s.capacity <= kMoeStreamMaxRows) return kMoeExpertStream;
+  }
   const double avg = double(s.capacity) * s.k / s.E;
   return avg < 24.0 ? 0 : (avg < 96.0 ? 1 : 2);
 }
-/// Rows of one plan tile: the GEMV and the streaming kernels take up to 8 pairs of one expert per tile
-/// (a tile per touched expert unless more than 8 of the step's rows chose it).
+/// Rows of one plan tile: the GEMV takes up to 8 pairs of one expert per tile (a tile per touched
+/// expert unless more than 8 of the step's rows chose it), the streaming kernels 16 like the 16-row tiles.
 constexpr int expert_tile_rows(int config) {
-  return config == kMoeExpertGemv || config == kMoeExpertStream ? 8 : (config == 0 ? 16 : (config == 1 ? 64 : 128));
+  return config == kMoeExpertGemv ? 8 : (config == 0 || config == kMoeExpertStream ? 16 : (config == 1 ? 64 : 128));
 }
 constexpr int kMinTileRows = 8;  // the smallest of expert_tile_rows: the most tiles a capacity can need
 
@@ -58,7 +61,7 @@ void launch_gemv_down(const __nv_bfloat16* act, const __nv_bfloat16* down, const
 struct GemmParams;  // moe_gemm.cuh
 
 /// Decode-size gate_up + SwiGLU on tensor cores (moe_stream.cu): the tile kernels' function and bits
-/// (GemmParams of GemmMode::kExpertGateUp), work items of 16 weight rows per plan tile of <= 8 pairs.
+/// (GemmParams of GemmMode::kExpertGateUp), work items of 16 weight rows per plan tile of <= 16 pairs.
 /// max_tiles: the worst case of plan tiles at the step's capacity. Asynchronous.
 void launch_stream_gate_up(const GemmParams& p, int max_tiles, cudaStream_t stream);
 /// The same for down (GemmParams of GemmMode::kExpertDown). Asynchronous.
@@ -68,11 +71,6 @@ void launch_stream_down(const GemmParams& p, int max_tiles, cudaStream_t stream)
 /// tests; the bits do not change.
 void set_stream_early_down(bool on);
 bool stream_early_down();
-/// The streaming kernels' variant (tests, A/B timing; MOEFOLD_MOE_STREAM_VARIANT): bit 0 = ring depths
-/// gate_up 12 / down 6 stages (one CTA of each on an SM) instead of 16 / 8; bit 1 = no 256-byte L2
-/// prefetch on the weight loads. Default 0. The bits of the results do not change.
-void set_stream_variant(int v);
-int stream_variant();
 
 }  // namespace moefold::cuda::moe_detail
 
