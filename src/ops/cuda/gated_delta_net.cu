@@ -541,7 +541,8 @@ void gdn_recurrent_decode_variant(const GdnArgs& args, int max_seqs, const GdnDi
               32 * cpl, dims.k_dim, dims.v_dim);
   const int tw = 32 * (cpl == 0 ? 1 : cpl);
   const dim3 grid(unsigned((dims.v_dim + tw - 1) / tw), unsigned(dims.num_v_heads), unsigned(max_seqs));
-  LaunchScope launch(kGdnDecode, stream, [&] { return detail::gdn_work(work_seqs(max_seqs), work_seqs(max_seqs), dims); });
+  LaunchScope launch(kGdnDecode, stream,
+                     [&] { return detail::gdn_work(work_seqs(max_seqs), work_seqs(max_seqs), dims); });
   const bool wide = dims.k_dim > 128;
   auto kernel = cpl == 0 ? gdn_decode_kernel_v1
                 : cpl == 4 ? gdn_decode_kernel<16, 4>

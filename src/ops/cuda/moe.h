@@ -16,8 +16,9 @@
 // over the plan's tiles of <= 8 pairs of one expert); with batch_invariant (the engine's default),
 // capacity <= kMoeStreamMaxRows (1) runs the tensor-core streaming kernels (moe_stream.cu: per warp one
 // plan tile of <= 16 pairs x 16 weight rows at a time, a private cp.async ring over all K steps of its
-// items); the other capacities run the tensor-core tiles (16 / 64 / 128 rows, moe_gemm.cuh). All compute the same function with fp32 accumulation, silu(g) * u from the fp32 gate
-// and up sums rounded once to bf16 (act), and y rounded once to bf16; the combine is the same kernel.
+// items); the other capacities run the tensor-core tiles (16 / 64 / 128 rows, moe_gemm.cuh). All
+// compute the same function with fp32 accumulation, silu(g) * u from the fp32 gate and up sums rounded
+// once to bf16 (act), and y rounded once to bf16; the combine is the same kernel.
 //
 // Batch invariance (bitwise): the router logits (K split by H only), top-k and combine are per row and
 // independent of the capacity. The expert results of a pair depend only on its row's input, its
@@ -67,8 +68,8 @@ struct MoeShape {
 
 /// The expert kernels a step of `shape` runs: shape.expert_tiles when >= 0, else kMoeExpertGemv for
 /// capacity <= kMoeSmallBatchMaxRows without batch_invariant, kMoeExpertStream for capacity <=
-/// kMoeStreamMaxRows with it, else 0/1/2 (tiles of 16/64/128 rows by capacity * k / E). Two steps give a row the same bits iff they run the same kind:
-/// GEMV (3) or tensor cores (0, 1, 2, 4).
+/// kMoeStreamMaxRows with it, else 0/1/2 (tiles of 16/64/128 rows by capacity * k / E). Two steps give
+/// a row the same bits iff they run the same kind: GEMV (3) or tensor cores (0, 1, 2, 4).
 int moe_expert_config(const MoeShape& shape);
 
 /// Device scratch of the chain, carved from one allocation by moe_workspace_bind. Everything is sized by

@@ -1,7 +1,7 @@
 // MoE experts on the GPU: the workspace, the two grouped expert GEMMs (moe_gemm.cuh: gate_up with the
-// SwiGLU epilogue writing act per planned pair, down writing y per pair id; at step capacities <= 16 the
-// streaming kernels of moe_stream.cu or the split GEMVs of moe_gemv.cu instead), the combine (k slots in order, fp32, plus the sigmoid-gated shared
-// expert) and the whole chain moe_forward.
+// SwiGLU epilogue writing act per planned pair, down writing y per pair id; at small step capacities the
+// streaming kernels of moe_stream.cu or the split GEMVs of moe_gemv.cu instead), the combine (k slots in
+// order, fp32, plus the sigmoid-gated shared expert) and the whole chain moe_forward.
 // Grids are sized for the capacity's worst case (max row tiles); CTAs past the planned tile count, i.e.
 // past the live rows, return at once, so experts with no rows and padding rows cost nothing.
 #include <algorithm>

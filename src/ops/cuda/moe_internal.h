@@ -14,8 +14,9 @@ namespace moefold::cuda::moe_detail {
 
 /// Expert-kernel configuration: without batch_invariant the small-batch GEMV (kMoeExpertGemv) for
 /// capacities up to kMoeSmallBatchMaxRows; with it the tensor-core streaming kernels (kMoeExpertStream,
-/// bit-identical to the tiles) up to kMoeStreamMaxRows; above, by the average rows per expert at full capacity (capacity * k / E):
-/// 0 = decode tiles (BM 16: weight streaming), 1 = medium (BM 64), 2 = prefill (BM 128).
+/// bit-identical to the tiles) up to kMoeStreamMaxRows; above, by the average rows per expert at full
+/// capacity (capacity * k / E): 0 = decode tiles (BM 16: weight streaming), 1 = medium (BM 64),
+/// 2 = prefill (BM 128).
 inline int expert_config(const MoeShape& s) {
   if (s.expert_tiles >= 0) return s.expert_tiles;
   if (s.capacity <= kMoeSmallBatchMaxRows) {

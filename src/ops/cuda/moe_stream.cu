@@ -6,11 +6,16 @@
 // item = (plan tile of <= 16 pairs of one expert, group of 16 weight rows): gate_up gate rows 8g .. 8g+7
 // with the matching up rows I + 8g .. (8 act columns), down rows 16g .. 16g+15 of H. Each warp owns a
 // private cp.async ring (kStages x (16 x 64 A + 16 x 64 B) bf16, swizzled as in moe_gemm.cuh) and walks
-// its items (items w, w + all warps, ..., w counted round the CTAs first) as ONE flattened sequence of 64-column K steps, so the
-// ring keeps prefetching across item boundaries; warps never wait for each other (no __syncthreads). The
+// its items (items w, w + all warps, ..., w counted round the CTAs first) as ONE flattened sequence of
+// 64-column K steps, so the ring keeps prefetching across item boundaries; warps never wait for each
+// other (no __syncthreads). The
 // grid is the device's resident CTAs (capped by the capacity's worst-case items), the item count is read
 // from the plan in device memory (num_tiles), so padding rows and experts with no pairs cost nothing and
 // a graph captured at a bucket replays with any live count.
+//
+// Used (moe_expert_config) with batch_invariant at step capacities <= kMoeStreamMaxRows (1): measured on
+// the H200 it is 12% faster than the 16-row tiles at one token and slower from two tokens on, where the
+// tiles keep more independent weight streams in flight (docs/benchmarks.md).
 //
 // Bits: every output element is the fp32 accumulation, from 0, of mma.sync m16n8k16 products over K in
 // increasing 16-column steps, A = the pair's activation row, B = the weight row, exactly the per-element
