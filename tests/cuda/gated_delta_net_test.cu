@@ -9,11 +9,14 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "core/dtype.h"
 #include "cuda/contract.h"
+#include "cuda/cuda_test_util.h"
 #include "ops/cpu/gated_delta_net.h"
 #include "ops/cuda/causal_conv1d.h"
 #include "ops/cuda/gated_delta_net.h"
@@ -535,6 +538,85 @@ void decode_case(const GdnDims& d, int live, uint64_t seed) {
                                  byte_mismatches(pool, dpool2.down(), 0, pool.size())));
 }
 
+// The decode kernels (detail::gdn_recurrent_decode_variant) that can run `d`: 0 (the former kernel) and
+// 1 / 2 / 4 value columns a lane where dk and dv allow them.
+std::vector<int> decode_variants(const GdnDims& d) {
+  std::vector<int> v{0, 1};
+  for (int c : {2, 4})
+    if (d.k_dim <= 128 && d.v_dim % (32 * c) == 0) v.push_back(c);
+  return v;
+}
+
+// Decode at capacity `cap`, at each live count of `lives`: every kernel variant gives the former
+// kernel's bits (outputs and states); padding rows of out stay poisoned and the slots of padding
+// sequences and unused slots keep their bytes; one sequence run alone (capacity 1) equals its row in the
+// batch bit for bit; the first rows match the CPU.
+void decode_live_case(const GdnDims& d, int cap, const std::vector<int>& lives, uint64_t seed) {
+  const int nslots = cap + 2;
+  const Problem P(d, cap, seed);
+  const int64_t se = P.state_elems(), orow = P.out_row();
+  std::vector<int32_t> slots(static_cast<size_t>(cap));
+  for (int s = 0; s < cap; ++s) slots[size_t(s)] = cap - s;  // reversed; slots 0 and cap + 1 unused
+  const auto pool0 = make_pool(nslots, se, slots, seed + 5);
+  DevProblem dp(P);
+  Dev<float> dpool(pool0);
+  Dev<uint16_t> dout(size_t(cap * orow));
+  Dev<int32_t> dslots(slots), dns(std::vector<int32_t>{cap});
+  const std::vector<int> variants = decode_variants(d);
+  for (int L : lives) {
+    const std::string shape = dims_str(d) + ",cap=" + std::to_string(cap) + ",live=" + std::to_string(L);
+    dns.up(std::vector<int32_t>{L});
+    std::vector<uint16_t> out_ref;
+    std::vector<float> pool_ref;
+    for (int v : variants) {
+      dpool.up(pool0);
+      dout.poison();
+      moefold::cuda::detail::gdn_recurrent_decode_variant(dp.args(0, dpool.p, dslots.p, dns.p, dout.p), cap, d, v,
+                                                          nullptr);
+      auto out = dout.down();
+      auto pool = dpool.down();
+      size_t pad = unpoisoned(out, size_t(L * orow), size_t((cap - L) * orow));
+      for (int s = 0; s < nslots; ++s)
+        if (std::find(slots.begin(), slots.begin() + L, s) == slots.begin() + L)
+          pad += byte_mismatches(pool, pool0, size_t(s * se), size_t(se));
+      EXPECT_TRUE(contract_exact("gdn_decode_live.padding", shape + ",variant=" + std::to_string(v), pad));
+      if (v == 0) {
+        out_ref = std::move(out);
+        pool_ref = std::move(pool);
+        continue;
+      }
+      EXPECT_TRUE(contract_exact("gdn_decode_live.variant_eq_former", shape + ",variant=" + std::to_string(v),
+                                 byte_mismatches(out, out_ref, 0, out.size()) +
+                                     byte_mismatches(pool, pool_ref, 0, pool.size())));
+    }
+    // One sequence alone (capacity 1, the automatic kernel) == its row in the batch.
+    for (int t : {0, L - 1}) {
+      Dev<float> dp1(pool0);
+      Dev<uint16_t> do1(static_cast<size_t>(orow));
+      Dev<int32_t> ds1(std::vector<int32_t>{slots[size_t(t)]}), dn1(std::vector<int32_t>{1});
+      do1.poison();
+      moefold::cuda::gdn_recurrent_decode(dp.args(t, dp1.p, ds1.p, dn1.p, do1.p, nullptr, false), 1, d, nullptr);
+      const auto o1 = do1.down();
+      const auto p1 = dp1.down();
+      const size_t sl = size_t(slots[size_t(t)]);
+      size_t mis = 0;
+      for (int64_t e = 0; e < orow; ++e) mis += o1[size_t(e)] != out_ref[size_t(t * orow + e)];
+      mis += byte_mismatches(p1, pool_ref, sl * se, size_t(se));
+      EXPECT_TRUE(contract_exact("gdn_decode_live.one_row_eq_batch_row", shape + ",row=" + std::to_string(t), mis));
+    }
+    // The first two live rows against the CPU.
+    for (int t = 0; t < std::min(L, 2); ++t) {
+      std::vector<float> sref = slice(pool0, size_t(slots[size_t(t)] * se), size_t(se)), oref(static_cast<size_t>(orow));
+      P.reference(t, 1, sref.data(), oref.data());
+      const auto o = slice(out_ref, size_t(t * orow), size_t(orow));
+      EXPECT_TRUE(contract("gdn_decode_live.out_vs_cpu", shape + ",row=" + std::to_string(t),
+                           rel_err(from_bf16(o), oref), kTolBf16));
+      EXPECT_TRUE(contract("gdn_decode_live.state_vs_cpu", shape + ",row=" + std::to_string(t),
+                           rel_err(slice(pool_ref, size_t(slots[size_t(t)] * se), size_t(se)), sref), kTolState));
+    }
+  }
+}
+
 const std::vector<int> kLens{1, 2, 17, 63, 64, 65, 127, 1000, 4100};
 
 }  // namespace
@@ -638,6 +720,23 @@ TEST(GdnDecode, Batches) {
     decode_case(kSmall, b, 611 + uint64_t(b));
     decode_case(kReal, b, 621 + uint64_t(b));
   }
+}
+
+// Bucket 16 at 1, 2, 3, 7, 15, 16, 3 and bucket 128 at 1, 9, 33, 64, 113, 114, 127, 128, 2 (the decode
+// graphs' buckets replayed at changing live counts), every kernel variant, the 35B shape and small ones.
+TEST(GdnDecode, LiveCountsAllVariantsSmall) {
+  MOEFOLD_REQUIRE_GPU();
+  decode_live_case(kSmall, 16, {1, 2, 3, 7, 15, 16, 3}, 641);
+  decode_live_case(GdnDims{2, 4, 32, 16}, 5, {5, 1}, 643);
+}
+TEST(GdnDecode, LiveCountsAllVariants) {
+  MOEFOLD_REQUIRE_GPU();
+  decode_live_case(kReal, 16, {1, 2, 3, 7, 15, 16, 3}, 651);
+  // Bucket 128 with the 35B head sizes but 4 value heads (the grid's head axis does not change the paths;
+  // the pool stays small enough to compare on the host).
+  decode_live_case(GdnDims{2, 4, 128, 128}, 128, {1, 9, 33, 64, 113, 114, 127, 128, 2}, 652);
+  decode_live_case(GdnDims{1, 2, 256, 64}, 7, {7, 2}, 653);  // dk 256: 32 rows a warp
+  decode_live_case(GdnDims{2, 4, 128, 64}, 9, {9, 4}, 654);  // dv 64: 4 columns a lane do not fit
 }
 
 // The tensor-core prefill path (dk 128; the split chunk kernel + state pass, as args.max_rows is set) on a
@@ -775,6 +874,114 @@ TEST(GdnPerf, DISABLED_Timing) {
                 "conv_decode_us=%.1f\n",
                 dims_str(d).c_str(), S, len, conv_us, pre_us, dec_us, cdec_us);
   }
+}
+
+// The decode step at the 35B shape (Hk 16, Hv 32, dk = dv = 128: 2 MiB of fp32 state per sequence) for
+// 1 .. 256 sequences: the former kernel (A) against the automatic choice (B) in the order A B B A, then
+// every variant once. Each timing: a CUDA graph of R launches over R disjoint sets of state slots (R *
+// batch * 2 MiB >= 256 MiB, so the states come from HBM, not the L2), median of 20 replays / R. The
+// floor: the state read and written once (batch * 4 MiB) at the device-to-device copy rate (read + write)
+// measured first in this binary.
+TEST(GdnPerf, DISABLED_DecodeVariants) {
+  MOEFOLD_REQUIRE_GPU();
+  const GdnDims d = kReal;
+  cudaStream_t st;
+  MOEFOLD_CUDA_CHECK(cudaStreamCreate(&st));
+  auto graph_us = [&](cudaGraphExec_t ex, int per) {
+    for (int i = 0; i < 3; ++i) MOEFOLD_CUDA_CHECK(cudaGraphLaunch(ex, st));
+    cudaEvent_t a, b;
+    MOEFOLD_CUDA_CHECK(cudaEventCreate(&a));
+    MOEFOLD_CUDA_CHECK(cudaEventCreate(&b));
+    std::vector<float> ms;
+    for (int i = 0; i < 20; ++i) {
+      MOEFOLD_CUDA_CHECK(cudaEventRecord(a, st));
+      MOEFOLD_CUDA_CHECK(cudaGraphLaunch(ex, st));
+      MOEFOLD_CUDA_CHECK(cudaEventRecord(b, st));
+      MOEFOLD_CUDA_CHECK(cudaEventSynchronize(b));
+      float t = 0;
+      MOEFOLD_CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
+      ms.push_back(t);
+    }
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    std::sort(ms.begin(), ms.end());
+    return 1e3 * double(ms[ms.size() / 2]) / per;
+  };
+  auto capture = [&](const std::function<void()>& body) {
+    cudaGraph_t g;
+    cudaGraphExec_t ex;
+    MOEFOLD_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    body();
+    MOEFOLD_CUDA_CHECK(cudaStreamEndCapture(st, &g));
+    MOEFOLD_CUDA_CHECK(cudaGraphInstantiate(&ex, g, 0));
+    MOEFOLD_CUDA_CHECK(cudaGraphDestroy(g));
+    return ex;
+  };
+  const size_t copy_bytes = size_t(1) << 30;
+  float *ca = nullptr, *cb = nullptr;
+  MOEFOLD_CUDA_CHECK(cudaMalloc(&ca, copy_bytes));
+  MOEFOLD_CUDA_CHECK(cudaMalloc(&cb, copy_bytes));
+  // The copy on the stream (not a graph node, which runs on the copy engines at ~2.7 TB/s on the H200):
+  // the profiler's roofline method, bytes read + written.
+  std::vector<float> cms;
+  {
+    cudaEvent_t a, b;
+    MOEFOLD_CUDA_CHECK(cudaEventCreate(&a));
+    MOEFOLD_CUDA_CHECK(cudaEventCreate(&b));
+    for (int i = 0; i < 12; ++i) {
+      MOEFOLD_CUDA_CHECK(cudaEventRecord(a, st));
+      MOEFOLD_CUDA_CHECK(cudaMemcpyAsync(cb, ca, copy_bytes, cudaMemcpyDeviceToDevice, st));
+      MOEFOLD_CUDA_CHECK(cudaEventRecord(b, st));
+      MOEFOLD_CUDA_CHECK(cudaEventSynchronize(b));
+      float t = 0;
+      MOEFOLD_CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
+      if (i >= 2) cms.push_back(t);
+    }
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+  }
+  std::sort(cms.begin(), cms.end());
+  const double copy_gbs = 2.0 * double(copy_bytes) / (double(cms[cms.size() / 2]) * 1e-3) / 1e9;
+  cudaFree(ca);
+  cudaFree(cb);
+  moefold::test::perf_line("device_copy", "bytes=1GiB", 2.0 * double(copy_bytes) / copy_gbs / 1e3,
+                           "GB/s=" + std::to_string(int(copy_gbs)));
+  const int64_t se = int64_t(d.num_v_heads) * d.k_dim * d.v_dim;
+  for (int S : {1, 2, 8, 16, 64, 256}) {
+    const int R = std::max(1, int((int64_t(256) << 20) / (int64_t(S) * se * 4)));
+    const Problem P(d, S, 961);
+    DevProblem dp(P);
+    Dev<float> dpool(size_t(int64_t(R) * S * se));
+    MOEFOLD_CUDA_CHECK(cudaMemset(dpool.p, 0, dpool.n * sizeof(float)));
+    std::vector<std::unique_ptr<Dev<int32_t>>> dslots;
+    for (int r = 0; r < R; ++r) {
+      std::vector<int32_t> sl(static_cast<size_t>(S));
+      for (int s = 0; s < S; ++s) sl[size_t(s)] = r * S + s;
+      dslots.push_back(std::make_unique<Dev<int32_t>>(sl));
+    }
+    Dev<int32_t> dns(std::vector<int32_t>{S});
+    Dev<uint16_t> dout(size_t(S * P.out_row()));
+    const double floor_us = double(S) * se * 4 * 2 / copy_gbs / 1e3;
+    const int autov = moefold::cuda::detail::gdn_decode_auto_cols(S, d);
+    std::vector<std::pair<int, std::string>> runs{{0, "A"}, {-1, "B"}, {-1, "B"}, {0, "A"}, {1, ""}, {2, ""}, {4, ""}};
+    for (const auto& [v, tag] : runs) {
+      cudaGraphExec_t ex = capture([&] {
+        for (int r = 0; r < R; ++r)
+          moefold::cuda::detail::gdn_recurrent_decode_variant(dp.args(0, dpool.p, dslots[size_t(r)]->p, dns.p, dout.p), S,
+                                                              d, v, st);
+      });
+      const double us = graph_us(ex, R);
+      cudaGraphExecDestroy(ex);
+      const std::string name = v == 0 ? "gdn_decode:former" : (v < 0 ? "gdn_decode:auto" : "gdn_decode:cpl" + std::to_string(v));
+      char shp[128], met[128];
+      std::snprintf(shp, sizeof shp, "%s,seqs=%d,launches=%d%s%s,auto_cpl=%d", dims_str(d).c_str(), S, R,
+                    tag.empty() ? "" : ",", tag.c_str(), autov);
+      std::snprintf(met, sizeof met, "GB/s=%.0f copy_frac=%.2f floor_us=%.2f",
+                    double(S) * se * 8 / (us * 1e-6) / 1e9, floor_us / us, floor_us);
+      moefold::test::perf_line(name, shp, us, met);
+    }
+  }
+  MOEFOLD_CUDA_CHECK(cudaStreamDestroy(st));
 }
 
 TEST(GdnArgs, RejectsBadShapes) {

@@ -5,12 +5,13 @@
 // must change nothing: no padding output, logit, id, weight, act or y row is written (bytes compared),
 // and live rows are bit-equal to an unpadded run. Skips without a GPU.
 //
-// Small-batch GEMV path (capacity <= 16, MoeGemv.*): the routed chain captured once in a CUDA graph per
+// Small-batch GEMV path (capacity <= 16, MoeGemv.*) and the batch-invariant path (MoeStream.*: the
+// streaming kernels at capacity 1, tiles above): the routed chain captured once in a CUDA graph per
 // bucket and replayed at changing live counts with poisoned padding; exactly the live pairs planned, no
 // padding row or pair written, live rows bit-equal to one-row runs (batch invariance), vs the CPU.
 //
 // MoeBench.RealShape (runs only with MOEFOLD_MOE_BENCH=1) times the chain at the real Qwen3.5 shape;
-// MoePerf.DISABLED_DecodeGemvVsTiles times the decode capacities 1..16 on both expert paths.
+// MoePerf.DISABLED_DecodeExperts times the decode capacities 1..256 on the expert paths (tiles, streaming, GEMV).
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -32,6 +33,7 @@
 #include "ops/cpu/moe.h"
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/moe.h"
+#include "ops/cuda/moe_internal.h"
 #include "test_util.h"
 
 namespace moefold::cuda {
@@ -579,26 +581,28 @@ TEST(MoeChain, E256k8RealShape) {
   check_chain(w, 1024, 0, false, ++seed);  // the medium tile configuration at the real shape
 }
 
-// Every expert tile configuration computes the same bits (same per-element mma order), so the choice by
-// capacity never changes results.
+// Every tensor-core expert configuration (tiles of 16 / 64 / 128 rows, the streaming kernels) computes
+// the same bits (same per-element mma order), so the choice by capacity never changes results.
 TEST(MoeChain, TileConfigsBitIdentical) {
   MOEFOLD_REQUIRE_GPU();
-  for (MoeWeights* w : {&small_weights(), &real_weights()}) {
-    const int T = 100;
-    std::vector<uint16_t> xh, shh, none;
-    rand_bf16(size_t(T) * w->H, 77, 1.0f, xh, nullptr);
-    rand_bf16(size_t(T) * w->H, 78, 0.5f, shh, nullptr);
-    ChainRun base = run_chain(*w, T, T + 3, xh, shh, none, 0);
-    for (int cfg : {1, 2}) {
-      ChainRun r = run_chain(*w, T, T + 3, xh, shh, none, cfg);
-      size_t mis = 0;
-      for (size_t i = 0; i < r.out.size(); ++i) mis += r.out[i] != base.out[i];
-      mis += (r.pad_out_bytes_written + r.pad_act + r.pad_y) + (r.offsets != base.offsets) + (r.pairs != base.pairs);
-      char shp[96];
-      std::snprintf(shp, sizeof shp, "E=%d,k=%d,H=%d,T=%d,tiles=%d_vs_0", w->E, w->k, w->H, T, cfg);
-      EXPECT_TRUE(contract_exact("moe_tile_configs_bit_identical", shp, mis));
+  for (MoeWeights* w : {&small_weights(), &real_weights()})
+    for (int T : {1, 5, 16, 100}) {
+      std::vector<uint16_t> xh, shh, none;
+      rand_bf16(size_t(T) * w->H, 77 + T, 1.0f, xh, nullptr);
+      rand_bf16(size_t(T) * w->H, 78 + T, 0.5f, shh, nullptr);
+      ChainRun base = run_chain(*w, T, T + 3, xh, shh, none, 0);
+      for (int cfg : {1, 2, kMoeExpertStream, -kMoeExpertStream}) {  // -: down without the early start
+        moe_detail::set_stream_early_down(cfg >= 0);
+        ChainRun r = run_chain(*w, T, T + 3, xh, shh, none, std::abs(cfg));
+        moe_detail::set_stream_early_down(true);
+        size_t mis = 0;
+        for (size_t i = 0; i < r.out.size(); ++i) mis += r.out[i] != base.out[i];
+        mis += (r.pad_out_bytes_written + r.pad_act + r.pad_y) + (r.offsets != base.offsets) + (r.pairs != base.pairs);
+        char shp[96];
+        std::snprintf(shp, sizeof shp, "E=%d,k=%d,H=%d,T=%d,tiles=%d_vs_0", w->E, w->k, w->H, T, cfg);
+        EXPECT_TRUE(contract_exact("moe_tile_configs_bit_identical", shp, mis));
+      }
     }
-  }
 }
 
 // Step shapes: a workspace bound for 4,096 rows serving steps of 1 .. 113 rows (the executor's decode
@@ -662,8 +666,8 @@ struct SmallChain {
   MoeShape shape;
   DevBuf x, sh, res, out, rows, replay, ws_mem;
   MoeWorkspace ws;
-  SmallChain(const MoeWeights& w_, int k_, int cap_)
-      : w(w_), k(k_), cap(cap_), shape{cap_, w_.E, k_, w_.H, w_.I}, x(size_t(cap_) * w_.H * 2),
+  SmallChain(const MoeWeights& w_, int k_, int cap_, bool invariant = false)
+      : w(w_), k(k_), cap(cap_), shape{cap_, w_.E, k_, w_.H, w_.I, -1, invariant}, x(size_t(cap_) * w_.H * 2),
         sh(size_t(cap_) * w_.H * 2), res(size_t(cap_) * w_.H * 2), out(size_t(cap_) * w_.H * 2), rows(4),
         replay(size_t(cap_) * k_ * 4), ws_mem(moe_workspace_bytes(shape)) {
     ws = moe_workspace_bind(ws_mem.p, ws_mem.bytes, shape);
@@ -706,8 +710,8 @@ struct RowResult {
   std::vector<int32_t> ids;
   std::vector<float> weights;
 };
-RowResult run_one_row(const MoeWeights& w, int k, const SmallInputs& in, int t) {
-  SmallChain c(w, k, 1);
+RowResult run_one_row(const MoeWeights& w, int k, const SmallInputs& in, int t, bool invariant = false) {
+  SmallChain c(w, k, 1, invariant);
   c.prepare(in, t, 1, 0x7FC0);
   c.run(!in.replay.empty(), nullptr);
   MOEFOLD_CUDA_CHECK(cudaDeviceSynchronize());
@@ -721,10 +725,13 @@ RowResult run_one_row(const MoeWeights& w, int k, const SmallInputs& in, int t) 
 /// output / logit / id / weight / act / y row written, every live row bit-equal to its one-row run
 /// (`alone`, computed at capacity 1), and the output vs the CPU reference.
 void check_gemv_replays(const MoeWeights& w, int k, int cap, const std::vector<int>& lives, const SmallInputs& in,
-                        const std::vector<RowResult>& alone, Routing routing) {
+                        const std::vector<RowResult>& alone, Routing routing, bool invariant = false,
+                        int cpu_rows = 1 << 30) {
   const int E = w.E, H = w.H, I = w.I;
-  SmallChain c(w, k, cap);
-  ASSERT_EQ(moe_expert_config(c.shape), kMoeExpertGemv);
+  SmallChain c(w, k, cap, invariant);
+  if (!invariant) ASSERT_EQ(moe_expert_config(c.shape), kMoeExpertGemv);
+  if (invariant) ASSERT_NE(moe_expert_config(c.shape), kMoeExpertGemv);
+  if (invariant && cap <= kMoeStreamMaxRows) ASSERT_EQ(moe_expert_config(c.shape), kMoeExpertStream);
   const bool with_replay = routing != Routing::kTopk;
   cudaStream_t st;
   MOEFOLD_CUDA_CHECK(cudaStreamCreate(&st));
@@ -746,7 +753,8 @@ void check_gemv_replays(const MoeWeights& w, int k, int cap, const std::vector<i
     MOEFOLD_CUDA_CHECK(cudaGraphLaunch(exec, st));
     MOEFOLD_CUDA_CHECK(cudaStreamSynchronize(st));
     char shp[160];
-    std::snprintf(shp, sizeof shp, "E=%d,k=%d,H=%d,I=%d,cap=%d,live=%d,%s", E, k, H, I, cap, L, routing_name(routing));
+    std::snprintf(shp, sizeof shp, "E=%d,k=%d,H=%d,I=%d,cap=%d,live=%d,%s,experts=%d", E, k, H, I, cap, L,
+                  routing_name(routing), moe_expert_config(c.shape));
 
     // Plan: exactly the live pairs.
     const auto ids = download<int32_t>(c.ws.ids, LP);
@@ -781,10 +789,12 @@ void check_gemv_replays(const MoeWeights& w, int k, int cap, const std::vector<i
         mis += ids[size_t(t) * k + s] != a.ids[size_t(s)] || std::memcmp(&wts[size_t(t) * k + s], &a.weights[size_t(s)], 4);
     }
     EXPECT_TRUE(contract_exact("moe_gemv_replay_eq_one_row", shp, mis));
-    const std::vector<float> x_live(in.xf.begin(), in.xf.begin() + ptrdiff_t(L) * H),
-        sh_live(in.shf.begin(), in.shf.begin() + ptrdiff_t(L) * H), res_live(in.resf.begin(), in.resf.begin() + ptrdiff_t(L) * H);
-    const std::vector<float> ref = reference_rows(w, k, L, x_live, sh_live, res_live, ids.data(), wts.data());
-    EXPECT_TRUE(contract("moe_gemv_replay_vs_cpu", shp, rel_err(from_bf16(out), ref), 1e-2));
+    const int LC = std::min(L, cpu_rows);  // rows checked against the CPU (it is slow at the 35B shape)
+    const std::vector<float> x_live(in.xf.begin(), in.xf.begin() + ptrdiff_t(LC) * H),
+        sh_live(in.shf.begin(), in.shf.begin() + ptrdiff_t(LC) * H), res_live(in.resf.begin(), in.resf.begin() + ptrdiff_t(LC) * H);
+    const std::vector<float> ref = reference_rows(w, k, LC, x_live, sh_live, res_live, ids.data(), wts.data());
+    const std::vector<uint16_t> out_c(out.begin(), out.begin() + ptrdiff_t(LC) * H);
+    EXPECT_TRUE(contract("moe_gemv_replay_vs_cpu", shp, rel_err(from_bf16(out_c), ref), 1e-2));
   }
   MOEFOLD_CUDA_CHECK(cudaGraphExecDestroy(exec));
   MOEFOLD_CUDA_CHECK(cudaGraphDestroy(graph));
@@ -793,13 +803,14 @@ void check_gemv_replays(const MoeWeights& w, int k, int cap, const std::vector<i
 
 /// The issue's bucket-16 sequence (and other capacities when `caps` has more) for one shape and routing.
 void check_gemv_shape(const MoeWeights& w, int k, Routing routing, uint64_t seed,
-                      const std::vector<std::pair<int, std::vector<int>>>& caps) {
+                      const std::vector<std::pair<int, std::vector<int>>>& caps, bool invariant = false,
+                      int cpu_rows = 1 << 30) {
   int rows = 0;
   for (const auto& c : caps) rows = std::max(rows, c.first);
   const SmallInputs in = small_inputs(w, k, rows, routing, seed);
   std::vector<RowResult> alone;
-  for (int t = 0; t < rows; ++t) alone.push_back(run_one_row(w, k, in, t));
-  for (const auto& [cap, lives] : caps) check_gemv_replays(w, k, cap, lives, in, alone, routing);
+  for (int t = 0; t < rows; ++t) alone.push_back(run_one_row(w, k, in, t, invariant));
+  for (const auto& [cap, lives] : caps) check_gemv_replays(w, k, cap, lives, in, alone, routing, invariant, cpu_rows);
 }
 
 const std::vector<int> kBucket16Lives = {1, 2, 3, 7, 15, 16, 3};
@@ -859,6 +870,54 @@ TEST(MoeGemv, ForcedAtLargerCapacity) {
   EXPECT_TRUE(contract("moe_gemv_forced", shp, rel_err(from_bf16(g.out), ref), 1e-2));
   EXPECT_TRUE(contract_exact("moe_gemv_forced_padding", shp,
                              g.pad_out_bytes_written + g.pad_logits + g.pad_ids + g.pad_weights + g.pad_act + g.pad_y));
+}
+
+// ---- batch-invariant decode path (streaming kernels at capacity 1, tiles above) ------------------------
+// The same graph-replay contract with batch_invariant: the one-row runs (capacity 1: the streaming
+// kernels) must equal the rows of bucket 16 and of bucket 128 (16-row tiles; the wide plan at 128) bit
+// for bit, at the issue's live counts, with the padding poisoned.
+const std::vector<int> kBucket128Lives = {1, 9, 33, 64, 113, 114, 127, 128, 2};
+
+// For compute-sanitizer (memcheck / racecheck): the streaming kernels forced, one and several plan tiles
+// per expert, with and without the early start of down.
+TEST(MoeStream, SanitizeSmall) {
+  MOEFOLD_REQUIRE_GPU();
+  MoeWeights& w = small_weights();
+  for (bool early : {true, false}) {
+    moe_detail::set_stream_early_down(early);
+    for (int T : {3, 40}) {
+      std::vector<uint16_t> xh, shh, none;
+      std::vector<float> xf, shf, resf;
+      rand_bf16(size_t(T) * w.H, 950 + T, 1.0f, xh, &xf);
+      rand_bf16(size_t(T) * w.H, 951 + T, 0.5f, shh, &shf);
+      ChainRun g = run_chain(w, T, T + 2, xh, shh, none, kMoeExpertStream);
+      const std::vector<float> ref = reference_rows(w, w.k, T, xf, shf, resf, g.ids.data(), g.weights.data());
+      const std::string shp = shape_str(w.E, w.k, w.H, w.I, T, T + 2) + (early ? ",early_down" : ",late_down");
+      EXPECT_TRUE(contract("moe_stream_forced", shp, rel_err(from_bf16(g.out), ref), 1e-2));
+      EXPECT_TRUE(contract_exact("moe_stream_forced_padding", shp,
+                                 g.pad_out_bytes_written + g.pad_logits + g.pad_ids + g.pad_weights + g.pad_act + g.pad_y));
+    }
+  }
+  moe_detail::set_stream_early_down(true);
+}
+
+TEST(MoeStream, GraphReplayFixtureShapes) {
+  MOEFOLD_REQUIRE_GPU();
+  uint64_t seed = 5100;
+  for (int E : {8, 64, 256})
+    for (int k : {1, 2, 8})
+      for (Routing r : {Routing::kTopk, Routing::kExpert0, Routing::kExpertLast})
+        check_gemv_shape(fixture_weights(E), k, r, ++seed, {{16, kBucket16Lives}, {128, kBucket128Lives}, {3, {2}}},
+                         true);
+}
+
+TEST(MoeStream, GraphReplay35BShape) {
+  MOEFOLD_REQUIRE_GPU();
+  MoeWeights& w = real_weights();
+  uint64_t seed = 5200;
+  for (Routing r : {Routing::kTopk, Routing::kExpert0, Routing::kExpertLast})
+    check_gemv_shape(w, 8, r, ++seed, {{16, kBucket16Lives}, {128, kBucket128Lives}}, true, 3);
+  check_gemv_shape(w, 1, Routing::kTopk, ++seed, {{16, kBucket16Lives}}, true, 3);
 }
 
 // ---- micro-benchmark (MOEFOLD_MOE_BENCH=1) ----------------------------------------------------------------
@@ -995,13 +1054,15 @@ TEST(MoeBench, RealShape) {
   MOEFOLD_CUDA_CHECK(cudaStreamDestroy(st));
 }
 
-// Decode capacities 1, 2, 4, 8, 16 at the Qwen3.6-35B-A3B shape: the small-batch GEMV path (auto) next to
-// the 16-row tensor-core tiles (expert_tiles = 0). Per case two PERF lines: the routed chain
-// (moe_forward: router, top-k, plan, experts, combine) and the two expert kernels alone, each with the
-// GB/s of the expert weights touched (experts with pairs x 3 x H x I bf16) and that rate's fraction of the
-// device-to-device copy bandwidth (read + write) measured first in this binary. CUDA graphs, 8 input
-// sets rotated (other experts each replay: no L2 reuse of weights), median of 200 replays.
-TEST(MoePerf, DISABLED_DecodeGemvVsTiles) {
+// Decode capacities 1 .. 256 at the Qwen3.6-35B-A3B shape: the 16-row tensor-core tiles (expert_tiles 0,
+// the batch-invariant kernels before the streaming ones) as A, the streaming kernels (4) as B, in the
+// order A B B A, plus the non-invariant GEMV (3) at capacities <= 16, the 64-row tiles (1) from 64, and
+// the streaming kernels with down waiting for gate_up before its first load (no early PDL start). Per case two PERF lines: the routed
+// chain (moe_forward: router, top-k, plan, experts, combine) and the two expert kernels alone, each with
+// the GB/s of the expert weights touched (experts with pairs x 3 x H x I bf16) and that rate's fraction
+// of the device-to-device copy bandwidth (read + write) measured first in this binary. CUDA graphs, 8
+// input sets rotated (other experts each replay: no L2 reuse of weights), median of 100 replays.
+TEST(MoePerf, DISABLED_DecodeExperts) {
   MOEFOLD_REQUIRE_GPU();
   const int E = 256, k = 8, H = 2048, I = 512, nsets = 8;
   DevBuf wr(size_t(E) * H * 2), gu(size_t(E) * 2 * I * H * 2), dn(size_t(E) * H * I * 2);
@@ -1009,16 +1070,43 @@ TEST(MoePerf, DISABLED_DecodeGemvVsTiles) {
   cudaStream_t st;
   MOEFOLD_CUDA_CHECK(cudaStreamCreate(&st));
 
+  // The copy on the stream with events (the profiler's roofline method; a memcpy node in a graph runs on
+  // the copy engines at ~2.7 TB/s on the H200, below what kernels reach), bytes read + written.
   const size_t copy_bytes = size_t(1) << 30;
   DevBuf ca(copy_bytes), cb(copy_bytes);
-  const std::vector<cudaGraphExec_t> copy{capture_graph(st, [&] {
-    MOEFOLD_CUDA_CHECK(cudaMemcpyAsync(cb.p, ca.p, copy_bytes, cudaMemcpyDeviceToDevice, st));
-  })};
-  const double t_copy = median_graph_ms(copy, st, 20);
+  std::vector<float> cms;
+  {
+    cudaEvent_t a, b;
+    MOEFOLD_CUDA_CHECK(cudaEventCreate(&a));
+    MOEFOLD_CUDA_CHECK(cudaEventCreate(&b));
+    for (int i = 0; i < 12; ++i) {
+      MOEFOLD_CUDA_CHECK(cudaEventRecord(a, st));
+      MOEFOLD_CUDA_CHECK(cudaMemcpyAsync(cb.p, ca.p, copy_bytes, cudaMemcpyDeviceToDevice, st));
+      MOEFOLD_CUDA_CHECK(cudaEventRecord(b, st));
+      MOEFOLD_CUDA_CHECK(cudaEventSynchronize(b));
+      float t = 0;
+      MOEFOLD_CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
+      if (i >= 2) cms.push_back(t);
+    }
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+  }
+  std::sort(cms.begin(), cms.end());
+  const double t_copy = double(cms[cms.size() / 2]);
   const double copy_gbs = 2.0 * double(copy_bytes) / (t_copy * 1e-3) / 1e9;  // read + write
   test::perf_line("device_copy", "bytes=1GiB", t_copy * 1e3, fmt::format("GB/s={:.0f}", copy_gbs));
 
-  for (int T : {1, 2, 4, 8, 16}) {
+  const char* env = std::getenv("MOEFOLD_MOE_PERF_T");  // e.g. "1,64": a subset of the capacities
+  std::vector<int> Ts = {1, 2, 8, 16, 64, 256};
+  if (env) {
+    Ts.clear();
+    for (const char* c = env; *c;) {
+      Ts.push_back(std::atoi(c));
+      while (*c && *c != ',') ++c;
+      if (*c) ++c;
+    }
+  }
+  for (int T : Ts) {
     std::vector<std::unique_ptr<DevBuf>> xs;
     for (int i = 0; i < nsets; ++i) {
       xs.push_back(std::make_unique<DevBuf>(size_t(T) * H * 2));
@@ -1026,7 +1114,13 @@ TEST(MoePerf, DISABLED_DecodeGemvVsTiles) {
     }
     DevBuf out(size_t(T) * H * 2), rows(4);
     upload(rows.p, std::vector<int32_t>{T});
-    for (int cfg : {-1, 0}) {
+    std::vector<int> cfgs = {0, kMoeExpertStream, kMoeExpertStream, 0};
+    if (T <= kMoeSmallBatchMaxRows) cfgs.push_back(kMoeExpertGemv);
+    if (T >= 64) cfgs.push_back(1);  // the 64-row tiles (fewer, fuller CTAs when experts hold several rows)
+    cfgs.push_back(-kMoeExpertStream);  // the streaming kernels without the early (PDL) start of down
+    for (size_t ci = 0; ci < cfgs.size(); ++ci) {
+      const int cfg = std::abs(cfgs[ci]);
+      moe_detail::set_stream_early_down(cfgs[ci] >= 0);
       const MoeShape shape{T, E, k, H, I, cfg};
       const size_t bytes = moe_workspace_bytes(shape);
       std::vector<std::unique_ptr<DevBuf>> wsb;
@@ -1050,10 +1144,16 @@ TEST(MoePerf, DISABLED_DecodeGemvVsTiles) {
           moe_expert_down(dn.as<__nv_bfloat16>(), shape, ws[size_t(i)], st);
         }));
       }
-      const double t_full = median_graph_ms(full, st, 200), t_exp = median_graph_ms(experts, st, 200);
+      const double t_full = median_graph_ms(full, st, 100), t_exp = median_graph_ms(experts, st, 100);
       const double wbytes = mean_touched_experts(ws, E) * 3.0 * I * H * 2;
-      const std::string name = cfg < 0 ? "gemv" : "tiles16";
-      const std::string shp = fmt::format("E={},k={},H={},I={},T={},experts={:.1f}", E, k, H, I, T, wbytes / (3.0 * I * H * 2));
+      const std::string name = cfg == 0 ? "tiles16"
+                               : cfg == 1 ? "tiles64"
+                               : cfg == kMoeExpertGemv ? "gemv"
+                               : cfgs[ci] < 0 ? "stream_no_early_down"
+                                              : "stream";
+      const std::string order = ci >= 4 ? "" : (ci == 0 || ci == 3 ? ",A" : ",B");
+      const std::string shp = fmt::format("E={},k={},H={},I={},T={},experts={:.1f}{}", E, k, H, I, T,
+                                          wbytes / (3.0 * I * H * 2), order);
       for (auto [what, t] : {std::pair{"moe_chain", t_full}, std::pair{"moe_experts", t_exp}}) {
         const double gbs = wbytes / (t * 1e-3) / 1e9;
         test::perf_line(std::string(what) + ":" + name, shp, t * 1e3,
@@ -1061,9 +1161,9 @@ TEST(MoePerf, DISABLED_DecodeGemvVsTiles) {
       }
       for (auto& g : full) cudaGraphExecDestroy(g);
       for (auto& g : experts) cudaGraphExecDestroy(g);
+      moe_detail::set_stream_early_down(true);
     }
   }
-  cudaGraphExecDestroy(copy[0]);
   MOEFOLD_CUDA_CHECK(cudaStreamDestroy(st));
 }
 

@@ -8,8 +8,14 @@
 // V' = U - W S, O = exp(G) q S + M V', S = exp(G_last) S + (k exp(G_last - G))^T V'. Blocks of one key
 // head recompute A and W. This scalar kernel serves the shapes the tensor-core prefill
 // (gated_delta_net_tc.cu, dk = 128) does not cover, and MOEFOLD_GDN_TC=0.
-// Decode: one block per (value tile of 32 columns, value head, sequence); a warp per row slice of the
-// tile, the state in registers, the two reductions over dk through shared memory.
+// Decode (gdn_decode_kernel): one block per (value tile of 32 x CPL columns, value head, sequence), 8 warps;
+// warp w owns the state rows w, w + 8, ... of the tile, lane l its CPL adjacent columns (one 4/8/16-byte
+// load per row), so a warp reads or writes 128 x CPL contiguous bytes per row. The block issues its whole
+// state tile's loads first and normalises q/k while they are in flight; the two reductions over dk go
+// through shared memory in warp order. A column's arithmetic (and so its bits) is the same for every CPL
+// and batch size: CPL only picks how many columns a block covers (more blocks at small batch, fewer,
+// wider loads at large batch). gdn_decode_kernel_v1 is the former kernel (32 columns, the state loaded
+// after the q/k normalisation), kept for the A/B timing of detail::gdn_recurrent_decode_variant.
 // Math: src/ops/cpu/gated_delta_net.cc.
 #include "ops/cuda/gated_delta_net.h"
 
@@ -250,7 +256,7 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 __global__ void __launch_bounds__(kThreads)
-    gdn_decode_kernel(GdnArgs p, int Hk, int Hv, int dk, int dv) {
+    gdn_decode_kernel_v1(GdnArgs p, int Hk, int Hv, int dk, int dv) {
   pdl_begin();
   const int s = blockIdx.z;
   if (s >= *p.num_seqs) return;
@@ -306,6 +312,138 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) ot += red_o[w][lane];
     p.out[(row * Hv + h) * dv + j] = __float2bfloat16(ot);
+  }
+}
+
+
+// CPL float columns as one vector: float, float2 or float4.
+template <int CPL>
+struct ColVec;
+template <>
+struct ColVec<1> {
+  using T = float;
+};
+template <>
+struct ColVec<2> {
+  using T = float2;
+};
+template <>
+struct ColVec<4> {
+  using T = float4;
+};
+template <int CPL>
+__device__ __forceinline__ void load_cols(const float* src, float (&d)[CPL]) {
+  const typename ColVec<CPL>::T v = *reinterpret_cast<const typename ColVec<CPL>::T*>(src);
+  const float* f = reinterpret_cast<const float*>(&v);
+#pragma unroll
+  for (int c = 0; c < CPL; ++c) d[c] = f[c];
+}
+template <int CPL>
+__device__ __forceinline__ void store_cols(float* dst, const float (&d)[CPL]) {
+  typename ColVec<CPL>::T v;
+  float* f = reinterpret_cast<float*>(&v);
+#pragma unroll
+  for (int c = 0; c < CPL; ++c) f[c] = d[c];
+  *reinterpret_cast<typename ColVec<CPL>::T*>(dst) = v;
+}
+
+// R: state rows per warp (>= dk / kWarps); CPL: columns per lane. CPL > 1 needs dv % (32 * CPL) == 0
+// (the launcher checks); CPL == 1 handles any dv (columns past dv masked).
+template <int R, int CPL>
+__global__ void __launch_bounds__(kThreads, R > 16 ? 1 : (CPL == 4 ? 2 : (CPL == 2 ? 3 : 4)))
+    gdn_decode_kernel(GdnArgs p, int Hk, int Hv, int dk, int dv) {
+  pdl_begin();
+  const int s = blockIdx.z;
+  if (s >= *p.num_seqs) return;
+  constexpr int TW = 32 * CPL;  // columns of the tile
+  const int h = blockIdx.y, kh = h / (Hv / Hk);
+  const int tid = threadIdx.x, lane = tid & 31, part = tid >> 5;
+  const int j = blockIdx.x * TW + lane * CPL;  // first column of this lane
+  const bool col_ok = j < dv;                  // CPL > 1: the whole vector (dv % TW == 0)
+  __shared__ float qn[kMaxDk], kn[kMaxDk], red_m[kWarps][TW], red_o[kWarps][TW], gb[2];
+  const int64_t row = s;
+  float* S = p.state_pool + (size_t(p.state_slots[s]) * Hv + h) * size_t(dk) * dv + j;
+  // 1. The tile's state loads, all in flight before anything waits.
+  float st[R][CPL];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int i = part + kWarps * r;
+#pragma unroll
+    for (int c = 0; c < CPL; ++c) st[r][c] = 0.0f;
+    if (i < dk && col_ok) load_cols<CPL>(S + size_t(i) * dv, st[r]);
+  }
+  float vj[CPL];
+#pragma unroll
+  for (int c = 0; c < CPL; ++c) vj[c] = 0.0f;
+  if (col_ok) {
+    const __nv_bfloat16* vr = p.v + row * p.row_stride + int64_t(h) * dv + j;
+#pragma unroll
+    for (int c = 0; c < CPL; ++c) vj[c] = bf(vr[c]);
+  }
+  // 2. q/k normalisation and the gates meanwhile.
+  if (part == 0) load_qk_normalised(p, row, kh, dk, rsqrtf(float(dk)), qn, kn, lane);
+  if (part == 1 && lane == 0) {
+    float g, beta;
+    gating(p, row, h, g, beta);
+    gb[0] = expf(g);
+    gb[1] = beta;
+  }
+  __syncthreads();
+  const float decay = gb[0], beta = gb[1];
+  // 3. m = (decay S)^T k over this warp's rows, then over the warps in order.
+  float m[CPL];
+#pragma unroll
+  for (int c = 0; c < CPL; ++c) m[c] = 0.0f;
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int i = part + kWarps * r;
+    if (i < dk && col_ok) {
+      const float ki = kn[i];
+#pragma unroll
+      for (int c = 0; c < CPL; ++c) {
+        st[r][c] = st[r][c] * decay;
+        m[c] += st[r][c] * ki;
+      }
+    }
+  }
+#pragma unroll
+  for (int c = 0; c < CPL; ++c) red_m[part][lane * CPL + c] = m[c];
+  __syncthreads();
+  float d[CPL];
+#pragma unroll
+  for (int c = 0; c < CPL; ++c) {
+    float mt = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) mt += red_m[w][lane * CPL + c];
+    d[c] = beta * (vj[c] - mt);
+  }
+  // 4. S += k d^T (written back), o = S^T q.
+  float o[CPL];
+#pragma unroll
+  for (int c = 0; c < CPL; ++c) o[c] = 0.0f;
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int i = part + kWarps * r;
+    if (i < dk && col_ok) {
+      const float ki = kn[i], qi = qn[i];
+#pragma unroll
+      for (int c = 0; c < CPL; ++c) {
+        st[r][c] += ki * d[c];
+        o[c] += st[r][c] * qi;
+      }
+      store_cols<CPL>(S + size_t(i) * dv, st[r]);
+    }
+  }
+#pragma unroll
+  for (int c = 0; c < CPL; ++c) red_o[part][lane * CPL + c] = o[c];
+  __syncthreads();
+  // 5. The output columns: thread t < TW sums column t over the warps.
+  const int jt = blockIdx.x * TW + tid;
+  if (tid < TW && jt < dv) {
+    float ot = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) ot += red_o[w][tid];
+    p.out[(row * Hv + h) * dv + jt] = __float2bfloat16(ot);
   }
 }
 
@@ -371,14 +509,54 @@ void gdn_chunked_prefill(const GdnArgs& args, const int32_t* cu_seqlens, int max
   MOEFOLD_CUDA_CHECK_LAUNCH();
 }
 
-void gdn_recurrent_decode(const GdnArgs& args, int max_seqs, const GdnDims& dims, cudaStream_t stream) {
+namespace detail {
+int gdn_decode_auto_cols(int max_seqs, const GdnDims& d) {
+  if (d.k_dim > 128) return 1;  // 32 rows a warp: the register tile allows one column a lane
+  static const int sms = [] {
+    int dev = 0, n = 0;
+    MOEFOLD_CUDA_CHECK(cudaGetDevice(&dev));
+    MOEFOLD_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+    return n;
+  }();
+  // The widest tiles that still give at least every other SM a block. Measured on the H200 at the 35B
+  // shape (docs/benchmarks.md): 4 columns a lane are fastest from 8 sequences (256 blocks) on, 2 at 2
+  // sequences (128 blocks), 1 at one sequence (128 blocks of 32 columns; 2 columns tie).
+  const int64_t heads = int64_t(max_seqs) * d.num_v_heads;
+  for (int cpl : {4, 2}) {
+    if (d.v_dim % (32 * cpl) != 0) continue;
+    if (2 * heads * (d.v_dim / (32 * cpl)) >= sms) return cpl;
+  }
+  return 1;
+}
+
+void gdn_recurrent_decode_variant(const GdnArgs& args, int max_seqs, const GdnDims& dims, int variant,
+                                  cudaStream_t stream) {
   check_common(args, max_seqs, dims, "gdn_recurrent_decode");
+  GDN_REQUIRE(variant == -1 || variant == 0 || variant == 1 || variant == 2 || variant == 4,
+              "gdn_recurrent_decode: unknown variant {}", variant);
   if (max_seqs == 0) return;
-  const dim3 grid(unsigned((dims.v_dim + 31) / 32), unsigned(dims.num_v_heads), unsigned(max_seqs));
-  LaunchScope launch(kGdnDecode, stream, [&] { return detail::gdn_work(work_seqs(max_seqs), work_seqs(max_seqs), dims); });
-  launch_pdl(gdn_decode_kernel, dim3(grid), dim3(kThreads), 0, stream, args, dims.num_k_heads, dims.num_v_heads, dims.k_dim,
-                                                   dims.v_dim);
+  const int cpl = variant < 0 ? gdn_decode_auto_cols(max_seqs, dims) : variant;
+  GDN_REQUIRE(cpl <= 1 || (dims.k_dim <= 128 && dims.v_dim % (32 * cpl) == 0),
+              "gdn_recurrent_decode: {} columns a lane need dk <= 128 and dv % {} == 0 (dk = {}, dv = {})", cpl,
+              32 * cpl, dims.k_dim, dims.v_dim);
+  const int tw = 32 * (cpl == 0 ? 1 : cpl);
+  const dim3 grid(unsigned((dims.v_dim + tw - 1) / tw), unsigned(dims.num_v_heads), unsigned(max_seqs));
+  LaunchScope launch(kGdnDecode, stream,
+                     [&] { return detail::gdn_work(work_seqs(max_seqs), work_seqs(max_seqs), dims); });
+  const bool wide = dims.k_dim > 128;
+  auto kernel = cpl == 0 ? gdn_decode_kernel_v1
+                : cpl == 4 ? gdn_decode_kernel<16, 4>
+                : cpl == 2 ? gdn_decode_kernel<16, 2>
+                : wide     ? gdn_decode_kernel<32, 1>
+                           : gdn_decode_kernel<16, 1>;
+  launch_pdl(kernel, dim3(grid), dim3(kThreads), 0, stream, args, dims.num_k_heads, dims.num_v_heads, dims.k_dim,
+             dims.v_dim);
   MOEFOLD_CUDA_CHECK_LAUNCH();
+}
+}  // namespace detail
+
+void gdn_recurrent_decode(const GdnArgs& args, int max_seqs, const GdnDims& dims, cudaStream_t stream) {
+  detail::gdn_recurrent_decode_variant(args, max_seqs, dims, -1, stream);
 }
 
 }  // namespace moefold::cuda

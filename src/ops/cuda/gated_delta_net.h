@@ -77,4 +77,16 @@ void gdn_chunked_prefill(const GdnArgs& args, const int32_t* cu_seqlens, int max
 /// error. Asynchronous on `stream`.
 void gdn_recurrent_decode(const GdnArgs& args, int max_seqs, const GdnDims& dims, cudaStream_t stream);
 
+
+namespace detail {
+/// gdn_recurrent_decode with the decode kernel chosen (tests, A/B timing): variant -1 = the automatic
+/// choice, 0 = the former kernel (32 columns a block, state loaded after the q/k norm), 1 / 2 / 4 = the
+/// current kernel with that many value columns a lane (2 and 4 need dk <= 128 and dv % (32 * variant)
+/// == 0). All variants give the same bits. Throws moefold::Error on a bad variant or arguments.
+void gdn_recurrent_decode_variant(const GdnArgs& args, int max_seqs, const GdnDims& dims, int variant,
+                                  cudaStream_t stream);
+/// Columns a lane of the automatic choice for `max_seqs` sequences of `dims` (1, 2 or 4).
+int gdn_decode_auto_cols(int max_seqs, const GdnDims& dims);
+}  // namespace detail
+
 }  // namespace moefold::cuda

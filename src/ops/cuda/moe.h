@@ -11,21 +11,24 @@
 // Row-major everywhere; bf16 = __nv_bfloat16. Shapes: T = capacity (rows the buffers hold), E experts,
 // k = top-k, H hidden size, I expert intermediate size, P = T * k (router pairs).
 //
-// Expert kernels by step capacity (moe_expert_config): capacity <= kMoeSmallBatchMaxRows (16) runs the
-// small-batch split GEMV (moe_gemv.cu: CUDA-core fp32 dot products over the plan's tiles of <= 8 pairs
-// of one expert, streaming each touched expert's weights once over all SMs); larger capacities run the
-// tensor-core tiles (16 / 64 / 128 rows, moe_gemm.cuh). Both compute the same function with fp32
-// accumulation, silu(g) * u from the fp32 gate and up sums rounded once to bf16 (act), and y rounded
-// once to bf16; the combine is the same kernel.
+// Expert kernels by step capacity (moe_expert_config): without batch_invariant, capacity <=
+// kMoeSmallBatchMaxRows (16) runs the small-batch split GEMV (moe_gemv.cu: CUDA-core fp32 dot products
+// over the plan's tiles of <= 8 pairs of one expert); with batch_invariant (the engine's default),
+// capacity <= kMoeStreamMaxRows (1) runs the tensor-core streaming kernels (moe_stream.cu: per warp one
+// plan tile of <= 16 pairs x 16 weight rows at a time, a private cp.async ring over all K steps of its
+// items); the other capacities run the tensor-core tiles (16 / 64 / 128 rows, moe_gemm.cuh). All
+// compute the same function with fp32 accumulation, silu(g) * u from the fp32 gate and up sums rounded
+// once to bf16 (act), and y rounded once to bf16; the combine is the same kernel.
 //
 // Batch invariance (bitwise): the router logits (K split by H only), top-k and combine are per row and
 // independent of the capacity. The expert results of a pair depend only on its row's input, its
 // expert's weights and the shape (E, k, H, I), never on the other rows, their count or the capacity,
-// WITHIN one expert path: (a) all capacities 1..16 (GEMV: one warp per output element, each lane sums
+// WITHIN one expert path: (a) tensor cores: the streaming kernels and every tile size give the same bits
+// (per element the same mma.sync sequence over K from 0), so with batch_invariant a row's bits are the
+// same at every capacity; (b) the GEMV at capacities 1..16 (one warp per output element, each lane sums
 // its fixed 8-element chunks in K order, then a fixed xor-butterfly over the 32 lanes; no atomics, no
-// split depending on the rows), (b) all capacities above 16 (tiles: every tile size gives the same bits,
-// the mma order per element being fixed). Between (a) and (b) results differ in the last bits (a
-// different summation order): a row run at capacity 16 and at capacity 17 may differ by bf16 rounding.
+// split depending on the rows). Between (a) and (b) results differ in the last bits (a different
+// summation order): without batch_invariant a row run at capacity 16 and at 17 may differ by bf16 rounding.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -39,9 +42,15 @@ namespace moefold::cuda {
 constexpr int kMoeSmallBatchMaxRows = 16;
 /// MoeShape::expert_tiles / moe_expert_config value of the small-batch GEMV expert kernels.
 constexpr int kMoeExpertGemv = 3;
+/// MoeShape::expert_tiles / moe_expert_config value of the decode-size tensor-core streaming kernels
+/// (moe_stream.cu: bit-identical to the tiles 0/1/2, 16-row plan tiles).
+constexpr int kMoeExpertStream = 4;
+/// With batch_invariant, step capacities up to this many rows run the streaming kernels (measured on the
+/// H200, docs/benchmarks.md: 12% faster than the 16-row tiles at one token, slower from two on).
+constexpr int kMoeStreamMaxRows = 1;
 
 /// Static sizes of one MoE layer at one bucket capacity. Preconditions (checked, moefold::Error):
-/// 1 <= k <= E <= 1024, E % 2 == 0, H % 128 == 0, I % 64 == 0, capacity >= 1, -1 <= expert_tiles <= 3.
+/// 1 <= k <= E <= 1024, E % 2 == 0, H % 128 == 0, I % 64 == 0, capacity >= 1, -1 <= expert_tiles <= 4.
 struct MoeShape {
   int capacity = 0;  // T: rows the activation buffers hold (live rows are read from the device)
   int E = 0;         // routed experts
@@ -51,14 +60,16 @@ struct MoeShape {
   int expert_tiles = -1;  // -1: expert kernels chosen by capacity (moe_expert_config); 0/1/2 force the
                           // decode (16-row), medium (64) or prefill (128) tiles (bit-identical among
                           // themselves); 3 (kMoeExpertGemv) forces the small-batch GEMV at any capacity
-                          // (tests, benchmarks; its bits differ from the tiles')
-  bool batch_invariant = false;  // with expert_tiles -1: never the GEMV, so a row's bits do not depend on
-                                 // the capacity (the tiles are bit-identical among themselves)
+                          // (tests, benchmarks; its bits differ from the tiles'); 4 (kMoeExpertStream)
+                          // forces the streaming kernels (the tiles' bits)
+  bool batch_invariant = false;  // with expert_tiles -1: never the GEMV (the streaming kernels or the
+                                 // tiles instead), so a row's bits do not depend on the capacity
 };
 
 /// The expert kernels a step of `shape` runs: shape.expert_tiles when >= 0, else kMoeExpertGemv for
-/// capacity <= kMoeSmallBatchMaxRows, else 0/1/2 (tiles of 16/64/128 rows by capacity * k / E). Two
-/// steps give a row the same bits iff they run the same kind: GEMV (3) or tiles (0, 1, 2).
+/// capacity <= kMoeSmallBatchMaxRows without batch_invariant, kMoeExpertStream for capacity <=
+/// kMoeStreamMaxRows with it, else 0/1/2 (tiles of 16/64/128 rows by capacity * k / E). Two steps give
+/// a row the same bits iff they run the same kind: GEMV (3) or tensor cores (0, 1, 2, 4).
 int moe_expert_config(const MoeShape& shape);
 
 /// Device scratch of the chain, carved from one allocation by moe_workspace_bind. Everything is sized by

@@ -1,7 +1,7 @@
 // MoE experts on the GPU: the workspace, the two grouped expert GEMMs (moe_gemm.cuh: gate_up with the
-// SwiGLU epilogue writing act per planned pair, down writing y per pair id; at step capacities <= 16 the
-// split GEMVs of moe_gemv.cu instead), the combine (k slots in order, fp32, plus the sigmoid-gated shared
-// expert) and the whole chain moe_forward.
+// SwiGLU epilogue writing act per planned pair, down writing y per pair id; at small step capacities the
+// streaming kernels of moe_stream.cu or the split GEMVs of moe_gemv.cu instead), the combine (k slots in
+// order, fp32, plus the sigmoid-gated shared expert) and the whole chain moe_forward.
 // Grids are sized for the capacity's worst case (max row tiles); CTAs past the planned tile count, i.e.
 // past the live rows, return at once, so experts with no rows and padding rows cost nothing.
 #include <algorithm>
@@ -35,17 +35,19 @@ static_assert(CfgDecodeGateUp::kBM == 16 && CfgDecodeDown::kBM == 16 && CfgMediu
               CfgPrefill::kBM == 128);
 
 // Registry entries: one per GEMM and configuration (moe_detail::expert_config 0/1/2 = BM 16/64/128,
-// 3 = the small-batch GEMV), so the table proves which kernels ran.
-const prof::Kernel kExpertGemm[2][4] = {
+// 3 = the small-batch GEMV, 4 = the streaming kernels), so the table proves which kernels ran.
+const prof::Kernel kExpertGemm[2][5] = {
     {{"moe_gemm_kernel:gate_up:bm16", prof::Category::RoutedExpertGemm},
      {"moe_gemm_kernel:gate_up:bm64", prof::Category::RoutedExpertGemm},
      {"moe_gemm_kernel:gate_up:bm128", prof::Category::RoutedExpertGemm},
-     {"moe_gemv_gate_up_kernel", prof::Category::RoutedExpertGemm}},
+     {"moe_gemv_gate_up_kernel", prof::Category::RoutedExpertGemm},
+     {"moe_stream_kernel:gate_up", prof::Category::RoutedExpertGemm}},
     {{"moe_gemm_kernel:down:bm16", prof::Category::RoutedExpertGemm},
      {"moe_gemm_kernel:down:bm64", prof::Category::RoutedExpertGemm},
      {"moe_gemm_kernel:down:bm128", prof::Category::RoutedExpertGemm},
-     {"moe_gemv_down_kernel", prof::Category::RoutedExpertGemm}}};
-static_assert(kMoeExpertGemv == 3, "kExpertGemm's last column is the GEMV");
+     {"moe_gemv_down_kernel", prof::Category::RoutedExpertGemm},
+     {"moe_stream_kernel:down", prof::Category::RoutedExpertGemm}}};
+static_assert(kMoeExpertGemv == 3 && kMoeExpertStream == 4, "kExpertGemm's last columns: the GEMV, the stream kernels");
 const prof::Kernel kCombine{"moe_combine_kernel", prof::Category::MoeRouting};
 
 /// Work of one expert GEMM from the plan's per-expert counts (pairs = their sum, touched experts = the
@@ -108,6 +110,12 @@ void dispatch_expert_gemm(const GemmParams& p, const MoeShape& s, const MoeWorks
       else
         launch_expert_gemm<CfgDecodeDown, MODE>(p, n_cols, tiles, stream);
       break;
+    case kMoeExpertStream:
+      if constexpr (MODE == GemmMode::kExpertGateUp)
+        moe_detail::launch_stream_gate_up(p, tiles, stream);
+      else
+        moe_detail::launch_stream_down(p, tiles, stream);
+      break;
     case 1: launch_expert_gemm<CfgMedium, MODE>(p, n_cols, tiles, stream); break;
     default: launch_expert_gemm<CfgPrefill, MODE>(p, n_cols, tiles, stream); break;
   }
@@ -116,7 +124,7 @@ void dispatch_expert_gemm(const GemmParams& p, const MoeShape& s, const MoeWorks
 void check_shape(const MoeShape& s) {
   MOEFOLD_CHECK(s.capacity >= 1 && s.E >= 2 && s.E <= 1024 && s.E % 2 == 0 && s.k >= 1 && s.k <= s.E &&
                     s.H >= 128 && s.H % 128 == 0 && s.I >= 64 && s.I % 64 == 0 && s.expert_tiles >= -1 &&
-                    s.expert_tiles <= kMoeExpertGemv,
+                    s.expert_tiles <= kMoeExpertStream,
                 fmt::runtime("MoE: unsupported shape capacity={} E={} k={} H={} I={} (see MoeShape)"),
                 s.capacity, s.E, s.k, s.H, s.I);
   MOEFOLD_CHECK(int64_t(s.capacity) * s.k < (int64_t(1) << 30), fmt::runtime("MoE: capacity * k = {} too large"),

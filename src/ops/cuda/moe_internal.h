@@ -12,19 +12,24 @@
 
 namespace moefold::cuda::moe_detail {
 
-/// Expert-kernel configuration: the small-batch GEMV (kMoeExpertGemv) for capacities up to
-/// kMoeSmallBatchMaxRows; above, by the average rows per expert at full capacity (capacity * k / E):
-/// 0 = decode tiles (BM 16: weight streaming), 1 = medium (BM 64), 2 = prefill (BM 128).
+/// Expert-kernel configuration: without batch_invariant the small-batch GEMV (kMoeExpertGemv) for
+/// capacities up to kMoeSmallBatchMaxRows; with it the tensor-core streaming kernels (kMoeExpertStream,
+/// bit-identical to the tiles) up to kMoeStreamMaxRows; above, by the average rows per expert at full
+/// capacity (capacity * k / E): 0 = decode tiles (BM 16: weight streaming), 1 = medium (BM 64),
+/// 2 = prefill (BM 128).
 inline int expert_config(const MoeShape& s) {
   if (s.expert_tiles >= 0) return s.expert_tiles;
-  if (s.capacity <= kMoeSmallBatchMaxRows && !s.batch_invariant) return kMoeExpertGemv;
+  if (s.capacity <= kMoeSmallBatchMaxRows) {
+    if (!s.batch_invariant) return kMoeExpertGemv;
+    if (s.capacity <= kMoeStreamMaxRows) return kMoeExpertStream;
+  }
   const double avg = double(s.capacity) * s.k / s.E;
   return avg < 24.0 ? 0 : (avg < 96.0 ? 1 : 2);
 }
 /// Rows of one plan tile: the GEMV takes up to 8 pairs of one expert per tile (a tile per touched
-/// expert unless more than 8 of the step's rows chose it).
+/// expert unless more than 8 of the step's rows chose it), the streaming kernels 16 like the 16-row tiles.
 constexpr int expert_tile_rows(int config) {
-  return config == kMoeExpertGemv ? 8 : (config == 0 ? 16 : (config == 1 ? 64 : 128));
+  return config == kMoeExpertGemv ? 8 : (config == 0 || config == kMoeExpertStream ? 16 : (config == 1 ? 64 : 128));
 }
 constexpr int kMinTileRows = 8;  // the smallest of expert_tile_rows: the most tiles a capacity can need
 
@@ -53,6 +58,20 @@ void launch_gemv_gate_up(const __nv_bfloat16* x, const __nv_bfloat16* gate_up, c
 /// pair j of expert e. Asynchronous.
 void launch_gemv_down(const __nv_bfloat16* act, const __nv_bfloat16* down, const PlanView& plan, int H, int I,
                       int max_tiles, __nv_bfloat16* y, cudaStream_t stream);
+
+struct GemmParams;  // moe_gemm.cuh
+
+/// Decode-size gate_up + SwiGLU on tensor cores (moe_stream.cu): the tile kernels' function and bits
+/// (GemmParams of GemmMode::kExpertGateUp), work items of 16 weight rows per plan tile of <= 16 pairs.
+/// max_tiles: the worst case of plan tiles at the step's capacity. Asynchronous.
+void launch_stream_gate_up(const GemmParams& p, int max_tiles, cudaStream_t stream);
+/// The same for down (GemmParams of GemmMode::kExpertDown). Asynchronous.
+void launch_stream_down(const GemmParams& p, int max_tiles, cudaStream_t stream);
+/// Whether the streaming down kernel issues its first weight loads before waiting for the previous
+/// kernel (PDL; default on, MOEFOLD_MOE_EARLY_DOWN=0 turns it off). The setter is for A/B timing in
+/// tests; the bits do not change.
+void set_stream_early_down(bool on);
+bool stream_early_down();
 
 }  // namespace moefold::cuda::moe_detail
 
