@@ -418,6 +418,7 @@ class CudaExecutor : public Executor {
     sh.num_kv_heads = int(cfg_.num_kv_heads);
     sh.head_dim = int(cfg_.head_dim);
     sh.block_size = opt_.block_size;
+    sh.batch_invariant = opt_.batch_invariant;
     if (cfg_.attn_output_gate) {  // q_proj output per head: [query D | gate D], read in place
       sh.q_token_stride = 2 * cfg_.num_heads * cfg_.head_dim;
       sh.q_head_stride = 2 * cfg_.head_dim;

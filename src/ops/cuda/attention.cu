@@ -12,7 +12,9 @@
 // AttnKernel::Simt prefill variant.
 #include "ops/cuda/cuda_check.h"
 // (cuda_check.h first: see its note on fmt under nvcc)
+#include <cstdlib>
 #include <mutex>
+#include <string>
 
 #include "core/error.h"
 #include "ops/cuda/attention.h"
@@ -298,6 +300,16 @@ void dispatch_head_dim(int D, F&& f) {
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+/// AttnKernel::Auto may take the warp-specialised prefill kernel unless MOEFOLD_ATTN_PREFILL=wgmma (read once;
+/// for A/B runs).
+bool prefill_ws_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("MOEFOLD_ATTN_PREFILL");
+    return !(e && std::string(e) == "wgmma");
+  }();
+  return on;
+}
 
 // ---- registry entries and the work of one call ---------------------------------------------------------
 const prof::Kernel kAttnPrefillFa{"attn_fa_kernel", prof::Category::AttentionPrefill};
@@ -680,7 +692,8 @@ void attention_prefill(const bf16* q, const bf16* k_cache, const bf16* v_cache, 
     f.kc = b.kc, f.vc = b.vc, f.bt = b.bt, f.max_blocks = b.max_blocks, f.cu = cu_seqlens, f.ctx = context_lens;
     f.out = out, f.Hq = b.Hq, f.Hkv = b.Hkv, f.G = b.G, f.block_size = b.block_size, f.dh = shape.head_dim;
     f.scale_log2 = b.scale_log2;
-    const bool ws_ok = detail::ws_supports(shape.head_dim, shape.block_size) && aligned16(k_cache) && aligned16(v_cache);
+    const bool ws_ok = !shape.batch_invariant && prefill_ws_enabled() && detail::ws_supports(shape.head_dim, shape.block_size) &&
+                       aligned16(k_cache) && aligned16(v_cache);
     const AttnKernel k = shape.kernel != AttnKernel::Auto              ? shape.kernel
                          : ws_ok                                       ? AttnKernel::Ws
                          : detail::wgmma_supports_head_dim(shape.head_dim) ? AttnKernel::Wgmma

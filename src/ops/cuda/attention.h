@@ -97,6 +97,11 @@ struct AttentionShape {
   int64_t gate_token_stride = 0, gate_head_stride = 0;
   /// Prefill kernel variant (tests and benchmarks compare them).
   AttnKernel kernel = AttnKernel::Auto;
+  /// With Auto: only kernels whose per-row bits do not depend on where a sequence's query rows start
+  /// (a prompt row alone == the same row resumed after a cached prefix). The warp-specialised kernel
+  /// (AttnKernel::Ws) breaks that on the H200 (prefix_cache_cuda_test EightRequestsSharingAPrefixInOneStep
+  /// /qwen3, d 64), so Auto takes it only when this is false.
+  bool batch_invariant = false;
 };
 
 /// Writes this step's K and V rows into their cache slots: for rows r < live,
