@@ -19,6 +19,14 @@ std::pair<int64_t, int64_t> share(int64_t n, int world, int r) {
 class CpuCommunicator : public Communicator {
  public:
   CpuCommunicator(CpuCommGroup& g, int rank) : g_(g), rank_(rank) {}
+
+  /// Element i of every rank's posted input summed in rank order 0, 1, .., N-1: the one reduction
+  /// order of the sums, so every collective gives the same bits whatever the thread timing.
+  float sum_in_rank_order(int64_t i) const {
+    float s = g_.slots[0].in[i];
+    for (int r = 1; r < world_size(); ++r) s += g_.slots[size_t(r)].in[i];
+    return s;
+  }
   int rank() const override { return rank_; }
   int world_size() const override { return g_.world_size(); }
   std::string backend() const override { return "cpu"; }
@@ -32,11 +40,7 @@ class CpuCommunicator : public Communicator {
     g_.slots[size_t(rank_)] = {buf, buf, nullptr, nullptr};
     g_.arrive_and_wait();
     const auto [lo, hi] = share(n, N, rank_);
-    for (int64_t i = lo; i < hi; ++i) {
-      float s = g_.slots[0].in[i];
-      for (int r = 1; r < N; ++r) s += g_.slots[size_t(r)].in[i];
-      g_.scratch[size_t(i)] = s;
-    }
+    for (int64_t i = lo; i < hi; ++i) g_.scratch[size_t(i)] = sum_in_rank_order(i);
     g_.arrive_and_wait();  // every share reduced; nobody reads the inputs any more
     std::memcpy(buf, g_.scratch.data(), size_t(n) * sizeof(float));
     g_.arrive_and_wait();  // scratch free for the next collective
@@ -64,11 +68,7 @@ class CpuCommunicator : public Communicator {
     g_.slots[size_t(rank_)] = {in, out, nullptr, nullptr};
     g_.arrive_and_wait();
     const int64_t base = int64_t(rank_) * n;
-    for (int64_t i = 0; i < n; ++i) {
-      float s = g_.slots[0].in[base + i];
-      for (int r = 1; r < N; ++r) s += g_.slots[size_t(r)].in[base + i];
-      out[i] = s;
-    }
+    for (int64_t i = 0; i < n; ++i) out[i] = sum_in_rank_order(base + i);
     g_.arrive_and_wait();
   }
 
