@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Reference timing of the routed MoE chain with torch._grouped_mm, for side-by-side comparison with
-moefold's MoeBench.RealShape (tests/cuda/moe_test.cu) in the same device command.
+moefold's MoeBench.RealShape (tests/cuda/moe_test/perf_test.cu) in the same device command.
 
 Shape: Qwen3.5-35B-A3B layer (256 experts, hidden 2048, intermediate 512, top-8), bf16 weights laid out
 as moefold's: gate_up [E, 2I, H] (gate rows first), down [E, H, I]. Per token count: router (fp32

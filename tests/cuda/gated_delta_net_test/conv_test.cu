@@ -1,0 +1,147 @@
+// gated_delta_net_test: the causal conv1d kernels (prefill varlen, decode) against cpu::causal_conv1d_silu.
+#include "cuda/gated_delta_net_test/gdn_test_util.h"
+
+namespace gdn_test {
+namespace {
+
+// Causal conv1d, varlen prefill: live sequences `lens` in a launch of capacity lens+3 sequences and
+// rows+37 rows, distinct non-identity slots, random initial conv state.
+void conv_prefill_case(int C, const std::vector<int>& lens, uint64_t seed) {
+  const int S = int(lens.size()), cap = S + 3, Km1 = kConvK - 1;
+  const auto cu = cu_of(lens);
+  const int rows = cu[size_t(S)], cap_rows = rows + 37;
+  const auto w = round_bf16(moefold::test::randn(size_t(C) * kConvK, seed, 0.5f));
+  const auto x = round_bf16(moefold::test::randn(size_t(cap_rows) * C, seed + 1));
+  const int nslots = 2 * cap + 1;
+  std::vector<int32_t> slots(static_cast<size_t>(cap));
+  for (int s = 0; s < cap; ++s) slots[size_t(s)] = nslots - 1 - 2 * s;
+  const auto st0 = to_bf16(moefold::test::randn(size_t(nslots) * C * Km1, seed + 2));
+  const size_t se = size_t(C) * Km1;
+
+  Dev<uint16_t> dx(to_bf16(x)), dw(to_bf16(w)), dy(size_t(cap_rows) * C), dst(st0);
+  Dev<int32_t> dcu(cu_padded(lens, cap, cap_rows)), dslots(slots), dns(std::vector<int32_t>{S});
+  dy.poison();
+  moefold::cuda::causal_conv1d_silu_prefill(dx.bf(), dw.bf(), dcu.p, dslots.p, dns.p, cap_rows, dst.bf(), dy.bf(), C,
+                                            kConvK, nullptr);
+  const auto y = dy.down();
+  const auto st = dst.down();
+
+  std::vector<float> yref(size_t(rows) * C), stref = from_bf16(st0);
+  for (int s = 0; s < S; ++s)
+    moefold::cpu::causal_conv1d_silu(x.data() + size_t(cu[size_t(s)]) * C, w.data(),
+                                     stref.data() + size_t(slots[size_t(s)]) * se,
+                                     yref.data() + size_t(cu[size_t(s)]) * C, lens[size_t(s)], C, kConvK);
+  const std::string shape = "C=" + std::to_string(C) + ",K=4,lens=" + lens_str(lens) + ",cap_rows=" +
+                            std::to_string(cap_rows) + ",cap_seqs=" + std::to_string(cap);
+  EXPECT_TRUE(contract("conv1d_prefill.y", shape, rel_err(from_bf16(slice(y, 0, size_t(rows) * C)), yref), kTolBf16));
+  // The new state is a copy of bf16 inputs: exact. Slots of padding sequences stay untouched.
+  size_t bad_state = 0;
+  const auto stref_bf = to_bf16(stref);
+  for (int s = 0; s < nslots; ++s) bad_state += byte_mismatches(st, stref_bf, size_t(s) * se, se);
+  EXPECT_TRUE(contract_exact("conv1d_prefill.state+padding_slots", shape, bad_state));
+  EXPECT_TRUE(contract_exact("conv1d_prefill.padding_rows", shape,
+                             unpoisoned(y, size_t(rows) * C, size_t(cap_rows - rows) * C)));
+  // Unpadded run (capacity = live) gives the same bytes.
+  Dev<uint16_t> dy2(size_t(rows) * C), dst2(st0);
+  Dev<int32_t> dcu2(cu), dslots2(slice(slots, 0, size_t(S)));
+  dy2.poison();
+  moefold::cuda::causal_conv1d_silu_prefill(dx.bf(), dw.bf(), dcu2.p, dslots2.p, dns.p, rows, dst2.bf(), dy2.bf(), C,
+                                            kConvK, nullptr);
+  const auto y2 = dy2.down();
+  const auto st2 = dst2.down();
+  EXPECT_TRUE(contract_exact("conv1d_prefill.unpadded_equal", shape,
+                             byte_mismatches(y, y2, 0, size_t(rows) * C) + byte_mismatches(st, st2, 0, st.size())));
+  // x read in place from a wider row (a fused projection's output): the same bytes.
+  const int xs = C + 40;
+  std::vector<uint16_t> xw(size_t(cap_rows) * xs, 0xFFFF);
+  const auto xb = to_bf16(x);
+  for (int r = 0; r < cap_rows; ++r) std::copy_n(xb.begin() + size_t(r) * C, C, xw.begin() + size_t(r) * xs);
+  Dev<uint16_t> dxw(xw), dy3(size_t(cap_rows) * C), dst3(st0);
+  dy3.poison();
+  moefold::cuda::causal_conv1d_silu_prefill(dxw.bf(), dw.bf(), dcu.p, dslots.p, dns.p, cap_rows, dst3.bf(), dy3.bf(),
+                                            C, kConvK, nullptr, xs);
+  EXPECT_TRUE(contract_exact("conv1d_prefill.strided_x_equal", shape + ",x_stride=" + std::to_string(xs),
+                             byte_mismatches(y, dy3.down(), 0, y.size()) + byte_mismatches(st, dst3.down(), 0, st.size())));
+}
+
+// Causal conv1d decode: batch `live` in capacity live+3.
+void conv_decode_case(int C, int live, uint64_t seed) {
+  const int cap = live + 3, Km1 = kConvK - 1, nslots = 2 * cap + 1;
+  const size_t se = size_t(C) * Km1;
+  const auto w = round_bf16(moefold::test::randn(size_t(C) * kConvK, seed, 0.5f));
+  const auto x = round_bf16(moefold::test::randn(size_t(cap) * C, seed + 1));
+  std::vector<int32_t> slots(static_cast<size_t>(cap));
+  for (int s = 0; s < cap; ++s) slots[size_t(s)] = (s * 2 + 1) % nslots;
+  const auto st0 = to_bf16(moefold::test::randn(size_t(nslots) * se, seed + 2));
+  Dev<uint16_t> dx(to_bf16(x)), dw(to_bf16(w)), dy(size_t(cap) * C), dst(st0);
+  Dev<int32_t> dslots(slots), dns(std::vector<int32_t>{live});
+  dy.poison();
+  moefold::cuda::causal_conv1d_silu_decode(dx.bf(), dw.bf(), dslots.p, dns.p, cap, dst.bf(), dy.bf(), C, kConvK,
+                                           nullptr);
+  const auto y = dy.down();
+  const auto st = dst.down();
+  std::vector<float> yref(size_t(live) * C), stref = from_bf16(st0);
+  for (int s = 0; s < live; ++s)
+    moefold::cpu::causal_conv1d_silu(x.data() + size_t(s) * C, w.data(), stref.data() + size_t(slots[size_t(s)]) * se,
+                                     yref.data() + size_t(s) * C, 1, C, kConvK);
+  const std::string shape = "C=" + std::to_string(C) + ",K=4,batch=" + std::to_string(live) + ",cap=" +
+                            std::to_string(cap);
+  EXPECT_TRUE(contract("conv1d_decode.y", shape, rel_err(from_bf16(slice(y, 0, size_t(live) * C)), yref), kTolBf16));
+  EXPECT_TRUE(contract_exact("conv1d_decode.state+padding_slots", shape, byte_mismatches(st, to_bf16(stref), 0, st.size())));
+  EXPECT_TRUE(contract_exact("conv1d_decode.padding_rows", shape, unpoisoned(y, size_t(live) * C, size_t(cap - live) * C)));
+  Dev<uint16_t> dy2(size_t(live) * C), dst2(st0);
+  dy2.poison();
+  moefold::cuda::causal_conv1d_silu_decode(dx.bf(), dw.bf(), dslots.p, dns.p, live, dst2.bf(), dy2.bf(), C, kConvK,
+                                           nullptr);
+  EXPECT_TRUE(contract_exact("conv1d_decode.unpadded_equal", shape,
+                             byte_mismatches(y, dy2.down(), 0, size_t(live) * C) +
+                                 byte_mismatches(st, dst2.down(), 0, st.size())));
+  // x read in place from a wider row (a fused projection's output): the same bytes.
+  const int xs = C + 40;
+  std::vector<uint16_t> xw(size_t(cap) * xs, 0xFFFF);
+  const auto xb = to_bf16(x);
+  for (int r = 0; r < cap; ++r) std::copy_n(xb.begin() + size_t(r) * C, C, xw.begin() + size_t(r) * xs);
+  Dev<uint16_t> dxw(xw), dy3(size_t(cap) * C), dst3(st0);
+  dy3.poison();
+  moefold::cuda::causal_conv1d_silu_decode(dxw.bf(), dw.bf(), dslots.p, dns.p, cap, dst3.bf(), dy3.bf(), C, kConvK,
+                                           nullptr, xs);
+  EXPECT_TRUE(contract_exact("conv1d_decode.strided_x_equal", shape + ",x_stride=" + std::to_string(xs),
+                             byte_mismatches(y, dy3.down(), 0, y.size()) + byte_mismatches(st, dst3.down(), 0, st.size())));
+}
+
+}  // namespace
+}  // namespace gdn_test
+
+using namespace gdn_test;  // NOLINT(google-build-using-namespace): the helpers above
+
+TEST(GdnConv, PrefillSmall) {
+  MOEFOLD_REQUIRE_GPU();
+  conv_prefill_case(int(conv_dim(kSmall)), {1, 0, 2, 3, 17, 64, 65, 130}, 101);
+}
+
+TEST(GdnConv, Prefill) {
+  MOEFOLD_REQUIRE_GPU();
+  std::vector<int> lens = kLens;
+  lens.insert(lens.begin() + 2, {0, 3});
+  conv_prefill_case(int(conv_dim(kSmall)), lens, 111);
+  conv_prefill_case(int(conv_dim(kReal)), lens, 121);
+}
+
+// C not a multiple of 8: the scalar prefill kernel (the others take the vectorised one).
+TEST(GdnConv, PrefillScalarSmall) {
+  MOEFOLD_REQUIRE_GPU();
+  conv_prefill_case(100, {1, 0, 2, 3, 17, 64, 65, 130}, 131);
+}
+
+TEST(GdnConv, DecodeSmall) {
+  MOEFOLD_REQUIRE_GPU();
+  for (int b : {1, 17}) conv_decode_case(int(conv_dim(kSmall)), b, 131 + uint64_t(b));
+}
+
+TEST(GdnConv, Decode) {
+  MOEFOLD_REQUIRE_GPU();
+  for (int b : {1, 17, 64}) {
+    conv_decode_case(int(conv_dim(kSmall)), b, 141 + uint64_t(b));
+    conv_decode_case(int(conv_dim(kReal)), b, 151 + uint64_t(b));
+  }
+}
