@@ -212,7 +212,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_wgmma_kernel(const FlashArgs
         mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
         mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
         msc[i] = mx[i] == -INFINITY ? 0.0f : mx[i] * sl2;
-        alpha[i] = fast_exp2(m[i] * sl2 - msc[i]);
+        alpha[i] = mx[i] == m[i] ? 1.0f : fast_exp2(m[i] * sl2 - msc[i]);  // exactly 1: see below
         m[i] = mx[i];
         l[i] *= alpha[i];
       }
@@ -305,7 +305,11 @@ __global__ void __launch_bounds__(kThreads, 1) attn_wgmma_kernel(const FlashArgs
       mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
       mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
       msc[i] = mx[i] == -INFINITY ? 0.0f : mx[i] * sl2;
-      const float alpha = fast_exp2(m[i] * sl2 - msc[i]);
+      // An unchanged max rescales by exactly 1, so that a key tile wholly past this row's last key
+      // (the block reads keys up to its LAST row's) leaves m, l and O as they were: the row's bits do
+      // not depend on where its query tile starts and ends. (exp2(m * sl2 - msc) is not 1 there: the
+      // compiler contracts it into fma(m, sl2, -msc), m * sl2's rounding error.)
+      const float alpha = mx[i] == m[i] ? 1.0f : fast_exp2(m[i] * sl2 - msc[i]);
       m[i] = mx[i];
       l[i] *= alpha;
 #pragma unroll

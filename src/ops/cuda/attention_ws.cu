@@ -19,8 +19,11 @@
 //    runs under the other's matrix work. kQR: Q K^T with Q in registers (loaded once with ldmatrix;
 //    the wgmma register-A form), for 128-key tiles. Defaults per head size: launch_attention_ws.
 // Causal: a block visits only the key tiles up to its last row; the one tile crossing the diagonal
-// is masked and comes last. Longest query tiles are scheduled first, across the sequences of a
-// batch. The sigmoid output gate is fused into the store. KV: the cache element type (bf16 today; a
+// is masked and comes last. Batch invariance: key tiles start at multiples of BN from key 0, so a
+// row sees the same tiles in the same order wherever its query tile starts; the tiles past its own
+// last key (more or fewer, by where the query tile ends) are exact no-ops (Softmax::step). Longest
+// query tiles are scheduled first, across the sequences of a batch. The sigmoid output gate is
+// fused into the store. KV: the cache element type (bf16 today; a
 // template parameter so that FP8 KV can convert on the way into the products).
 #include "ops/cuda/cuda_check.h"
 // (cuda_check.h first: see its note on fmt under nvcc)
@@ -107,7 +110,12 @@ struct Softmax {
       mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
       mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
       msc[i] = mx[i] == -INFINITY ? 0.0f : mx[i] * sl2;
-      alpha[i] = fast_exp2(m[i] * sl2 - msc[i]);
+      // An unchanged max rescales by exactly 1, so that a tile wholly past this row's last key (the
+      // block visits key tiles up to its LAST row's key) leaves m, l and O bit for bit as they were:
+      // a row's bits then do not depend on how many such tiles its query tile makes it visit. (Without
+      // the select the compiler contracts m * sl2 - msc into fma(m, sl2, -msc): the rounding error of
+      // m * sl2, whose exp2 can be 1 -/+ an ulp, so O and l drifted with each masked tile.)
+      alpha[i] = mx[i] == m[i] ? 1.0f : fast_exp2(m[i] * sl2 - msc[i]);
       m[i] = mx[i];
       l[i] *= alpha[i];
     }
