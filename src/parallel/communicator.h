@@ -1,10 +1,12 @@
 // Communicator: the collectives that tensor and expert parallelism need, one object per rank of a
 // group. Two backends implement it: the CPU one (parallel/cpu_communicator.h: one thread per rank in
 // one process, shared-memory collectives, what CI tests sharding with) and NCCL
-// (parallel/nccl_communicator.h: one GPU per rank, CUDA builds only). Every call is collective: all
+// (parallel/nccl_communicator.h: one GPU per rank, CUDA builds only); a third, for tests, runs several
+// ranks on one GPU (parallel/device_communicator.h). Every call is collective: all
 // ranks of the group make the same calls in the same order with the same counts (except where a
 // count is per rank, as in all_to_all_v). Buffers are fp32 (host memory for the CPU backend, device
-// memory for NCCL); an input may not overlap another rank's buffers.
+// memory for NCCL and the device backend, whose calls are enqueued on the rank's stream); an input
+// may not overlap another rank's buffers.
 #pragma once
 #include <cstdint>
 #include <span>
@@ -19,8 +21,11 @@ class Communicator {
   virtual int rank() const = 0;
   /// Ranks in the group (>= 1).
   virtual int world_size() const = 0;
-  /// "cpu" or "nccl".
+  /// "cpu", "nccl" or "device" (several ranks on one GPU: parallel/device_communicator.h).
   virtual std::string backend() const = 0;
+  /// Device backends: the CUDA stream (a cudaStream_t) this rank's collectives are enqueued on and
+  /// ordered with (nullptr: the legacy default stream). The CPU backend ignores it.
+  virtual void set_stream(void* stream) { (void)stream; }
 
   /// In place: buf[i] = sum over ranks of buf[i] (fp32), n elements on every rank; every rank ends
   /// with the same bits (the CPU backend sums in rank order 0, 1, ..., N-1).

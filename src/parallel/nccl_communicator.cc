@@ -34,7 +34,7 @@ class NcclCommunicator : public Communicator {
   int rank() const override { return rank_; }
   int world_size() const override { return world_; }
   std::string backend() const override { return "nccl"; }
-  void set_stream(cudaStream_t s) { stream_ = s; }
+  void set_stream(void* s) override { stream_ = static_cast<cudaStream_t>(s); }
 
   void all_reduce_sum(float* buf, int64_t n) override {
     if (n == 0) return;
@@ -116,7 +116,7 @@ std::vector<std::unique_ptr<Communicator>> make_nccl_communicators(const std::ve
 void nccl_set_stream(Communicator& comm, void* stream) {
   auto* n = dynamic_cast<NcclCommunicator*>(&comm);
   MOEFOLD_CHECK(n != nullptr, "nccl_set_stream: a {} communicator is not an NCCL one", comm.backend());
-  n->set_stream(static_cast<cudaStream_t>(stream));
+  n->set_stream(stream);
 }
 
 }  // namespace moefold

@@ -1,5 +1,6 @@
 #include "parallel/shard_weights.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "core/error.h"
@@ -152,6 +153,34 @@ ModelWeights shard_weights(const ModelConfig& c, const ModelWeights& w, const Ra
     }
   }
   return o;
+}
+
+void pad_expert_columns(ModelConfig& c, ModelWeights& w, int64_t multiple) {
+  MOEFOLD_CHECK(multiple >= 1, "pad_expert_columns: multiple {} must be >= 1", multiple);
+  const int64_t I = c.moe_intermediate_size, H = c.hidden_size;
+  if (I == 0 || I % multiple == 0) return;
+  const int64_t Ip = (I + multiple - 1) / multiple * multiple;
+  for (size_t l = 0; l < w.layers.size(); ++l) {
+    if (!c.layer_is_moe[l]) continue;
+    MoeWeights& m = w.layers[l].moe;
+    need_host(m.gate_up);
+    need_host(m.down);
+    MOEFOLD_CHECK(!m.gate_up.fp8 && !m.down.fp8, "pad_expert_columns: layer {}'s experts are FP8 (not padded)", l);
+    const int64_t E = m.gate_up.numel / (2 * I * H);
+    MOEFOLD_CHECK(m.gate_up.numel == E * 2 * I * H && m.down.numel == E * H * I,
+                  "pad_expert_columns: layer {}'s experts are not [E, 2 x {}, {}] and [E, {}, {}]", l, I, H, H, I);
+    std::vector<float> gu(static_cast<size_t>(E * 2 * Ip * H), 0.0f), dn(static_cast<size_t>(E * H * Ip), 0.0f);
+    for (int64_t e = 0; e < E; ++e) {
+      for (int64_t half = 0; half < 2; ++half)
+        std::copy_n(m.gate_up.host.begin() + (e * 2 * I + half * I) * H, I * H,
+                    gu.begin() + (e * 2 * Ip + half * Ip) * H);
+      for (int64_t h = 0; h < H; ++h)
+        std::copy_n(m.down.host.begin() + (e * H + h) * I, I, dn.begin() + (e * H + h) * Ip);
+    }
+    m.gate_up = Param(std::move(gu));
+    m.down = Param(std::move(dn));
+  }
+  c.moe_intermediate_size = Ip;
 }
 
 }  // namespace moefold

@@ -15,4 +15,12 @@ namespace moefold {
 /// with host copies. Throws Error if a weight has no host copy (an unmaterialised dummy tensor).
 ModelWeights shard_weights(const ModelConfig& cfg, const ModelWeights& w, const RankShard& s);
 
+/// Pads every routed expert's intermediate (cfg.moe_intermediate_size, I) up to a multiple of
+/// `multiple` with zero columns: gate and up rows [E, 2I, H] -> [E, 2Ip, H] (each half padded), down
+/// [E, H, I] -> [E, H, Ip], and cfg.moe_intermediate_size = Ip. The padded columns' activations are
+/// silu(0) * 0 = 0 and add exact zeros, so the function is unchanged (what the GPU's expert kernels,
+/// which take multiples of 64, run a shard narrower than that with). Does nothing when I is 0 or
+/// already a multiple. Throws Error if an expert weight has no host copy or is FP8 (not padded).
+void pad_expert_columns(ModelConfig& cfg, ModelWeights& w, int64_t multiple);
+
 }  // namespace moefold

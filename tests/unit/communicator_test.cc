@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "parallel/cpu_communicator.h"
+#include "parallel/tp_backend.h"
 #include "test_util.h"
 
 namespace moefold {
@@ -196,6 +197,42 @@ TEST(CpuCommunicator, RejectsBadWorldSizeAndRank) {
   EXPECT_EQ(g.comm(1).rank(), 1);
   EXPECT_EQ(g.comm(1).world_size(), 2);
   EXPECT_EQ(g.comm(0).backend(), "cpu");
+}
+
+TEST(CpuCommunicator, SetStreamIsIgnored) {
+  CpuCommGroup g(1);
+  g.comm(0).set_stream(reinterpret_cast<void*>(0x10));  // no stream on the CPU: nothing to order with
+  float x = 3.0f;
+  g.comm(0).all_reduce_sum(&x, 1);
+  EXPECT_EQ(x, 3.0f);
+}
+
+// The CUDA tensor-parallel backend: NCCL with one GPU per rank, the single-device test communicator
+// only when MOEFOLD_TP_SINGLE_DEVICE=1 says so, never silently.
+TEST(TpBackend, NcclWhenEnoughGpusSingleDeviceOnlyWhenAsked) {
+  EXPECT_EQ(choose_tp_backend(2, 2, nullptr), TpCommBackend::Nccl);
+  EXPECT_EQ(choose_tp_backend(4, 8, "0"), TpCommBackend::Nccl);
+  EXPECT_EQ(choose_tp_backend(2, 1, "1"), TpCommBackend::SingleDevice);
+  EXPECT_EQ(choose_tp_backend(2, 8, "1"), TpCommBackend::SingleDevice);  // explicit: also with enough GPUs
+  EXPECT_EQ(to_string(TpCommBackend::SingleDevice), "single-device");
+}
+
+TEST(TpBackend, TooFewGpusOrABadValueFailWithTheCountsAndTheVariable) {
+  auto message = [](int ranks, int gpus, const char* env) {
+    try {
+      choose_tp_backend(ranks, gpus, env);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  const std::string few = message(4, 1, nullptr);
+  EXPECT_NE(few.find("needs 4 GPUs"), std::string::npos) << few;
+  EXPECT_NE(few.find("1 visible"), std::string::npos) << few;
+  EXPECT_NE(few.find("MOEFOLD_TP_SINGLE_DEVICE=1"), std::string::npos) << few;
+  EXPECT_NE(message(2, 1, "0").find("needs 2 GPUs"), std::string::npos);
+  EXPECT_NE(message(2, 1, "yes").find("expected 0 or 1"), std::string::npos);
+  EXPECT_NE(message(1, 1, nullptr).find("at least 2"), std::string::npos);
 }
 
 }  // namespace

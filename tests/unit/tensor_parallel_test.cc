@@ -130,6 +130,61 @@ TEST_P(TensorParallel, RepeatedStepsAreBitwiseDeterministic) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, TensorParallel, ::testing::ValuesIn(test::fixture_families()));
 
+// The GPU's expert kernels take intermediates that are multiples of 64; a shard narrower than that
+// is padded with zero columns (pad_expert_columns). The padded model computes the same function: the
+// original values stay where they were, the new columns are zeros, and the logits agree with the
+// unpadded model's within fp32 tolerance (the GEMMs' K blocking may differ), greedy tokens equal.
+TEST(TensorParallel, ZeroPaddedExpertColumnsKeepTheFunction) {
+  const Model& m = fixture_model("qwen3_5_moe");  // experts of 64 columns, padded to 96 and 128
+  const ModelConfig& c = m.config();
+  const int64_t V = c.vocab_size, H = c.hidden_size, I = c.moe_intermediate_size;
+  const RankShard whole = plan_shard(c, {1, false, 0}, 0);
+  auto ref_runner = runner_for(m, nullptr);
+  const auto ref_logits = prompt_logits(*ref_runner, kPrompts[0]);
+  const auto ref_tokens = test::greedy_together(*ref_runner, kPrompts, {0, 1}, 6, V);
+  for (int64_t multiple : {96, 128}) {
+    SCOPED_TRACE(multiple);
+    ModelConfig pc = c;
+    ModelWeights w = shard_weights(c, m.weights(), whole);
+    pad_expert_columns(pc, w, multiple);
+    const int64_t Ip = pc.moe_intermediate_size;
+    ASSERT_EQ(Ip, multiple);
+    size_t l = 0;
+    while (!c.layer_is_moe[l]) ++l;
+    const MoeWeights &a = m.weights().layers[l].moe, &b = w.layers[l].moe;
+    ASSERT_EQ(b.gate_up.numel, c.num_experts * 2 * Ip * H);
+    ASSERT_EQ(b.down.numel, c.num_experts * H * Ip);
+    size_t moved = 0, nonzero_pad = 0;
+    for (int64_t e = 0; e < c.num_experts; ++e)
+      for (int64_t row = 0; row < 2 * Ip; ++row)
+        for (int64_t h = 0; h < H; ++h) {
+          const float got = b.gate_up.host[size_t((e * 2 * Ip + row) * H + h)];
+          const int64_t half = row / Ip, r = row % Ip;
+          if (r >= I) nonzero_pad += got != 0.0f;
+          else moved += got != a.gate_up.host[size_t((e * 2 * I + half * I + r) * H + h)];
+        }
+    for (int64_t e = 0; e < c.num_experts; ++e)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t i = 0; i < Ip; ++i) {
+          const float got = b.down.host[size_t((e * H + h) * Ip + i)];
+          if (i >= I) nonzero_pad += got != 0.0f;
+          else moved += got != a.down.host[size_t((e * H + h) * I + i)];
+        }
+    EXPECT_EQ(moved, 0u);
+    EXPECT_EQ(nonzero_pad, 0u);
+    Model padded(pc, std::move(w));
+    auto r = runner_for(padded, nullptr);
+    const auto logits = prompt_logits(*r, kPrompts[0]);
+    EXPECT_LE(max_diff(logits, ref_logits), tolerance(ref_logits));
+    EXPECT_EQ(test::greedy_together(*r, kPrompts, {0, 1}, 6, V), ref_tokens);
+  }
+  ModelConfig same = c;
+  ModelWeights w = shard_weights(c, m.weights(), whole);
+  pad_expert_columns(same, w, 64);  // already a multiple: unchanged
+  EXPECT_EQ(same.moe_intermediate_size, I);
+  EXPECT_THROW(pad_expert_columns(same, w, 0), Error);
+}
+
 // A vocabulary that the ranks do not divide (the last shard is short and padded in the all-gather)
 // and projections with biases (a row-parallel bias is added once, by rank 0): the qwen3 and llama
 // fixture configs changed so, with dummy weights.
