@@ -181,7 +181,10 @@ __global__ void __launch_bounds__(kThreads, 1) attn_fa_kernel(const FlashArgs a)
       mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
       mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
       msc[i] = mx[i] == -INFINITY ? 0.0f : mx[i] * sl2;
-      const float alpha = fast_exp2(m[i] * sl2 - msc[i]);
+      // An unchanged max rescales by exactly 1, so key tiles wholly past a row's last key are exact no-ops
+      // and a row's bits do not depend on where its query tile starts (m * sl2 - msc alone contracts to
+      // fma(m, sl2, -msc), the rounding error of m * sl2, whose exp2 is not always 1).
+      const float alpha = mx[i] == m[i] ? 1.0f : fast_exp2(m[i] * sl2 - msc[i]);
       m[i] = mx[i];
       l[i] *= alpha;
 #pragma unroll
