@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The FP8 drift report of docs/fp8.md on a real model (CPU): greedy drift and teacher-forced perplexity
-# over GSM8K questions (+ answers) for FP8 weights vs unquantised and FP8 lm_head vs unquantised, then
+# over GSM8K questions (+ answers) for FP8 weights, FP8 lm_head and FP8 KV cache vs unquantised, then
 # the perplexity attribution: only one kind of tensor (or one layer) in FP8 at a time.
 # Usage: scripts/fp8_drift_report.sh [MODEL] [OUT_DIR] [N_PROMPTS]   (defaults: models/smollm2-135m-instruct,
 # /tmp/fp8_drift, 30). Writes one JSON per run to OUT_DIR and prints each run's summary lines.
@@ -23,6 +23,8 @@ drift greedy_fp8_lm_head --b-quantization none --b-fp8-lm-head --max-tokens 32
 drift ppl_fp8_weights --b-quantization fp8 --with-answers --max-tokens 1
 drift ppl_fp8_lm_head --b-quantization none --b-fp8-lm-head --with-answers --max-tokens 1
 drift ppl_fp8_both --b-quantization fp8 --b-fp8-lm-head --with-answers --max-tokens 1
+drift greedy_fp8_kv --b-quantization none --b-kv-cache-dtype fp8 --max-tokens 32
+drift ppl_fp8_kv --b-quantization none --b-kv-cache-dtype fp8 --with-answers --max-tokens 1
 for only in ${FP8_ONLY:-self_attn.q_proj self_attn.k_proj self_attn.v_proj self_attn.o_proj mlp.gate_proj mlp.up_proj mlp.down_proj layers.0. layers.29.}; do
   drift "ppl_only_${only//\//_}" --b-quantization fp8 --b-fp8-only "$only" --with-answers --max-tokens 1
 done

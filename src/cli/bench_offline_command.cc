@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "cli/kv_cache_dtype_option.h"
 #include "cli/quantization_option.h"
 #include "core/error.h"
 #include "core/kernel_registry.h"
@@ -41,6 +42,7 @@ std::unique_ptr<BenchOfflineCommand> add_bench_offline_command(CLI::App& bench) 
   b->app->add_option("--repeats", b->repeats, "timed prefills per length (median reported)");
   b->app->add_option("--seed", b->seed, "dummy-weight seed");
   add_quantization_options(b->app, b->quantization, b->fp8_lm_head);
+  add_kv_cache_dtype_option(b->app, b->kv_cache_dtype);
   b->app->add_option("--json", b->json_out, "also write the results as JSON");
   b->app->add_flag("--enforce-eager", b->enforce_eager, "run decode steps eagerly (no CUDA graphs)");
   b->app->add_flag("--batch-invariant,!--no-batch-invariant", b->batch_invariant,
@@ -70,6 +72,9 @@ double median(std::vector<double> v) {
 int BenchOfflineCommand::run() {
   MOEFOLD_CHECK(cuda_available(), "bench offline: no usable CUDA device (it measures the GPU backend)");
   const ModelConfig cfg = ModelConfig::from_dir(model_dir);
+  const KvCacheDtype kv_dtype = parse_kv_cache_dtype(kv_cache_dtype);
+  check_kv_cache_dtype(cfg, kv_dtype, "cuda");
+  const int64_t kv_elem = kv_elem_bytes(kv_elem_for(kv_dtype, true));
   const ParamCounts pc = count_params(cfg);
   cudaDeviceProp prop{};
   MOEFOLD_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
@@ -114,6 +119,7 @@ int BenchOfflineCommand::run() {
                             {"cuda_graphs", !enforce_eager},
                             {"quantization", fp8 ? "fp8" : "none"},
                             {"fp8_lm_head", fp8_lm_head},
+                            {"kv_cache_dtype", kv_elem_name(kv_elem_for(kv_dtype, true))},
                             {"batch_invariant", batch_invariant},
                             {"bf16_gemm_flops", peak},
                             {"prefill", nlohmann::json::array()},
@@ -182,7 +188,7 @@ int BenchOfflineCommand::run() {
     const double head = double(cfg.vocab_size) * double(cfg.hidden_size);
     const double dense = double(pc.total - pc.embedding - pc.routed_expert) - (cfg.tie_word_embeddings ? 0 : head);
     const double weight_bytes = b_q * (dense + touched * per_expert) + b_head * head;
-    const double kv_bytes = double(B) * (decode_context + decode_steps / 2.0) * double(cfg.kv_bytes_per_token(2));
+    const double kv_bytes = double(B) * (decode_context + decode_steps / 2.0) * double(cfg.kv_bytes_per_token(kv_elem));
     const double state_bytes = 2.0 * double(B) * double(cfg.deltanet_state_bytes_per_seq(2));
     const double floor_s = (weight_bytes + kv_bytes + state_bytes) / bw;
     const double med = median(times);

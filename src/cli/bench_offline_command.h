@@ -20,6 +20,7 @@ struct BenchOfflineCommand {
   uint64_t seed = 0;
   std::string quantization;  ///< --quantization (models/load_model.h)
   bool fp8_lm_head = false;  ///< --fp8-lm-head
+  std::string kv_cache_dtype = "auto";  ///< --kv-cache-dtype (runtime/kv_cache.h)
   bool enforce_eager = false;
   bool batch_invariant = true;
   std::vector<int32_t> cuda_graph_sizes;  ///< empty: the executor's default buckets

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/device_option.h"
+#include "cli/kv_cache_dtype_option.h"
 #include "core/error.h"
 #include "models/fp8_probe.h"
 #include "models/load_model.h"
@@ -75,9 +76,11 @@ std::vector<std::vector<int32_t>> load_prompts(const Fp8Commands& o, const Model
 /// A runner for one sequence of up to `tokens` tokens.
 std::unique_ptr<ModelRunner> runner_for(const std::string& dir, const std::string& device, Quantization q,
                                         int32_t tokens, std::unique_ptr<Model>& cpu_model, bool fp8_lm_head = false,
-                                        const std::string& only = "") {
+                                        const std::string& only = "", const std::string& kv_dtype = "auto") {
   const int32_t bs = 16;
   RunnerOptions opt{(tokens + bs - 1) / bs + 1, bs, 1};
+  opt.kv_cache_dtype = parse_kv_cache_dtype(kv_dtype);
+  check_kv_cache_dtype(ModelConfig::from_dir(dir), opt.kv_cache_dtype, device);
   if (device == "cpu" && !only.empty()) {  // a subset of the tensors in FP8
     ModelConfig cfg = ModelConfig::from_dir(dir);
     auto src = fp8_quantizing_source(checkpoint_source(dir), q == Quantization::Fp8, fp8_lm_head, only);
@@ -229,17 +232,20 @@ int run_drift(const Fp8Commands& o) {
   for (auto& p : prompts) longest = std::max<int32_t>(longest, int32_t(p.size()));
   const int32_t tokens = longest + o.max_tokens;
   std::unique_ptr<Model> ma, mb;
-  auto ra = runner_for(o.model_dir, o.a_device, parse_quantization(o.a_quant), tokens, ma, o.a_lm_head);
-  auto rb = runner_for(o.model_dir, o.b_device, parse_quantization(o.b_quant), tokens, mb, o.b_lm_head, o.b_only);
+  auto ra = runner_for(o.model_dir, o.a_device, parse_quantization(o.a_quant), tokens, ma, o.a_lm_head, "", o.a_kv);
+  auto rb = runner_for(o.model_dir, o.b_device, parse_quantization(o.b_quant), tokens, mb, o.b_lm_head, o.b_only,
+                       o.b_kv);
   const int64_t V = cfg.vocab_size;
   int matches = 0;
   double first_sum = 0, margin_sum = 0, nll_a = 0, nll_b = 0, scored = 0;
   int diverged = 0;
   json rows = json::array();
-  std::printf("drift: A = %s%s on %s, B = %s%s%s on %s; %zu prompts, %d greedy tokens each\n", o.a_quant.c_str(),
-              o.a_lm_head ? " + fp8 lm_head" : "", o.a_device.c_str(), o.b_quant.c_str(),
-              o.b_lm_head ? " + fp8 lm_head" : "", o.b_only.empty() ? "" : (" (only *" + o.b_only + "*)").c_str(),
-              o.b_device.c_str(), prompts.size(), o.max_tokens);
+  auto kv_note = [](const std::string& kv) { return kv == "auto" ? std::string() : " + " + kv + " KV cache"; };
+  std::printf("drift: A = %s%s%s on %s, B = %s%s%s%s on %s; %zu prompts, %d greedy tokens each\n", o.a_quant.c_str(),
+              o.a_lm_head ? " + fp8 lm_head" : "", kv_note(o.a_kv).c_str(), o.a_device.c_str(), o.b_quant.c_str(),
+              o.b_lm_head ? " + fp8 lm_head" : "", kv_note(o.b_kv).c_str(),
+              o.b_only.empty() ? "" : (" (only *" + o.b_only + "*)").c_str(), o.b_device.c_str(), prompts.size(),
+              o.max_tokens);
   std::printf("  %6s %8s %16s %14s\n", "prompt", "match", "first diverge", "A top-2 margin");
   for (size_t i = 0; i < prompts.size(); ++i) {
     const Decoded a = greedy(*ra, prompts[i], o.max_tokens, V), b = greedy(*rb, prompts[i], o.max_tokens, V);
@@ -273,9 +279,10 @@ int run_drift(const Fp8Commands& o) {
   std::printf("drift: prompt perplexity (teacher-forced, %.0f tokens): A %.4f, B %.4f (B / A - 1 = %+.3f%%)\n",
               scored, ppl_a, ppl_b, 100.0 * (ppl_b / ppl_a - 1.0));
   if (!o.json_out.empty())
-    std::ofstream(o.json_out) << json{{"a", {{"quantization", o.a_quant}, {"device", o.a_device}, {"fp8_lm_head", o.a_lm_head}}},
+    std::ofstream(o.json_out) << json{{"a", {{"quantization", o.a_quant}, {"device", o.a_device}, {"fp8_lm_head", o.a_lm_head},
+                                             {"kv_cache_dtype", o.a_kv}}},
                                       {"b", {{"quantization", o.b_quant}, {"device", o.b_device}, {"fp8_lm_head", o.b_lm_head},
-                                             {"only", o.b_only}}},
+                                             {"only", o.b_only}, {"kv_cache_dtype", o.b_kv}}},
                                       {"max_tokens", o.max_tokens},
                                       {"matches", matches},
                                       {"perplexity", {{"a", ppl_a}, {"b", ppl_b}, {"tokens", scored}}},
@@ -310,6 +317,8 @@ std::unique_ptr<Fp8Commands> add_fp8_commands(CLI::App& app) {
   d->add_flag("--b-fp8-lm-head", o->b_lm_head, "configuration B: lm_head in FP8 (--fp8-lm-head)");
   d->add_option("--b-fp8-only", o->b_only,
                 "configuration B (cpu): quantise only the tensors whose name contains this (e.g. layers.3. or mlp.down_proj)");
+  add_kv_cache_dtype_option(d, o->a_kv, "--a-kv-cache-dtype", "configuration A: KV cache");
+  add_kv_cache_dtype_option(d, o->b_kv, "--b-kv-cache-dtype", "configuration B: KV cache");
   device_choices(d->add_option("--a-device", o->a_device));
   device_choices(d->add_option("--b-device", o->b_device));
   d->add_option("--num-prompts", o->num_prompts, "prompts")->check(CLI::Range(1, 100000));

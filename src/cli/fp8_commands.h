@@ -3,7 +3,8 @@
 //          expert GEMMs, per slot, after the combine, the layer output) and the whole forward (logits
 //          against the CPU's fp32 chain over the same FP8 weights, and against the unquantised model
 //          when --quantization fp8 quantised it).
-//   drift: N prompts decoded greedily under two configurations (--a-* / --b-*: quantization, device):
+//   drift: N prompts decoded greedily under two configurations (--a-* / --b-*: quantization, device,
+//          KV cache dtype):
 //          how many outputs match, where the first divergence falls, and config A's top-2 margin there;
 //          plus both configurations' perplexity over the prompts (teacher-forced).
 #pragma once
@@ -21,6 +22,7 @@ struct Fp8Commands {
   // drift
   std::string a_quant = "none", b_quant = "fp8", a_device = "cpu", b_device = "cpu";
   bool a_lm_head = false, b_lm_head = false;  ///< --a-fp8-lm-head / --b-fp8-lm-head
+  std::string a_kv = "auto", b_kv = "auto";   ///< --a-kv-cache-dtype / --b-kv-cache-dtype
   std::string b_only;  ///< --b-fp8-only: B quantises only the tensors whose name contains it (CPU)
   int num_prompts = 30, max_tokens = 32, prompt_len = 16;
   bool with_answers = false;

@@ -14,6 +14,7 @@
 #include "io/npy.h"
 #include "io/deepseek_v4_config.h"
 #include "models/deepseek_v4_executor.h"
+#include "cli/kv_cache_dtype_option.h"
 #include "cli/quantization_option.h"
 #include "models/load_model.h"
 #include "models/weight_loader.h"
@@ -69,6 +70,7 @@ struct GpuOpts {
 };
 std::string g_quantization;  ///< --quantization of the model commands
 bool g_fp8_lm_head = false;  ///< --fp8-lm-head of the model commands
+std::string g_kv_cache_dtype = "auto";  ///< --kv-cache-dtype of the model commands
 GpuOpts g_gpu;
 ParallelConfig g_parallel;  ///< --tensor-parallel-size, --enable-expert-parallel, --expert-parallel-size
 
@@ -78,6 +80,8 @@ std::unique_ptr<ModelRunner> make_runner(const std::string& dir, LoadFormat form
                                          std::unique_ptr<Model>& cpu_model) {
   const int32_t bs = 16;
   RunnerOptions opt{(tokens + bs - 1) / bs + 1, bs, 1};
+  opt.kv_cache_dtype = parse_kv_cache_dtype(g_kv_cache_dtype);
+  check_kv_cache_dtype(ModelConfig::from_dir(dir), opt.kv_cache_dtype, device);
   validate(g_parallel);
   const bool tp = g_parallel.tensor_parallel_size > 1;
   if (device == "cpu" && ModelConfig::from_dir(dir).family == Family::DeepseekV4) {
@@ -89,7 +93,8 @@ std::unique_ptr<ModelRunner> make_runner(const std::string& dir, LoadFormat form
   if (device == "cpu" && tp) {  // the whole model is loaded, sharded over the ranks, then freed
     auto full = load_model(dir, format, seed, parse_quantization(g_quantization), g_fp8_lm_head);
     return std::make_unique<ModelRunner>(
-        make_cpu_parallel_executor(*full, g_parallel, opt.num_blocks, opt.block_size, opt.max_seqs), opt);
+        make_cpu_parallel_executor(*full, g_parallel, opt.num_blocks, opt.block_size, opt.max_seqs, opt.kv_cache_dtype),
+        opt);
   }
   MOEFOLD_CHECK(!tp || device == "cpu",
                 "--tensor-parallel-size {} --device {}: tensor parallelism runs on the CPU backend only so far (the "
@@ -270,6 +275,7 @@ int run_command(int argc, char** argv) {
     device_choices(c->add_option("--device", device));
     c->add_option("--seed", seed, "seed for dummy weights");
     add_quantization_options(c, g_quantization, g_fp8_lm_head);
+    add_kv_cache_dtype_option(c, g_kv_cache_dtype);
     c->add_flag("--enforce-eager", g_gpu.enforce_eager, "--device cuda: run decode steps eagerly (no CUDA graphs)");
     c->add_flag("--batch-invariant,!--no-batch-invariant", g_gpu.batch_invariant,
                 "--device cuda: kernels whose per-row results do not depend on the rest of the batch (default: on)");

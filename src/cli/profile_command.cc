@@ -12,6 +12,8 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/device_option.h"
+#include "cli/kv_cache_dtype_option.h"
+#include "runtime/kv_cache.h"
 #include "cli/quantization_option.h"
 #include "core/error.h"
 #include "core/kernel_registry.h"
@@ -36,6 +38,7 @@ std::unique_ptr<ProfileCommand> add_profile_command(CLI::App& app) {
   c->add_option("--seed", p->seed, "seed for dummy weights");
   add_parallel_options(c, p->parallel);
   add_quantization_options(c, p->quantization, p->fp8_lm_head);
+  add_kv_cache_dtype_option(c, p->kv_cache_dtype);
   c->add_option("--workload", p->workloads,
                 "prefill:N | decode:BxC | mixed:BxPxD (repeatable; run in order on one model load)")
       ->required();
@@ -98,7 +101,9 @@ int ProfileCommand::run() {
   Roofline roof;
   std::unique_ptr<Model> cpu_model;
   std::unique_ptr<ModelRunner> runner;
-  const RunnerOptions ro{needs.num_blocks, block_size, needs.max_seqs};
+  RunnerOptions ro{needs.num_blocks, block_size, needs.max_seqs};
+  ro.kv_cache_dtype = parse_kv_cache_dtype(kv_cache_dtype);
+  check_kv_cache_dtype(ModelConfig::from_dir(model_dir), ro.kv_cache_dtype, device);
   if (device == "cpu") {
     roof = measure_cpu_roofline(gemm_size > 0 ? gemm_size : 1024);
   } else {
@@ -122,7 +127,7 @@ int ProfileCommand::run() {
   if (device == "cpu" && parallel.tensor_parallel_size > 1) {  // the ranks' ops overlap on the timeline
     auto full = load_model(model_dir, format, seed, parse_quantization(quantization), fp8_lm_head);
     runner = std::make_unique<ModelRunner>(
-        make_cpu_parallel_executor(*full, parallel, ro.num_blocks, ro.block_size, ro.max_seqs), ro);
+        make_cpu_parallel_executor(*full, parallel, ro.num_blocks, ro.block_size, ro.max_seqs, ro.kv_cache_dtype), ro);
     prof::set_device_timer(nullptr);
   } else if (device == "cpu") {
     cpu_model = load_model(model_dir, format, seed, parse_quantization(quantization), fp8_lm_head);
@@ -146,9 +151,10 @@ int ProfileCommand::run() {
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
   const ModelConfig& cfg = runner->config();
   std::printf("model: %s (%s, %s weights), loaded in %.1f s; executor sized for %d rows/step, %d sequences, %d KV "
-              "pages of %d tokens\n",
+              "pages of %d tokens (%s)\n",
               model_dir.c_str(), family_name(cfg.family).c_str(), format == LoadFormat::Dummy ? "dummy" : "checkpoint",
-              load_s, needs.max_rows, needs.max_seqs, needs.num_blocks, block_size);
+              load_s, needs.max_rows, needs.max_seqs, needs.num_blocks, block_size,
+              std::string(kv_elem_name(kv_elem_for(ro.kv_cache_dtype, device != "cpu"))).c_str());
 
   nlohmann::json out = {{"command", command_line},
                         {"date", date},

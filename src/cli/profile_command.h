@@ -20,6 +20,7 @@ struct ProfileCommand {
   uint64_t seed = 0;         ///< dummy-weight seed
   std::string quantization;  ///< --quantization (models/load_model.h)
   bool fp8_lm_head = false;  ///< --fp8-lm-head
+  std::string kv_cache_dtype = "auto";  ///< --kv-cache-dtype (runtime/kv_cache.h)
   int32_t block_size = 16;   ///< tokens per KV page
   int gemm_size = 0;         ///< roofline GEMM size (0: 8192 on the GPU, 1024 on the CPU)
   std::string command_line;  ///< the invocation, printed in the header (set by main)

@@ -2,6 +2,7 @@
 #include "cli/serve_command.h"
 
 #include "cli/parallel_options.h"
+#include "cli/kv_cache_dtype_option.h"
 #include "cli/quantization_option.h"
 
 namespace moefold {
@@ -18,6 +19,7 @@ std::unique_ptr<ServeCommand> add_serve_command(CLI::App& app) {
   c->add_option("--device", o.device, "cpu | cuda (cuda needs a build with the CUDA backend)")->capture_default_str();
   c->add_option("--seed", o.seed, "seed for dummy weights")->capture_default_str();
   add_quantization_options(c, o.quantization, o.fp8_lm_head);
+  add_kv_cache_dtype_option(c, o.kv_cache_dtype);
   c->add_option("--host", o.host, "address to listen on")->capture_default_str();
   c->add_option("--port", o.port, "port to listen on; 0 picks a free one")->capture_default_str()->check(CLI::Range(0, 65535));
   c->add_option("--max-num-seqs", o.max_num_seqs, "sequences running at once (= DeltaNet state slots)")

@@ -64,8 +64,9 @@ std::optional<int64_t> available_memory_bytes() {
 
 int64_t cpu_weight_bytes(const ModelConfig& cfg) { return count_params(cfg).total * 4; }
 
-int64_t cpu_cache_bytes(const ModelConfig& cfg, int64_t num_blocks, int64_t block_size, int64_t num_slots) {
-  return num_blocks * block_size * cfg.kv_bytes_per_token(4) + num_slots * cfg.deltanet_state_bytes_per_seq(4);
+int64_t cpu_cache_bytes(const ModelConfig& cfg, int64_t num_blocks, int64_t block_size, int64_t num_slots,
+                        int64_t kv_elem_bytes) {
+  return num_blocks * block_size * cfg.kv_bytes_per_token(kv_elem_bytes) + num_slots * cfg.deltanet_state_bytes_per_seq(4);
 }
 
 void check_memory_fits(int64_t needed, std::optional<int64_t> available, const std::string& what,

@@ -23,9 +23,10 @@ std::optional<int64_t> available_memory_bytes(const std::string& meminfo, const 
 /// Bytes of the fp32 weights the CPU backend holds for `cfg` (every parameter, 4 bytes each).
 int64_t cpu_weight_bytes(const ModelConfig& cfg);
 
-/// Bytes of the CPU backend's fp32 KV cache (`num_blocks` x `block_size` token slots) and DeltaNet
-/// state (`num_slots` sequences) for `cfg`.
-int64_t cpu_cache_bytes(const ModelConfig& cfg, int64_t num_blocks, int64_t block_size, int64_t num_slots);
+/// Bytes of the CPU backend's KV cache (`num_blocks` x `block_size` token slots of `kv_elem_bytes` per
+/// element: 4 fp32, 2 bf16, 1 fp8) and fp32 DeltaNet state (`num_slots` sequences) for `cfg`.
+int64_t cpu_cache_bytes(const ModelConfig& cfg, int64_t num_blocks, int64_t block_size, int64_t num_slots,
+                        int64_t kv_elem_bytes = 4);
 
 /// Throws Error "<what> needs N GiB ... but only M GiB of memory is available" when `needed` exceeds
 /// `available`; does nothing when `available` is nullopt (unknown). The message suggests dummy weights on

@@ -241,22 +241,25 @@ void Model::attention(size_t l, const ForwardBatch& b, const float* x, float* ou
   bool decode_step = true;
   for (int32_t s = 0; s < b.num_seqs(); ++s)
     decode_step = decode_step && b.decode_rows(s) && b.context_lens[size_t(s)] > 0;
+  // FP8 pages: the checkpoint's k_scale / v_scale per KV head, else 1 (runtime/kv_cache.h).
+  const cpu::KvPages pages = kv.pages(l, a.k_scale.empty() ? nullptr : a.k_scale.data(),
+                                      a.v_scale.empty() ? nullptr : a.v_scale.data());
   for (int32_t s = 0; s < b.num_seqs(); ++s) {
     const int64_t r0 = b.cu_seqlens[size_t(s)], n = b.cu_seqlens[size_t(s + 1)] - r0, start = b.context_lens[size_t(s)];
     if (n == 0) continue;
     MOEFOLD_CHECK((start + n + kv.block_size - 1) / kv.block_size <= b.max_blocks_per_seq,
                   "sequence {} needs more KV blocks than its block table holds", s);
     timed(kKvWrite, rw(2.0 * n * kv.kv_dim, 2.0 * n * kv.kv_dim), [&] {
-      kv_cache_write(&k[size_t(r0 * Hkv * D)], &v[size_t(r0 * Hkv * D)], kv.k[l].data(), kv.v[l].data(),
-                     b.block_table(s), start, n, kv.block_size, kv.kv_dim);
+      kv.count_saturated(l, kv_cache_write(&k[size_t(r0 * Hkv * D)], &v[size_t(r0 * Hkv * D)], pages,
+                                           b.block_table(s), start, n));
     });
     // q read and o written; the cached K and V read once; QK^T and PV over the causal pairs.
     const double pairs = double(n) * start + double(n) * (n + 1) / 2;
     const prof::Work attn_work = rw(double(n * Hq * D) + 2.0 * (start + n) * Hkv * D, double(n * Hq * D),
                                     4.0 * pairs * Hq * D);
     timed(n == 1 && start > 0 ? kAttnDecode : kAttnPrefill, attn_work, [&] {
-      paged_attention(&q[size_t(r0 * Hq * D)], kv.k[l].data(), kv.v[l].data(), b.block_table(s), start, n, Hq, Hkv,
-                      D, kv.block_size, scale, &o[size_t(r0 * Hq * D)], emulate_bf16_ && !decode_step);
+      paged_attention(&q[size_t(r0 * Hq * D)], pages, b.block_table(s), start, n, Hq, scale, &o[size_t(r0 * Hq * D)],
+                      emulate_bf16_ && !decode_step);
     });
   }
   if (cfg_.attn_output_gate)

@@ -8,6 +8,7 @@
 #include "core/parallel.h"
 #include "models/deepseek_v4.h"
 #include "models/dummy_init.h"
+#include "models/kv_scales.h"
 #include "models/mla_weights.h"
 
 #include "core/error.h"
@@ -21,6 +22,10 @@ class CheckpointSource : public WeightSource {
  public:
   explicit CheckpointSource(const std::string& dir) : dir_(dir), ckpt_(dir) {}
   bool has(const std::string& name) const override { return ckpt_.has(name); }
+  std::optional<std::vector<int64_t>> checkpoint_shape(const std::string& name) const override {
+    if (!ckpt_.has(name)) return std::nullopt;
+    return ckpt_.get(name).shape;
+  }
   std::vector<float> load(const TensorSpec& spec) override { return load_param(spec, false).host; }
   /// The tensor as fp32; a block-scaled FP8 one (F8_E4M3 with `<name>_scale_inv`) also keeps its e4m3
   /// values and scales (Param::fp8), of which the fp32 copy is the exact dequantisation.
@@ -158,6 +163,9 @@ class QuantizingSource : public WeightSource {
   QuantizingSource(std::unique_ptr<WeightSource> inner, bool weights, bool lm_head, std::string only)
       : inner_(std::move(inner)), weights_(weights), lm_head_(lm_head), only_(std::move(only)) {}
   bool has(const std::string& name) const override { return inner_->has(name); }
+  std::optional<std::vector<int64_t>> checkpoint_shape(const std::string& name) const override {
+    return inner_->checkpoint_shape(name);
+  }
   std::vector<float> load(const TensorSpec& spec) override { return load_param(spec, false).host; }
   bool quantizes_lm_head() const override { return lm_head_; }
   Param load_param(const TensorSpec& spec, bool may_defer) override {
@@ -331,6 +339,7 @@ ModelWeights load_weights(const ModelConfig& c, WeightSource& src, const std::fu
         a.q_norm = src.load({ap + "q_norm.weight", {c.head_dim}, norm_role});
         a.k_norm = src.load({ap + "k_norm.weight", {c.head_dim}, norm_role});
       }
+      load_kv_scales(src, ap, c.num_kv_heads, a);
     }
     const std::string mp = lp + "mlp.";
     struct PlaceLayer {  // hands the finished layer to `place` before the next one is read

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,12 @@ class WeightSource {
  public:
   virtual ~WeightSource() = default;
   virtual bool has(const std::string& name) const = 0;
+  /// The stored shape of `name` in a checkpoint; nullopt for a tensor it does not hold and for sources
+  /// that are not checkpoints (dummy, counting), which then hold no optional tensors (FP8 KV scales).
+  virtual std::optional<std::vector<int64_t>> checkpoint_shape(const std::string& name) const {
+    (void)name;
+    return std::nullopt;
+  }
   virtual std::vector<float> load(const TensorSpec& spec) = 0;
   virtual Param load_param(const TensorSpec& spec, bool may_defer) {
     (void)may_defer;

@@ -45,6 +45,9 @@ struct Linear {
 struct AttentionWeights {
   Linear q_proj, k_proj, v_proj, o_proj;  ///< q_proj rows: per head [query D | gate D] when gated
   Param q_norm, k_norm;     ///< [head_dim]; empty without q/k norm
+  /// FP8 KV cache dequantisation scales [num_kv_heads] from an FP8 checkpoint (vLLM's k_scale /
+  /// v_scale; a per-tensor scalar is repeated per head); empty when the checkpoint has none.
+  std::vector<float> k_scale, v_scale;
 };
 
 struct DeltaNetWeights {

@@ -21,14 +21,16 @@ namespace {
 
 class CpuParallelExecutor : public Executor {
  public:
-  CpuParallelExecutor(const Model& full, const ParallelConfig& p, int32_t nb, int32_t bs, int32_t ns)
+  CpuParallelExecutor(const Model& full, const ParallelConfig& p, int32_t nb, int32_t bs, int32_t ns, KvCacheDtype d)
       : cfg_(full.config()), group_(p.tensor_parallel_size) {
     const int N = p.tensor_parallel_size;
+    check_kv_cache_dtype(cfg_, d, "cpu");
+    const cpu::KvElem elem = kv_elem_for(d, false);
     std::vector<RankShard> shards;
     int64_t cache_bytes = 0;
     for (int r = 0; r < N; ++r) {
       shards.push_back(plan_shard(cfg_, p, r));  // every rank's plan first: a bad size fails before any copy
-      cache_bytes += cpu_cache_bytes(local_config(cfg_, shards.back()), nb, bs, ns);
+      cache_bytes += cpu_cache_bytes(local_config(cfg_, shards.back()), nb, bs, ns, kv_elem_bytes(elem));
     }
     check_memory_fits(cache_bytes, available_memory_bytes(),
                       fmt::format("the CPU KV caches and DeltaNet states of {} tensor-parallel ranks ({} blocks of "
@@ -39,7 +41,7 @@ class CpuParallelExecutor : public Executor {
       ModelConfig local = local_config(cfg_, s);
       ranks_.push_back(std::make_unique<Rank>(
           std::make_unique<Model>(local, shard_weights(cfg_, full.weights(), s), ShardContext{&group_.comm(r), s}),
-          KvCache(local, nb, bs), StatePool(local, ns)));
+          KvCache(local, nb, bs, elem), StatePool(local, ns)));
     }
     // The ranks' matrix products share the cores: each OpenBLAS call gets its share of the threads
     // OpenBLAS had (the cores, or OPENBLAS_NUM_THREADS), so N ranks never run N full pools.
@@ -181,8 +183,8 @@ class CpuParallelExecutor : public Executor {
 }  // namespace
 
 std::unique_ptr<Executor> make_cpu_parallel_executor(const Model& model, const ParallelConfig& p, int32_t nb,
-                                                     int32_t bs, int32_t ns) {
-  return std::make_unique<CpuParallelExecutor>(model, p, nb, bs, ns);
+                                                     int32_t bs, int32_t ns, KvCacheDtype d) {
+  return std::make_unique<CpuParallelExecutor>(model, p, nb, bs, ns, d);
 }
 
 std::vector<int64_t> expert_load_per_rank(const Executor& e) {

@@ -21,8 +21,10 @@ namespace moefold {
 /// tokens and `num_slots` state slots per rank. Throws Error (parallel/shard_plan.h) when the sizes do
 /// not divide the model's heads, intermediate sizes or experts, or the KV cache and state do not fit
 /// in memory.
+/// `kv_dtype`: every rank's KV pages (--kv-cache-dtype; FP8 scales: the rank's KV heads' own).
 std::unique_ptr<Executor> make_cpu_parallel_executor(const Model& model, const ParallelConfig& p, int32_t num_blocks,
-                                                     int32_t block_size, int32_t num_slots);
+                                                     int32_t block_size, int32_t num_slots,
+                                                     KvCacheDtype kv_dtype = KvCacheDtype::Auto);
 
 /// The (row, slot) pairs each rank's routed experts computed so far (expert load; empty when the
 /// executor is not a CPU parallel one).

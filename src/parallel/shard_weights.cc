@@ -1,6 +1,7 @@
 #include "parallel/shard_weights.h"
 
 #include <algorithm>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -125,6 +126,9 @@ ModelWeights shard_weights(const ModelConfig& c, const ModelWeights& w, const Ra
       A.o_proj = row_parallel(a.o_proj, scaled(s.q_heads, D), s.rank);
       A.q_norm = copy(a.q_norm);
       A.k_norm = copy(a.k_norm);
+      for (auto [from, to] : {std::pair{&a.k_scale, &A.k_scale}, std::pair{&a.v_scale, &A.v_scale}})
+        if (!from->empty())  // per KV head: the rank's heads
+          to->assign(from->begin() + s.kv_heads.begin, from->begin() + s.kv_heads.begin + s.kv_heads.count);
     }
     if (c.layer_is_moe[l]) {
       const MoeWeights& m = L.moe;

@@ -11,8 +11,8 @@ namespace {
 
 class CpuExecutor : public Executor {
  public:
-  CpuExecutor(const Model& m, int32_t nb, int32_t bs, int32_t ns)
-      : model_(m), kv_(checked(m.config(), nb, bs, ns), nb, bs), states_(m.config(), ns) {}
+  CpuExecutor(const Model& m, int32_t nb, int32_t bs, int32_t ns, KvCacheDtype d)
+      : model_(m), kv_(checked(m.config(), nb, bs, ns, d), nb, bs, kv_elem_for(d, false)), states_(m.config(), ns) {}
   const ModelConfig& config() const override { return model_.config(); }
   std::string device() const override { return "cpu"; }
   int32_t num_kv_blocks() const override { return kv_.num_blocks; }
@@ -27,9 +27,12 @@ class CpuExecutor : public Executor {
 
  private:
   /// Refuses a KV cache + DeltaNet state that does not fit in memory, before allocating it.
-  static const ModelConfig& checked(const ModelConfig& c, int32_t nb, int32_t bs, int32_t ns) {
-    check_memory_fits(cpu_cache_bytes(c, nb, bs, ns), available_memory_bytes(),
-                      fmt::format("the CPU KV cache ({} blocks of {} tokens) and DeltaNet state ({} sequences)", nb, bs, ns));
+  static const ModelConfig& checked(const ModelConfig& c, int32_t nb, int32_t bs, int32_t ns, KvCacheDtype d) {
+    check_kv_cache_dtype(c, d, "cpu");
+    const cpu::KvElem e = kv_elem_for(d, false);
+    check_memory_fits(cpu_cache_bytes(c, nb, bs, ns, kv_elem_bytes(e)), available_memory_bytes(),
+                      fmt::format("the CPU KV cache ({} blocks of {} tokens, {}) and DeltaNet state ({} sequences)", nb,
+                                  bs, kv_elem_name(e), ns));
     return c;
   }
 
@@ -41,8 +44,8 @@ class CpuExecutor : public Executor {
 
 }  // namespace
 
-std::unique_ptr<Executor> make_cpu_executor(const Model& model, int32_t nb, int32_t bs, int32_t ns) {
-  return std::make_unique<CpuExecutor>(model, nb, bs, ns);
+std::unique_ptr<Executor> make_cpu_executor(const Model& model, int32_t nb, int32_t bs, int32_t ns, KvCacheDtype d) {
+  return std::make_unique<CpuExecutor>(model, nb, bs, ns, d);
 }
 
 }  // namespace moefold

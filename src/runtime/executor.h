@@ -11,6 +11,7 @@
 
 #include "io/model_config.h"
 #include "runtime/forward_batch.h"
+#include "runtime/kv_cache.h"
 #include "runtime/routed_experts.h"
 #include "runtime/sampler.h"
 
@@ -75,9 +76,11 @@ class Executor {
   std::vector<float> sample_logits_;  // forward_sample's host logits (reused across steps)
 };
 
-/// The CPU reference executor over `model` with `num_blocks` pages of `block_size` tokens and
-/// `num_slots` DeltaNet state slots (live sequences and snapshots). `model` must outlive it.
+/// The CPU reference executor over `model` with `num_blocks` pages of `block_size` tokens of
+/// `kv_dtype` (--kv-cache-dtype, runtime/kv_cache.h; auto = fp32) and `num_slots` DeltaNet state slots
+/// (live sequences and snapshots). `model` must outlive it. Throws Error for a dtype the model cannot
+/// store (check_kv_cache_dtype).
 std::unique_ptr<Executor> make_cpu_executor(const Model& model, int32_t num_blocks, int32_t block_size,
-                                            int32_t num_slots);
+                                            int32_t num_slots, KvCacheDtype kv_dtype = KvCacheDtype::Auto);
 
 }  // namespace moefold

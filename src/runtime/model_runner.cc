@@ -24,7 +24,8 @@ bool has_linear_layers(const ModelConfig& c) {
 
 ModelRunner::ModelRunner(const Model& model, RunnerOptions opt)
     : ModelRunner(make_cpu_executor(model, opt.num_blocks, opt.block_size,
-                                    opt.max_seqs + (opt.enable_prefix_caching ? std::max(opt.snapshot_slots, 0) : 0)),
+                                    opt.max_seqs + (opt.enable_prefix_caching ? std::max(opt.snapshot_slots, 0) : 0),
+                                    opt.kv_cache_dtype),
                   opt) {}
 
 ModelRunner::ModelRunner(std::unique_ptr<Executor> executor, RunnerOptions opt)

@@ -29,6 +29,8 @@ struct RunnerOptions {
   /// Besides the last grid point of every prompt, a snapshot every this many prompt tokens (a
   /// multiple of the snapshot grid; 0: only at the end of prompts).
   int32_t snapshot_interval = 0;
+  /// --kv-cache-dtype of the CPU executor the Model constructor makes (runtime/kv_cache.h).
+  KvCacheDtype kv_cache_dtype = KvCacheDtype::Auto;
 };
 
 /// The DeltaNet state slot bytes of `cfg` (conv state of conv_elem_bytes per element, fp32

@@ -20,6 +20,7 @@
 #include "io/model_config.h"
 #include "models/load_model.h"
 #include "parallel/cpu_parallel_executor.h"
+#include "runtime/kv_cache.h"
 #include "server/engine.h"
 #include "server/generation_config.h"
 #include "server/http_server.h"
@@ -82,9 +83,10 @@ PoolPlan plan_pool(const ServeOptions& o, const ModelConfig& cfg) {
   if (o.num_kv_blocks > 0) {
     blocks = o.num_kv_blocks;
   } else {
-    // fp32 pages on the CPU backend, bf16 on the GPU.
-    const int64_t per_block = cfg.kv_bytes_per_token(o.device == "cpu" ? 4 : 2) * bs;
-    if (per_block > 0) blocks = std::min(wanted, o.kv_cache_memory / per_block);
+    // --kv-cache-dtype auto: fp32 pages on the CPU backend, bf16 on the GPU; fp8: 1 byte per element.
+    const int64_t fit = kv_pages_for_memory(cfg, kv_elem_for(parse_kv_cache_dtype(o.kv_cache_dtype), o.device != "cpu"),
+                                            o.kv_cache_memory, bs);
+    if (fit >= 0) blocks = std::min(wanted, fit);
   }
   blocks = std::min<int64_t>(blocks, 1 << 30);
   MOEFOLD_CHECK(blocks >= 1, "--kv-cache-memory {} holds no KV page of {} tokens", o.kv_cache_memory, bs);
@@ -151,6 +153,7 @@ int run_server(const ServeOptions& o) {
   ho.policy.allowed_hosts = parse_list_option(o.allowed_hosts, "--allowed-hosts");
   const std::string dir = o.model_dir;
   ModelConfig cfg = ModelConfig::from_dir(dir);
+  check_kv_cache_dtype(cfg, parse_kv_cache_dtype(o.kv_cache_dtype), o.device);  // before anything loads
   const PoolPlan pool = plan_pool(o, cfg);
 
   Tokenizer tokenizer = Tokenizer::from_file(dir);
@@ -188,6 +191,7 @@ int run_server(const ServeOptions& o) {
                o.device.c_str());
   const auto load_start = std::chrono::steady_clock::now();
   RunnerOptions ro{pool.num_blocks, o.block_size, o.max_num_seqs};
+  ro.kv_cache_dtype = parse_kv_cache_dtype(o.kv_cache_dtype);
   ro.enable_prefix_caching = o.enable_prefix_caching;
   ro.snapshot_interval = o.prefix_snapshot_interval;
   // Snapshot slots: the budget over one slot's bytes (bf16 conv state on the GPU, fp32 on the CPU), at
@@ -209,7 +213,8 @@ int run_server(const ServeOptions& o) {
   if (o.device == "cpu" && o.parallel.tensor_parallel_size > 1) {  // sharded over the ranks, then freed
     auto full = load_model(dir, format, o.seed, parse_quantization(o.quantization), o.fp8_lm_head);
     runner = std::make_unique<ModelRunner>(
-        make_cpu_parallel_executor(*full, o.parallel, ro.num_blocks, ro.block_size, ro.max_seqs + ro.snapshot_slots),
+        make_cpu_parallel_executor(*full, o.parallel, ro.num_blocks, ro.block_size, ro.max_seqs + ro.snapshot_slots,
+                                   ro.kv_cache_dtype),
         ro);
   } else if (o.device == "cpu") {
     cpu_model = load_model(dir, format, o.seed, parse_quantization(o.quantization), o.fp8_lm_head);
@@ -295,6 +300,15 @@ int run_server(const ServeOptions& o) {
                "budget %d tokens/step\n",
                name.c_str(), family_name(cfg.family).c_str(), pool.max_model_len, pool.num_blocks, o.block_size,
                o.max_num_seqs, o.max_num_batched_tokens);
+  {
+    const cpu::KvElem e = kv_elem_for(ro.kv_cache_dtype, o.device != "cpu");
+    const int64_t kv_bytes = int64_t(pool.num_blocks) * o.block_size * cfg.kv_bytes_per_token(kv_elem_bytes(e));
+    std::fprintf(stderr, "moefold serve: KV cache %s (--kv-cache-dtype %s): %lld tokens in %.1f MiB%s\n",
+                 std::string(kv_elem_name(e)).c_str(), std::string(kv_cache_dtype_name(ro.kv_cache_dtype)).c_str(),
+                 (long long)pool.num_blocks * o.block_size, double(kv_bytes) / (1 << 20),
+                 e == cpu::KvElem::F8E4M3 ? ", a scale per layer and KV head (the checkpoint's k_scale / v_scale, else 1)"
+                                          : "");
+  }
   if (!o.enable_prefix_caching)
     std::fprintf(stderr, "moefold serve: prefix caching off\n");
   else if (slot_bytes == 0)

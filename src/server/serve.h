@@ -23,8 +23,11 @@ struct ServeOptions {
   int32_t max_num_batched_tokens = 2048;
   int32_t max_prefill_chunk = 0;  ///< 0 = the whole budget
   int32_t max_model_len = 0;      ///< 0 = max_position_embeddings, capped by the KV pool
-  int64_t kv_cache_memory = int64_t(1) << 30;  ///< bytes for KV pages (fp32 on the CPU backend)
+  int64_t kv_cache_memory = int64_t(1) << 30;  ///< bytes for KV pages (of kv_cache_dtype's elements)
   int32_t num_kv_blocks = 0;                   ///< overrides kv_cache_memory when > 0
+  /// --kv-cache-dtype: auto | bfloat16 | fp8 | fp8_e4m3 (runtime/kv_cache.h); sizes the pages that
+  /// kv_cache_memory holds (fp8: twice the tokens of bf16, four times the CPU's fp32).
+  std::string kv_cache_dtype = "auto";
   int32_t block_size = 16;
   int32_t max_queue = 1024;  ///< waiting sequences before requests get 503
   int32_t max_n = 16;        ///< largest `n` accepted

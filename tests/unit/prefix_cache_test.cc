@@ -176,8 +176,8 @@ struct Engine {
 };
 
 Engine make_engine(const Model& m, bool caching, int32_t blocks = 512, int32_t budget = 4096, int32_t seqs = 8,
-                   int32_t snapshot_slots = 64, int32_t interval = 0) {
-  RunnerOptions ro{blocks, 16, seqs, caching, snapshot_slots, interval};
+                   int32_t snapshot_slots = 64, int32_t interval = 0, KvCacheDtype kv = KvCacheDtype::Auto) {
+  RunnerOptions ro{blocks, 16, seqs, caching, snapshot_slots, interval, kv};
   Engine e;
   e.runner = std::make_unique<ModelRunner>(m, ro);
   e.sched = std::make_unique<Scheduler>(*e.runner, SchedulerOptions{seqs, budget, 0, std::min(4096, blocks * 16)});
@@ -227,6 +227,39 @@ TEST_P(PrefixCacheFixture, ResumedEqualsFreshForEveryShorterPrefix) {
       EXPECT_EQ(warm.cached, expected_hit(pre, len)) << "len " << len << " cached prefix " << pre;
     }
   }
+}
+
+// --kv-cache-dtype fp8: cached pages are reused as stored (e4m3 bytes, one scale per layer and KV head),
+// so a resumed request equals a cold fp8 run bitwise; and the fp8 replies differ from the fp32 pages'
+// (the pages really are quantised). MLA (deepseek_v32) refuses fp8 pages with a clear error.
+TEST_P(PrefixCacheFixture, Fp8KvCacheResumedEqualsFresh) {
+  const KvCacheDtype fp8 = KvCacheDtype::Fp8E4m3;
+  if (model_->config().mla.enabled()) {
+    try {
+      make_engine(*model_, true, 512, 4096, 8, 64, 0, fp8);
+      ADD_FAILURE() << "an MLA model took --kv-cache-dtype fp8";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("MLA"), std::string::npos) << e.what();
+    }
+    return;
+  }
+  const std::vector<int32_t> base = make_prompt(130, 7, V_);
+  bool any_differs = false;
+  for (int32_t len : {65, 130}) {
+    const std::vector<int32_t> p(base.begin(), base.begin() + len);
+    Engine cold_e = make_engine(*model_, false, 512, 4096, 8, 64, 0, fp8);
+    const Reply cold = run(*cold_e.sched, {p}, greedy(4))[0];
+    any_differs = any_differs || !(cold == fresh(p, greedy(4)));
+    for (int32_t pre : {17, 64, 129}) {
+      if (pre > len) continue;
+      Engine e = make_engine(*model_, true, 512, 4096, 8, 64, 0, fp8);
+      run(*e.sched, {std::vector<int32_t>(base.begin(), base.begin() + pre)}, greedy(1));
+      const Reply warm = run(*e.sched, {p}, greedy(4))[0];
+      EXPECT_EQ(warm, cold) << "len " << len << " cached prefix " << pre;
+      EXPECT_EQ(warm.cached, expected_hit(pre, len)) << "len " << len << " cached prefix " << pre;
+    }
+  }
+  EXPECT_TRUE(any_differs) << "fp8 pages gave the fp32 pages' logprobs bitwise: nothing was quantised";
 }
 
 TEST_P(PrefixCacheFixture, SeededSamplingResumedEqualsFresh) {
