@@ -172,3 +172,22 @@ def test_perplexity_attribution_runs_each_group_alone(tmp_path):
     assert [w["only"] for w in json.loads(out.read_text())["rows"][1:]] == [f"layers.{i}." for i in range(4)]
     r = run("perplexity", "--model", model)
     assert r.returncode != 0 and "--text-file" in r.stderr
+
+
+SMOLLM2 = ROOT / "models" / "smollm2-135m-instruct"
+
+
+@pytest.mark.skipif(not (SMOLLM2 / "model.safetensors").exists(), reason="converted SmolLM2 not found (scripts/test.sh makes it)")
+def test_perplexity_of_smollm2_with_fp8_weights_on_a_real_text(tmp_path):
+    """The real model (576 = 4.5 scale blocks, tied embedding) on the repository's own prose: FP8 weights
+    (W8A16) move perplexity by a few percent at most and keep most greedy choices (docs/fp8.md has the
+    full report)."""
+    out = tmp_path / "ppl.json"
+    r = run("perplexity", "--model", SMOLLM2, "--text-file", ROOT / "docs" / "architecture.md", "--num-prompts", "1",
+            "--max-len", "96", "--json", out, timeout=300)
+    assert r.returncode == 0, r.stderr
+    j = json.loads(out.read_text())
+    b = j["rows"][0]
+    assert j["tokens"] == 95 and j["a"]["perplexity"] < 1000, j  # markdown with code: not an easy text
+    assert 0 < b["kl_per_token"] < 0.1 and b["top1_agreement"] > 0.8, b
+    assert abs(b["perplexity"] / j["a"]["perplexity"] - 1) < 0.1, (b, j["a"])
