@@ -395,7 +395,6 @@ std::vector<std::string> attribution_groups(const ModelConfig& cfg, const std::s
 }
 
 int run_perplexity(const Fp8Commands& o) {
-  MOEFOLD_CHECK(o.a_device == "cpu" || o.b_only.empty(), "--b-fp8-only runs on the CPU");
   const ModelConfig cfg = ModelConfig::from_dir(o.model_dir);
   const auto segments = perplexity_segments(o, cfg);
   int32_t longest = 0;
