@@ -5,7 +5,7 @@
 # releases' W8A8 scheme (--b-fp8-activations) and the FP8 lm_head; then the attribution by tensor kind
 # and by layer (only that group in FP8).
 # Usage: scripts/fp8_drift_report.sh [MODEL] [OUT_DIR] [N_PROMPTS]   (defaults: models/smollm2-135m-instruct,
-# /tmp/fp8_drift, 30; N_KINDS=6 and N_LAYERS=2 prompts for the attributions). Writes one JSON per run to
+# /tmp/fp8_drift, 30; N_KINDS=6 and N_LAYERS=6 prompts for the attributions). Writes one JSON per run to
 # OUT_DIR and prints each run's summary lines. About an hour on two free cores for SmolLM2.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -33,6 +33,6 @@ ppl ppl_fp8_weights "$n" --b-quantization fp8
 ppl ppl_fp8_w8a8 "$n" --b-quantization fp8 --b-fp8-activations
 ppl ppl_fp8_lm_head "$n" --b-quantization none --b-fp8-lm-head
 ppl attribution_kinds "${N_KINDS:-6}" --attribution kinds
-ppl attribution_layers "${N_LAYERS:-2}" --attribution layers
+ppl attribution_layers "${N_LAYERS:-6}" --attribution layers
 ppl option_attention_bf16 "${N_KINDS:-6}" --b-fp8-only mlp.
 ppl option_q_k_bf16 "${N_KINDS:-6}" --b-fp8-only self_attn.v_proj.,self_attn.o_proj.,mlp.
