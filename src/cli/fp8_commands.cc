@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 
 #include "cli/device_option.h"
@@ -74,9 +75,11 @@ std::vector<std::vector<int32_t>> load_prompts(const Fp8Commands& o, const Model
 }
 
 /// A runner for one sequence of up to `tokens` tokens.
+/// `fp8_act`: the CPU model quantises the inputs of its FP8 projections 1 x 128 (W8A8 emulation).
 std::unique_ptr<ModelRunner> runner_for(const std::string& dir, const std::string& device, Quantization q,
                                         int32_t tokens, std::unique_ptr<Model>& cpu_model, bool fp8_lm_head = false,
-                                        const std::string& only = "", const std::string& kv_dtype = "auto") {
+                                        const std::string& only = "", bool fp8_act = false,
+                                        const std::string& kv_dtype = "auto") {
   const int32_t bs = 16;
   RunnerOptions opt{(tokens + bs - 1) / bs + 1, bs, 1};
   opt.kv_cache_dtype = parse_kv_cache_dtype(kv_dtype);
@@ -86,11 +89,14 @@ std::unique_ptr<ModelRunner> runner_for(const std::string& dir, const std::strin
     auto src = fp8_quantizing_source(checkpoint_source(dir), q == Quantization::Fp8, fp8_lm_head, only);
     ModelWeights w = load_weights(cfg, *src);
     cpu_model = std::make_unique<Model>(std::move(cfg), std::move(w));
+    cpu_model->set_emulate_fp8_activations(fp8_act);
     return std::make_unique<ModelRunner>(*cpu_model, opt);
   }
   MOEFOLD_CHECK(only.empty(), "--b-fp8-only runs on --b-device cpu");
+  MOEFOLD_CHECK(!fp8_act || device == "cpu", "--b-fp8-activations (W8A8 emulation) runs on --b-device cpu");
   if (device == "cpu") {
     cpu_model = load_model(dir, LoadFormat::Safetensors, 0, q, fp8_lm_head);
+    cpu_model->set_emulate_fp8_activations(fp8_act);
     return std::make_unique<ModelRunner>(*cpu_model, opt);
   }
 #ifdef MOEFOLD_HAVE_CUDA
@@ -232,18 +238,19 @@ int run_drift(const Fp8Commands& o) {
   for (auto& p : prompts) longest = std::max<int32_t>(longest, int32_t(p.size()));
   const int32_t tokens = longest + o.max_tokens;
   std::unique_ptr<Model> ma, mb;
-  auto ra = runner_for(o.model_dir, o.a_device, parse_quantization(o.a_quant), tokens, ma, o.a_lm_head, "", o.a_kv);
+  auto ra = runner_for(o.model_dir, o.a_device, parse_quantization(o.a_quant), tokens, ma, o.a_lm_head, "", false,
+                       o.a_kv);
   auto rb = runner_for(o.model_dir, o.b_device, parse_quantization(o.b_quant), tokens, mb, o.b_lm_head, o.b_only,
-                       o.b_kv);
+                       o.b_act, o.b_kv);
   const int64_t V = cfg.vocab_size;
   int matches = 0;
   double first_sum = 0, margin_sum = 0, nll_a = 0, nll_b = 0, scored = 0;
   int diverged = 0;
   json rows = json::array();
   auto kv_note = [](const std::string& kv) { return kv == "auto" ? std::string() : " + " + kv + " KV cache"; };
-  std::printf("drift: A = %s%s%s on %s, B = %s%s%s%s on %s; %zu prompts, %d greedy tokens each\n", o.a_quant.c_str(),
+  std::printf("drift: A = %s%s%s on %s, B = %s%s%s%s%s on %s; %zu prompts, %d greedy tokens each\n", o.a_quant.c_str(),
               o.a_lm_head ? " + fp8 lm_head" : "", kv_note(o.a_kv).c_str(), o.a_device.c_str(), o.b_quant.c_str(),
-              o.b_lm_head ? " + fp8 lm_head" : "", kv_note(o.b_kv).c_str(),
+              o.b_lm_head ? " + fp8 lm_head" : "", o.b_act ? " + fp8 activations (1x128)" : "", kv_note(o.b_kv).c_str(),
               o.b_only.empty() ? "" : (" (only *" + o.b_only + "*)").c_str(), o.b_device.c_str(), prompts.size(),
               o.max_tokens);
   std::printf("  %6s %8s %16s %14s\n", "prompt", "match", "first diverge", "A top-2 margin");
@@ -292,6 +299,177 @@ int run_drift(const Fp8Commands& o) {
   return 0;
 }
 
+// ---------------------------------------------------------------- perplexity
+
+/// The texts `perplexity` scores: --text-file's tokens in windows of --max-len (each window its own
+/// sequence, its first token unscored), at most --num-prompts windows; else --prompts-file's lines.
+std::vector<std::vector<int32_t>> perplexity_segments(const Fp8Commands& o, const ModelConfig& cfg) {
+  if (o.text_file.empty()) {
+    MOEFOLD_CHECK(!o.prompts_file.empty(), "perplexity: give --text-file or --prompts-file (a real text)");
+    return load_prompts(o, cfg, o.num_prompts);
+  }
+  std::ifstream in(o.text_file, std::ios::binary);
+  MOEFOLD_CHECK(in.good(), "--text-file {}: cannot open", o.text_file);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::vector<int32_t> ids = Tokenizer::from_file(o.model_dir).encode(text, true);
+  MOEFOLD_CHECK(ids.size() >= 2, "--text-file {}: fewer than 2 tokens", o.text_file);
+  std::vector<std::vector<int32_t>> out;
+  for (size_t i = 0; i + 1 < ids.size() && int(out.size()) < o.num_prompts; i += size_t(o.max_len))
+    out.emplace_back(ids.begin() + int64_t(i), ids.begin() + int64_t(std::min(ids.size(), i + size_t(o.max_len))));
+  return out;
+}
+
+/// One configuration's scores against the reference (A) over the same tokens.
+struct PplScore {
+  double nll = 0;   ///< sum of -log p(next token)
+  double kl = 0;    ///< sum over positions of KL(p_A || p_this), nats
+  int64_t tokens = 0, top1_agree = 0;  ///< scored positions; those whose argmax equals A's
+  double ppl() const { return std::exp(nll / double(std::max<int64_t>(tokens, 1))); }
+};
+
+/// log-softmax of one row of logits, fp64.
+void log_softmax(const float* v, int64_t V, std::vector<double>& out) {
+  double mx = -INFINITY, sum = 0;
+  for (int64_t i = 0; i < V; ++i) mx = std::max(mx, double(v[i]));
+  for (int64_t i = 0; i < V; ++i) sum += std::exp(double(v[i]) - mx);
+  const double lse = mx + std::log(sum);
+  out.resize(size_t(V));
+  for (int64_t i = 0; i < V; ++i) out[size_t(i)] = double(v[i]) - lse;
+}
+
+/// Teacher-forced scores of `segments` under one configuration. `ref` empty: this is A, whose
+/// log-probabilities (float) are stored into it, [positions, V] per segment; else KL and top-1 agreement
+/// against them.
+PplScore score_config(ModelRunner& r, const std::vector<std::vector<int32_t>>& segments, int64_t V,
+                      std::vector<std::vector<float>>& ref) {
+  const bool is_ref = ref.empty();
+  if (is_ref) ref.resize(segments.size());
+  PplScore sc;
+  std::vector<double> lp;
+  for (size_t s = 0; s < segments.size(); ++s) {
+    const auto& seg = segments[s];
+    const auto logits = prompt_logits(r, seg);
+    const int64_t n = int64_t(seg.size()) - 1;
+    if (is_ref) ref[s].resize(size_t(n * V));
+    for (int64_t t = 0; t < n; ++t) {
+      log_softmax(logits.data() + t * V, V, lp);
+      sc.nll -= lp[size_t(seg[size_t(t + 1)])];
+      float* a = ref[s].data() + t * V;
+      if (is_ref) {
+        for (int64_t i = 0; i < V; ++i) a[i] = float(lp[size_t(i)]);
+        continue;
+      }
+      double kl = 0;
+      int64_t am = 0, bm = 0;
+      for (int64_t i = 0; i < V; ++i) {
+        // B's log-probability rounded to float like A's stored one: identical configurations give 0.
+        kl += std::exp(double(a[i])) * (double(a[i]) - double(float(lp[size_t(i)])));
+        if (a[i] > a[am]) am = i;
+        if (lp[size_t(i)] > lp[size_t(bm)]) bm = i;
+      }
+      sc.kl += kl;
+      sc.top1_agree += am == bm;
+    }
+    sc.tokens += n;
+  }
+  if (is_ref) sc.top1_agree = sc.tokens;
+  return sc;
+}
+
+/// The groups of --attribution: `kinds` (each projection kind in every layer, the routed experts one
+/// group) or `layers` (each layer's projections), as substrings of the FP8-quantisable tensor names.
+std::vector<std::string> attribution_groups(const ModelConfig& cfg, const std::string& what) {
+  CountingSource counting(true);
+  (void)load_weights(cfg, counting);
+  std::vector<std::string> groups;
+  auto add = [&](const std::string& g) {
+    if (std::find(groups.begin(), groups.end(), g) == groups.end()) groups.push_back(g);
+  };
+  for (const TensorSpec& t : counting.specs) {
+    if (!fp8_quantisable(t)) continue;
+    const size_t at = t.name.find("layers.");
+    if (at == std::string::npos) continue;
+    const size_t dot = t.name.find('.', at + 7);
+    if (what == "layers") {
+      add(t.name.substr(at, dot + 1 - at));
+      continue;
+    }
+    std::string kind = t.name.substr(dot + 1);
+    if (kind.find("experts.") != std::string::npos && kind.find("shared_expert") == std::string::npos) kind = "mlp.experts";
+    else if (kind.size() > 7 && kind.compare(kind.size() - 7, 7, ".weight") == 0) kind.resize(kind.size() - 7);
+    add(kind + ".");
+  }
+  return groups;
+}
+
+int run_perplexity(const Fp8Commands& o) {
+  const ModelConfig cfg = ModelConfig::from_dir(o.model_dir);
+  const auto segments = perplexity_segments(o, cfg);
+  int32_t longest = 0;
+  int64_t positions = 0;
+  for (auto& p : segments) {
+    longest = std::max<int32_t>(longest, int32_t(p.size()));
+    positions += int64_t(p.size()) - 1;
+  }
+  const int64_t V = cfg.vocab_size;
+  MOEFOLD_CHECK(double(positions) * double(V) * 4 < 4e9,
+                "perplexity: {} positions x {} logits would keep {:.1f} GB of reference log-probabilities; "
+                "score fewer tokens (--num-prompts, --max-len)",
+                positions, V, double(positions) * double(V) * 4 / 1e9);
+  std::vector<std::vector<float>> ref;
+  PplScore a;
+  {
+    std::unique_ptr<Model> m;
+    auto r = runner_for(o.model_dir, o.a_device, parse_quantization(o.a_quant), longest, m, o.a_lm_head);
+    a = score_config(*r, segments, V, ref);
+  }
+  struct Row {
+    std::string name, only;
+    PplScore s;
+  };
+  std::vector<Row> rows;
+  auto run_b = [&](const std::string& name, const std::string& only) {
+    std::unique_ptr<Model> m;
+    auto r = runner_for(o.model_dir, o.b_device, parse_quantization(o.b_quant), longest, m, o.b_lm_head, only, o.b_act);
+    rows.push_back({name, only, score_config(*r, segments, V, ref)});
+    const Row& w = rows.back();
+    std::printf("  %-28s %10.4f %+9.3f%% %12.3e %9.2f%%\n", w.name.c_str(), w.s.ppl(), 100.0 * (w.s.ppl() / a.ppl() - 1.0),
+                w.s.kl / double(w.s.tokens), 100.0 * double(w.s.top1_agree) / double(w.s.tokens));
+    std::fflush(stdout);
+  };
+  std::printf("perplexity: %zu segments, %lld scored tokens; A = %s%s, B = %s%s%s%s (cpu unless --*-device)\n",
+              segments.size(), (long long)a.tokens, o.a_quant.c_str(), o.a_lm_head ? " + fp8 lm_head" : "",
+              o.b_quant.c_str(), o.b_lm_head ? " + fp8 lm_head" : "", o.b_act ? " + fp8 activations (1x128)" : "",
+              o.b_only.empty() ? "" : (" (only *" + o.b_only + "*)").c_str());
+  std::printf("  %-28s %10s %10s %12s %10s\n", "configuration", "perplexity", "vs A", "KL(A||B)/tok", "top-1 = A");
+  std::printf("  %-28s %10.4f %+9.3f%% %12.3e %9.2f%%\n", "A", a.ppl(), 0.0, 0.0, 100.0);
+  run_b("B", o.b_only);
+  if (!o.attribution.empty()) {
+    MOEFOLD_CHECK(o.b_only.empty(), "--attribution and --b-fp8-only: pick one");
+    std::printf("perplexity: attribution (B with only these tensors in FP8):\n");
+    for (const std::string& g : attribution_groups(cfg, o.attribution)) run_b("only " + g, g);
+  }
+  std::printf("perplexity: B / A - 1 = %+.3f%% (A %.4f, B %.4f over %lld tokens)\n",
+              100.0 * (rows[0].s.ppl() / a.ppl() - 1.0), a.ppl(), rows[0].s.ppl(), (long long)a.tokens);
+  if (!o.json_out.empty()) {
+    json jr = json::array();
+    for (const Row& w : rows)
+      jr.push_back({{"name", w.name}, {"only", w.only}, {"perplexity", w.s.ppl()},
+                    {"kl_per_token", w.s.kl / double(w.s.tokens)},
+                    {"top1_agreement", double(w.s.top1_agree) / double(w.s.tokens)}});
+    std::ofstream(o.json_out) << json{{"a", {{"quantization", o.a_quant}, {"device", o.a_device}, {"fp8_lm_head", o.a_lm_head},
+                                             {"perplexity", a.ppl()}}},
+                                      {"b", {{"quantization", o.b_quant}, {"device", o.b_device}, {"fp8_lm_head", o.b_lm_head},
+                                             {"fp8_activations", o.b_act}, {"only", o.b_only}}},
+                                      {"segments", segments.size()},
+                                      {"tokens", a.tokens},
+                                      {"rows", jr}}
+                                     .dump(2)
+                              << "\n";
+  }
+  return 0;
+}
+
 }  // namespace
 
 std::unique_ptr<Fp8Commands> add_fp8_commands(CLI::App& app) {
@@ -329,13 +507,39 @@ std::unique_ptr<Fp8Commands> add_fp8_commands(CLI::App& app) {
   d->add_flag("--with-answers", o->with_answers,
               "--prompts-file: append each line's \"answer\" to its prompt (perplexity over questions and answers)");
   d->add_option("--seed", o->seed, "seed of the random prompts");
+  d->add_flag("--b-fp8-activations", o->b_act,
+              "configuration B (cpu): FP8 projections quantise their inputs per token and 128 columns (W8A8)");
   d->add_option("--json", o->json_out, "also write the report as JSON to this file");
   o->drift = d;
+  CLI::App* pp = app.add_subcommand(
+      "perplexity", "teacher-forced perplexity of a real text under configurations A and B (KL, top-1 agreement), "
+                    "and which tensors cost what (--attribution)");
+  pp->add_option("--model", o->model_dir, "model directory")->required();
+  pp->add_option("--text-file", o->text_file, "plain text, scored in windows of --max-len tokens");
+  pp->add_option("--prompts-file", o->prompts_file, "JSONL with \"question\" or \"prompt\" strings (instead of --text-file)");
+  pp->add_flag("--with-answers", o->with_answers, "--prompts-file: append each line's \"answer\"");
+  pp->add_option("--num-prompts", o->num_prompts, "at most this many windows / prompts")->check(CLI::Range(1, 100000));
+  pp->add_option("--max-len", o->max_len, "--text-file: tokens per window")->check(CLI::Range(2, 1 << 20));
+  pp->add_option("--a-quantization", o->a_quant, "configuration A: none | fp8")->check(quant_check);
+  pp->add_option("--b-quantization", o->b_quant, "configuration B: none | fp8")->check(quant_check);
+  pp->add_flag("--a-fp8-lm-head", o->a_lm_head, "configuration A: lm_head in FP8");
+  pp->add_flag("--b-fp8-lm-head", o->b_lm_head, "configuration B: lm_head in FP8");
+  pp->add_flag("--b-fp8-activations", o->b_act,
+               "configuration B (cpu): FP8 projections quantise their inputs per token and 128 columns (W8A8)");
+  pp->add_option("--b-fp8-only", o->b_only, "configuration B (cpu): quantise only the tensors whose name contains this");
+  pp->add_option("--attribution", o->attribution,
+                 "then B once per group with only that group in FP8: kinds (q/k/v/o, gate/up/down, ...) or layers")
+      ->check(CLI::IsMember({"kinds", "layers"}));
+  device_choices(pp->add_option("--a-device", o->a_device));
+  device_choices(pp->add_option("--b-device", o->b_device));
+  pp->add_option("--json", o->json_out, "also write the report as JSON to this file");
+  o->perplexity = pp;
   return o;
 }
 
 int Fp8Commands::run() {
   if (*probe) return run_probe(*this);
+  if (*perplexity) return run_perplexity(*this);
   return run_drift(*this);
 }
 

@@ -7,6 +7,9 @@
 //          KV cache dtype):
 //          how many outputs match, where the first divergence falls, and config A's top-2 margin there;
 //          plus both configurations' perplexity over the prompts (teacher-forced).
+//   perplexity: teacher-forced perplexity of a real text (--text-file in windows, or --prompts-file)
+//          under A and B, with KL(A || B) per token and top-1 agreement; --attribution kinds|layers adds
+//          one B run per group of tensors with only that group in FP8 (where the loss comes from).
 #pragma once
 #include <CLI/CLI.hpp>
 #include <memory>
@@ -17,6 +20,7 @@ namespace moefold {
 struct Fp8Commands {
   CLI::App* probe = nullptr;
   CLI::App* drift = nullptr;
+  CLI::App* perplexity = nullptr;
   std::string model_dir, device = "cpu", quantization = "fp8", prompt, prompt_ids, json_out, prompts_file;
   int layer = -1;
   // drift
@@ -26,6 +30,9 @@ struct Fp8Commands {
   std::string b_only;  ///< --b-fp8-only: B quantises only the tensors whose name contains it (CPU)
   int num_prompts = 30, max_tokens = 32, prompt_len = 16;
   bool with_answers = false;
+  bool b_act = false;  ///< --b-fp8-activations: B's FP8 projections see 1 x 128 FP8 activations (CPU)
+  std::string text_file, attribution;  ///< perplexity: --text-file, --attribution (kinds | layers)
+  int max_len = 512;                   ///< perplexity: tokens per --text-file window
   uint64_t seed = 0;
   /// Runs whichever subcommand was parsed; prints its report (and writes JSON with --json). Returns the
   /// exit code. Throws moefold::Error.

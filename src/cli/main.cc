@@ -326,7 +326,7 @@ int run_command(int argc, char** argv) {
     if (*inspect) return cmd_inspect(model_dir, as_json);
     if (*serve->app) return serve->run();
     if (*bench->app) return bench->run();
-    if (*fp8->probe || *fp8->drift) return fp8->run();
+    if (*fp8->probe || *fp8->drift || *fp8->perplexity) return fp8->run();
     if (*profile->app) {
       for (int i = 0; i < argc; ++i) profile->command_line += (i ? " " : "") + std::string(argv[i]);
       return profile->run();

@@ -62,6 +62,20 @@ Fp8Weight fp8_quantize(const float* src, int64_t mats, int64_t rows, int64_t col
   return w;
 }
 
+void fp8_fake_quantize_activations(float* x, int64_t T, int64_t K) {
+  parallel_for_rows(T, K, [&](int64_t lo, int64_t hi) {
+    for (int64_t t = lo; t < hi; ++t)
+      for (int64_t b0 = 0; b0 < K; b0 += kFp8BlockSize) {
+        float* p = x + t * K;
+        const int64_t b1 = std::min(K, b0 + kFp8BlockSize);
+        float amax = 0.0f;
+        for (int64_t k = b0; k < b1; ++k) amax = std::max(amax, std::fabs(p[k]));
+        const float s = amax > 0.0f ? amax / kFp8E4m3Max : 1.0f;
+        for (int64_t k = b0; k < b1; ++k) p[k] = f8e4m3_to_f32(f32_to_f8e4m3(p[k] / s)) * s;
+      }
+  });
+}
+
 std::vector<float> fp8_dequantize(const Fp8Weight& w) {
   std::vector<float> out(size_t(w.rows * w.cols));
   parallel_for_rows(w.rows, w.cols, [&](int64_t lo, int64_t hi) {

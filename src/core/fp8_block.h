@@ -36,6 +36,12 @@ Fp8Weight fp8_from_blocks(const uint8_t* q, const float* block_scales, int64_t m
 /// weight (its block would have no meaningful scale).
 Fp8Weight fp8_quantize(const float* w, int64_t mats, int64_t rows, int64_t cols);
 
+/// The dynamic activation quantisation of the FP8 releases (activation_scheme "dynamic", what an FP8
+/// tensor-core GEMM's A operand sees), applied in place and dequantised again: x [T, K] per token and
+/// 128-column block (1 x 128; the last block partial when K % 128 != 0): s = max |block| / 448 (fp32; 1 for
+/// an all-zero block), x = f8(e4m3(x / s)) * s (one fp32 multiply). Non-finite values give NaN / saturate.
+void fp8_fake_quantize_activations(float* x, int64_t T, int64_t K);
+
 /// w[r, c] = Fp8Weight::value(r, c) for every element: [rows, cols] fp32.
 std::vector<float> fp8_dequantize(const Fp8Weight& w);
 

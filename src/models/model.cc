@@ -6,6 +6,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/fp8_block.h"
 #include "core/profiler.h"
 #include "ops/cpu/attention.h"
 #include "ops/cpu/gated_delta_net.h"
@@ -85,6 +86,13 @@ void Model::round_act(float* p, int64_t n) const {
 }
 
 void Model::proj(const Linear& l, const float* x, float* y, int64_t T) const {
+  if (emulate_fp8_act_ && l.w.fp8) {
+    std::vector<float> xq(x, x + T * l.in);
+    fp8_fake_quantize_activations(xq.data(), T, l.in);
+    project(kLinear, l, xq.data(), y, T);
+    round_act(y, T * l.out);
+    return;
+  }
   project(kLinear, l, x, y, T);
   round_act(y, T * l.out);
 }

@@ -169,10 +169,7 @@ class QuantizingSource : public WeightSource {
   std::vector<float> load(const TensorSpec& spec) override { return load_param(spec, false).host; }
   bool quantizes_lm_head() const override { return lm_head_; }
   Param load_param(const TensorSpec& spec, bool may_defer) override {
-    const bool quantise = spec.role == TensorRole::LmHead
-                              ? lm_head_
-                              : weights_ && fp8_quantisable(spec) &&
-                                    (only_.empty() || spec.name.find(only_) != std::string::npos);
+    const bool quantise = spec.role == TensorRole::LmHead ? lm_head_ : weights_ && fp8_quantisable(spec) && named(spec);
     if (!quantise) return inner_->load_param(spec, may_defer);
     const int64_t cols = spec.shape.back(), rows = spec.shape[spec.shape.size() - 2];
     // A deferred dummy tensor stays a recipe: its executor quantises it on the device (same bits).
@@ -191,6 +188,17 @@ class QuantizingSource : public WeightSource {
   void check_complete(const std::vector<std::string>& skip) const override { inner_->check_complete(skip); }
 
  private:
+  /// `only` empty, or one of its comma-separated parts is a substring of the tensor's name.
+  bool named(const TensorSpec& spec) const {
+    if (only_.empty()) return true;
+    for (size_t i = 0; i <= only_.size();) {
+      size_t j = only_.find(',', i);
+      if (j == std::string::npos) j = only_.size();
+      if (j > i && spec.name.find(only_.substr(i, j - i)) != std::string::npos) return true;
+      i = j + 1;
+    }
+    return false;
+  }
   std::unique_ptr<WeightSource> inner_;
   bool weights_, lm_head_;
   std::string only_;

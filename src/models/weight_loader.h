@@ -66,8 +66,9 @@ std::unique_ptr<WeightSource> dummy_source(uint64_t seed, bool fused_experts, bo
 /// tensors already FP8 in a checkpoint are kept as they are. Quantised tensors are never deferred.
 /// `weights` false leaves those tensors alone; `lm_head` (--fp8-lm-head) quantises the lm_head (role
 /// LmHead, or the tied embedding's copy: see WeightSource::quantizes_lm_head) the same way.
-/// `only` non-empty: of those tensors, quantise just the ones whose name contains it (the drift
-/// command's per-layer / per-tensor attribution, e.g. "layers.3." or "mlp.down_proj").
+/// `only` non-empty: of those tensors, quantise just the ones whose name contains it, or one of its
+/// comma-separated parts (the drift / perplexity commands' per-layer / per-tensor attribution, e.g.
+/// "layers.3.", "mlp.down_proj" or "mlp.,self_attn.q_proj.").
 std::unique_ptr<WeightSource> fp8_quantizing_source(std::unique_ptr<WeightSource> inner, bool weights = true,
                                                     bool lm_head = false, const std::string& only = "");
 /// The tensors the FP8 releases (Qwen3.x-FP8) store in FP8: routed experts and the dense projections

@@ -289,6 +289,15 @@ TEST(Fp8Loader, OnlyFilterQuantisesTheNamedTensors) {
   for (size_t i = 0; i < w.layers.size(); ++i) EXPECT_EQ(bool(w.layers[i].moe.gate_up.fp8), i == 1) << i;
   EXPECT_TRUE(w.layers[1].attn.q_proj.w.fp8);
   EXPECT_FALSE(w.lm_head.fp8);
+  // Comma-separated parts: any of them (a mixed-precision option: these tensors FP8, the rest not).
+  auto src2 = fp8_quantizing_source(checkpoint_source(dir), true, false, "self_attn.q_proj.,mlp.experts.");
+  ModelWeights w2 = load_weights(cfg, *src2);
+  for (const LayerWeights& L : w2.layers) {
+    EXPECT_TRUE(L.moe.gate_up.fp8 && L.moe.down.fp8);
+    EXPECT_FALSE(L.moe.shared_gate_up.w.fp8);
+    EXPECT_FALSE(L.attn.k_proj.w.fp8 || L.attn.o_proj.w.fp8);
+  }
+  EXPECT_TRUE(w2.layers[1].attn.q_proj.w.fp8);
 }
 
 json fp8_config(json q) {
