@@ -74,7 +74,7 @@ TEST(MemoryCheck, TheCpuExecutorRefusesAKvCacheBiggerThanMemory) {
     FAIL() << "a 2^40-token KV cache was accepted";
   } catch (const Error& e) {
     std::string msg = e.what();
-    EXPECT_NE(msg.find("the CPU KV cache (1073741824 blocks of 1024 tokens)"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("the CPU KV cache (1073741824 blocks of 1024 tokens, fp32)"), std::string::npos) << msg;
     EXPECT_NE(msg.find("of memory is available"), std::string::npos) << msg;
   }
   EXPECT_NO_THROW(make_cpu_executor(*model, 4, 16, 1));
