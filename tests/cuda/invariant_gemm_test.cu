@@ -7,12 +7,18 @@
 // Before this kernel the executor ran cuBLASLt above 256 rows: CublasAbove256IsNotInvariant shows
 // that path breaks the same contract (the dense Qwen3 prefix-cache failure on the H200).
 // DISABLED_Perf: prefill GEMM vs cuBLASLt's free heuristic at 512, 4096 and 16384 rows.
+// WgmmaMatchesDecode: the wgmma prefill GEMM (prefill_gemm_wgmma_*, both tile widths) gives bitwise the
+// decode GEMM's rows (computed in 256-row calls) at awkward M, N, K, S, bias, output type, strides and
+// live counts; padding rows and the stride gap stay poisoned. WgmmaDecodeMatchesWgmmaPrefill (plan B):
+// the wgmma decode GEMM's rows (1..256-row calls) equal the wgmma prefill GEMM's. DISABLED_WgmmaPerf: the wgmma GEMM vs
+// the mma.sync prefill GEMM and cuBLASLt at the 35B shapes and M = 32768, rows checked bitwise too.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -21,6 +27,7 @@
 #include "cuda/cuda_test_util.h"
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/decode_gemm.h"
+#include "ops/cuda/decode_gemm_wgmma.h"
 #include "ops/cuda/gemm.h"
 #include "ops/cuda/invariant_gemm.h"
 
@@ -30,7 +37,7 @@ namespace cu = moefold::cuda;
 
 namespace {
 
-constexpr int kRows = 4096 + 5;  // the largest M at offset 5
+constexpr int kRows = 4100 + 5;  // the largest M at offset 5
 const std::vector<int> kMs = {1, 17, 64, 257, 300, 4096};
 
 void sync() { MOEFOLD_CUDA_CHECK(cudaDeviceSynchronize()); }
@@ -215,6 +222,210 @@ TEST(InvariantGemm, CublasAbove256IsNotInvariant) {
   }
 }
 
+// ---- the wgmma prefill GEMM against the decode GEMM's rows ------------------------------------------
+
+/// The decode GEMM over rows [0, rows) of P's x in calls of at most 256 rows (its rows are batch-
+/// invariant, so this is every row's reference bits); y downloaded (rows x ys).
+template <class OutT>
+std::vector<OutT> decode_rows(Problem<OutT>& P, int64_t rows) {
+  P.dy.fill_bytes(0xFF);
+  for (int64_t r0 = 0; r0 < rows; r0 += cu::kDecodeGemmMaxRows) {
+    const int64_t m = std::min<int64_t>(cu::kDecodeGemmMaxRows, rows - r0);
+    const auto* b = P.has_bias ? P.db.data() : nullptr;
+    if constexpr (sizeof(OutT) == 4)
+      cu::decode_gemm_bf16_f32out(P.dx.data() + r0 * P.xs, P.dw.data(), b, P.dy.data() + r0 * P.ys, m, P.K, P.N,
+                                  nullptr, P.ws.data(), nullptr, P.xs, P.ys);
+    else
+      cu::decode_gemm_bf16(P.dx.data() + r0 * P.xs, P.dw.data(), b, P.dy.data() + r0 * P.ys, m, P.K, P.N, nullptr,
+                           P.ws.data(), nullptr, P.xs, P.ys);
+  }
+  sync();
+  std::vector<OutT> h(size_t(rows) * size_t(P.ys));
+  P.dy.download(h.data(), h.size());
+  return h;
+}
+
+/// Elements of y outside the written region (rows >= live, columns N..ys of every row) that are not
+/// the 0xFF poison any more.
+template <class OutT>
+size_t poison_broken(const std::vector<OutT>& y, int64_t live, int64_t N, int64_t ys) {
+  size_t bad = 0;
+  const size_t rows = y.size() / size_t(ys);
+  for (size_t r = 0; r < rows; ++r)
+    for (int64_t c = (int64_t(r) < live ? N : 0); c < ys; ++c) {
+      const unsigned char* b = reinterpret_cast<const unsigned char*>(&y[r * size_t(ys) + size_t(c)]);
+      for (size_t k = 0; k < sizeof(OutT); ++k) bad += b[k] != 0xFF;
+    }
+  return bad;
+}
+
+template <class OutT>
+void check_wgmma(int64_t N, int64_t K, bool bias, int64_t x_pad, int64_t y_pad, uint64_t seed) {
+  const std::string kname = sizeof(OutT) == 4 ? "prefill_gemm_wgmma_bf16_f32out" : "prefill_gemm_wgmma_bf16";
+  Problem<OutT> P(N, K, bias, x_pad, y_pad, seed);
+  const std::string shape = "N=" + std::to_string(N) + ",K=" + std::to_string(K) +
+                            ",S=" + std::to_string(cu::decode_gemm_splits(N, K)) + (bias ? ",bias" : "") +
+                            (x_pad || y_pad ? ",strided" : "");
+  const std::vector<OutT> ref = decode_rows(P, kRows);
+  const double tol = sizeof(OutT) == 4 ? 1e-5 * std::max(1.0, double(K) / 1024.0) : 1e-2;
+  for (int tile_n : {128, 192}) {
+    auto gemm = [&](const bf16* xp, const bf16* wp, const typename Problem<OutT>::BiasT* bp, OutT* yp, int64_t m,
+                    const int32_t* l) {
+      if constexpr (sizeof(OutT) == 4)
+        cu::prefill_gemm_wgmma_bf16_f32out(xp, wp, bp, yp, m, K, N, l, nullptr, P.xs, P.ys, tile_n);
+      else
+        cu::prefill_gemm_wgmma_bf16(xp, wp, bp, yp, m, K, N, l, nullptr, P.xs, P.ys, tile_n);
+    };
+    const std::string sh = shape + ",tile_n=" + std::to_string(tile_n);
+    size_t mism = 0, poison = 0;
+    double err = 0;
+    for (int64_t M : {int64_t(1), int64_t(17), int64_t(257), int64_t(300), int64_t(1000), int64_t(4100)})
+      for (int64_t off : {int64_t(0), int64_t(5)}) {
+        if (off && M != 300 && M != 4100) continue;
+        const std::vector<OutT> y = P.run(gemm, M, off);
+        mism += rows_differing(y, ref, M, off, N, P.ys);
+        poison += poison_broken(y, M, N, P.ys);
+        if (M == 4100 && off == 0) err = P.err(y, M, 0);
+      }
+    EXPECT_TRUE(contract(kname, sh + ",M=4100", err, tol));
+    EXPECT_TRUE(contract_exact(kname + "_equals_decode_rows", sh + ",M=1,17,257,300,1000,4100,off=0,5", mism));
+    // Device live counts below max_rows: 1000 (a partial row tile: the lanes' copy) and 3968 (31 full tiles).
+    for (int32_t lv : {1000, 3968, 0}) {
+      DeviceBuffer<int32_t> live = cu::to_device(std::vector<int32_t>{lv});
+      const std::vector<OutT> y = P.run(gemm, 4100, 0, live.data());
+      mism += rows_differing(y, ref, lv, 0, N, P.ys);
+      poison += poison_broken(y, lv, N, P.ys);
+    }
+    EXPECT_TRUE(contract_exact(kname + "_live", sh + ",max_rows=4100,live=1000,3968,0", mism));
+    EXPECT_TRUE(contract_exact(kname + "_padding_untouched", sh + ",rows>=live,cols>=N", poison));
+  }
+}
+
+// S = 1 and S > 1, K % 64 != 0 from 8 to 8136, N off the tile widths, bias, fp32 out, strides, and the
+// 35B projection shapes (S = 2, 8, 16, 4, 2).
+TEST(InvariantGemm, WgmmaMatchesDecode) {
+  MOEFOLD_REQUIRE_GPU();
+  check_wgmma<bf16>(128, 256, false, 0, 0, 31);       // fixture o_proj, S = 2
+  check_wgmma<bf16>(200, 1000, true, 8, 3, 32);       // S = 8, K % 64 = 40, strided
+  check_wgmma<float>(1000, 72, true, 0, 1, 33);       // S = 1, fp32 out, odd y stride
+  check_wgmma<bf16>(384, 8, true, 0, 0, 34);          // K = 8: one chunk, mostly zero-filled
+  check_wgmma<bf16>(130, 8136, true, 0, 0, 35);       // S = 32, K % 64 = 8
+  check_wgmma<float>(520, 456, false, 16, 0, 36);     // fp32 out, S = 4, strided x
+  for (auto [N, K] : std::vector<std::pair<int64_t, int64_t>>{{12352, 2048}, {9216, 2048}, {2048, 4096}, {1024, 2048},
+                                                               {2048, 512}})
+    check_wgmma<bf16>(N, K, false, 0, 0, 40 + uint64_t(N));
+}
+
+// Rows >= *live_rows of x are never read: x holds exactly `live` rows (its own allocation) while
+// max_rows is larger, so a read past them is out of bounds; run under compute-sanitizer memcheck
+// (gpu_request.md) that is an error. Outputs equal the decode GEMM's rows, padding stays poisoned.
+TEST(InvariantGemm, WgmmaLiveRowsOnly) {
+  MOEFOLD_REQUIRE_GPU();
+  Problem<bf16> P(256, 200, true, 0, 0, 71);
+  const std::vector<bf16> ref = decode_rows(P, kRows);
+  size_t mism = 0, poison = 0;
+  for (auto [max_rows, lv, wgmma_decode] : std::vector<std::tuple<int64_t, int32_t, bool>>{
+           {4100, 1000, false}, {4100, 896, false}, {300, 257, false}, {256, 100, true}, {16, 3, true}}) {
+    DeviceBuffer<bf16> xl(size_t(lv) * 200);
+    MOEFOLD_CUDA_CHECK(cudaMemcpy(xl.data(), P.dx.data(), xl.bytes(), cudaMemcpyDeviceToDevice));
+    DeviceBuffer<int32_t> live = cu::to_device(std::vector<int32_t>{lv});
+    P.dy.fill_bytes(0xFF);
+    if (wgmma_decode)
+      cu::decode_gemm_wgmma_bf16(xl.data(), P.dw.data(), P.db.data(), P.dy.data(), max_rows, 200, 256, live.data(),
+                                 P.ws.data(), nullptr);
+    else
+      cu::prefill_gemm_wgmma_bf16(xl.data(), P.dw.data(), P.db.data(), P.dy.data(), max_rows, 200, 256, live.data(),
+                                  nullptr);
+    sync();
+    std::vector<bf16> y(size_t(max_rows) * 256);
+    P.dy.download(y.data(), y.size());
+    // plan B's rows equal plan A's only where the probe says so; here each is checked against its own
+    // family: the prefill kernel against the decode GEMM, the decode kernel against the prefill kernel.
+    if (wgmma_decode) {
+      const std::vector<bf16> pre = P.run(
+          [&](const bf16* xp, const bf16* wp, const bf16* bp, bf16* yp, int64_t m, const int32_t* l) {
+            cu::prefill_gemm_wgmma_bf16(xp, wp, bp, yp, m, 200, 256, l, nullptr);
+          },
+          lv, 0);
+      mism += rows_differing(y, pre, lv, 0, 256, 256);
+    } else {
+      mism += rows_differing(y, ref, lv, 0, 256, 256);
+    }
+    poison += poison_broken(y, lv, 256, 256);
+  }
+  EXPECT_TRUE(contract_exact("wgmma_gemms_live_rows_only", "N=256,K=200,S=2,x_of_live_rows", mism));
+  EXPECT_TRUE(contract_exact("wgmma_gemms_live_rows_only_padding", "N=256,K=200", poison));
+}
+
+TEST(InvariantGemm, WgmmaErrors) {
+  MOEFOLD_REQUIRE_GPU();
+  DeviceBuffer<bf16> x(64 * 64), w(64 * 64), y(64 * 64);
+  EXPECT_THROW(cu::prefill_gemm_wgmma_bf16(x.data(), w.data(), nullptr, y.data(), 300, 60, 64, nullptr, nullptr), Error);
+  EXPECT_THROW(cu::prefill_gemm_wgmma_bf16(x.data(), w.data(), nullptr, y.data(), -1, 64, 64, nullptr, nullptr), Error);
+  EXPECT_THROW(cu::prefill_gemm_wgmma_bf16(x.data() + 1, w.data(), nullptr, y.data(), 300, 64, 64, nullptr, nullptr),
+               Error);
+  EXPECT_THROW(cu::prefill_gemm_wgmma_bf16(x.data(), w.data(), nullptr, y.data(), 300, 64, 64, nullptr, nullptr, 60),
+               Error);
+  EXPECT_THROW(
+      cu::prefill_gemm_wgmma_bf16(x.data(), w.data(), nullptr, y.data(), 30, 64, 64, nullptr, nullptr, 0, 0, 96), Error);
+  EXPECT_NO_THROW(cu::prefill_gemm_wgmma_bf16(x.data(), w.data(), nullptr, y.data(), 0, 64, 64, nullptr, nullptr));
+}
+
+// Plan B: decode_gemm_wgmma_bf16 (weights as the wgmma A operand, the rows as B) gives every row the
+// bits of prefill_gemm_wgmma_bf16 (rows as A), in calls of 1..256 rows at several offsets and live
+// counts. Also prints whether it equals the mma.sync decode GEMM (it does iff plan A holds).
+template <class OutT>
+void check_wgmma_decode(int64_t N, int64_t K, bool bias, int64_t x_pad, int64_t y_pad, uint64_t seed) {
+  const std::string kname = sizeof(OutT) == 4 ? "decode_gemm_wgmma_bf16_f32out" : "decode_gemm_wgmma_bf16";
+  Problem<OutT> P(N, K, bias, x_pad, y_pad, seed);
+  const std::string shape = "N=" + std::to_string(N) + ",K=" + std::to_string(K) +
+                            ",S=" + std::to_string(cu::decode_gemm_splits(N, K)) + (bias ? ",bias" : "") +
+                            (x_pad || y_pad ? ",strided" : "");
+  const std::vector<OutT> ref = P.run(
+      [&](const bf16* xp, const bf16* wp, const typename Problem<OutT>::BiasT* bp, OutT* yp, int64_t m, const int32_t* l) {
+        if constexpr (sizeof(OutT) == 4)
+          cu::prefill_gemm_wgmma_bf16_f32out(xp, wp, bp, yp, m, K, N, l, nullptr, P.xs, P.ys);
+        else
+          cu::prefill_gemm_wgmma_bf16(xp, wp, bp, yp, m, K, N, l, nullptr, P.xs, P.ys);
+      },
+      kRows, 0);
+  auto dec = [&](const bf16* xp, const bf16* wp, const typename Problem<OutT>::BiasT* bp, OutT* yp, int64_t m,
+                 const int32_t* l) {
+    if constexpr (sizeof(OutT) == 4)
+      cu::decode_gemm_wgmma_bf16_f32out(xp, wp, bp, yp, m, K, N, l, P.ws.data(), nullptr, P.xs, P.ys);
+    else
+      cu::decode_gemm_wgmma_bf16(xp, wp, bp, yp, m, K, N, l, P.ws.data(), nullptr, P.xs, P.ys);
+  };
+  size_t mism = 0, poison = 0;
+  for (int64_t M : {int64_t(1), int64_t(2), int64_t(16), int64_t(17), int64_t(64), int64_t(65), int64_t(200), int64_t(256)})
+    for (int64_t off : {int64_t(0), int64_t(5), int64_t(3800)}) {
+      const std::vector<OutT> y = P.run(dec, M, off);
+      mism += rows_differing(y, ref, M, off, N, P.ys);
+      poison += poison_broken(y, M, N, P.ys);
+    }
+  for (int32_t lv : {100, 1, 0}) {
+    DeviceBuffer<int32_t> live = cu::to_device(std::vector<int32_t>{lv});
+    const std::vector<OutT> y = P.run(dec, 256, 7, live.data());
+    mism += rows_differing(y, ref, lv, 7, N, P.ys);
+    poison += poison_broken(y, lv, N, P.ys);
+  }
+  EXPECT_TRUE(contract_exact(kname + "_equals_wgmma_prefill_rows", shape + ",M=1..256,off=0,5,3800,live=100,1,0", mism));
+  EXPECT_TRUE(contract_exact(kname + "_padding_untouched", shape, poison));
+  const std::vector<OutT> mma = decode_rows(P, 256);
+  std::printf("INFO %s %s rows_of_256_differing_from_mma_sync_decode=%zu\n", kname.c_str(), shape.c_str(),
+              rows_differing(mma, ref, 256, 0, N, P.ys));
+}
+
+TEST(InvariantGemm, WgmmaDecodeMatchesWgmmaPrefill) {
+  MOEFOLD_REQUIRE_GPU();
+  check_wgmma_decode<bf16>(128, 256, false, 0, 0, 51);   // S = 2
+  check_wgmma_decode<bf16>(200, 1000, true, 8, 3, 52);   // S = 8, strided
+  check_wgmma_decode<float>(1000, 72, true, 0, 1, 53);   // S = 1, fp32 out
+  check_wgmma_decode<bf16>(130, 8136, true, 0, 0, 54);   // S = 32
+  for (auto [N, K] : std::vector<std::pair<int64_t, int64_t>>{{12352, 2048}, {2048, 4096}, {1024, 2048}, {2048, 512}})
+    check_wgmma_decode<bf16>(N, K, false, 0, 0, 60 + uint64_t(N));
+}
+
 double time_us_of(const std::function<void()>& f, int iters) {
   for (int i = 0; i < 2; ++i) f();
   sync();
@@ -265,6 +476,99 @@ TEST(InvariantGemmPerf, DISABLED_Perf) {
     }
     std::printf("%-14s %6lld %10.1f %10.1f %10.1f %7.3f\n", "all5", (long long)M, tp, tu, tc, tp / tc);
   }
+}
+
+}  // namespace
+
+namespace {
+
+__global__ void count_differing(const uint16_t* a, const uint16_t* b, size_t n, unsigned long long* out) {
+  unsigned long long c = 0;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    c += a[i] != b[i];
+  if (c) atomicAdd(out, c);
+}
+
+/// Elements of the first n that differ between two bf16 device buffers (on the device).
+size_t differing(const bf16* a, const bf16* b, size_t n) {
+  DeviceBuffer<unsigned long long> cnt(1);
+  cnt.fill_bytes(0);
+  count_differing<<<1024, 256>>>(reinterpret_cast<const uint16_t*>(a), reinterpret_cast<const uint16_t*>(b), n,
+                                 cnt.data());
+  MOEFOLD_CUDA_CHECK(cudaGetLastError());
+  sync();
+  return size_t(cnt.download()[0]);
+}
+
+// The wgmma prefill GEMM (tile widths 128, 192 and the automatic choice) vs the mma.sync prefill GEMM
+// and cuBLASLt at M = 32768 over the 35B projections, random inputs; one PERF line per (shape,
+// variant) and a prefill-weighted total (one 32k prefill's dense projections: 30 DeltaNet in_proj
+// 12352x2048 and out_proj 2048x4096, 10 attention qkv 9216x2048 and o_proj 2048x4096, 40 shared-expert
+// 1024x2048 and 2048x512). The wgmma rows are compared bitwise with the mma.sync kernel's (which
+// equal the decode GEMM's) on every shape.
+TEST(InvariantGemmPerf, DISABLED_WgmmaPerf) {
+  MOEFOLD_REQUIRE_GPU();
+  struct Shape {
+    int64_t N, K;
+    int count;
+  };
+  const std::vector<Shape> shapes{{12352, 2048, 30}, {9216, 2048, 10}, {2048, 4096, 40}, {1024, 2048, 40}, {2048, 512, 40}};
+  constexpr int64_t M = 32768;
+  const DeviceBuffer<bf16> x = dev_bf16(rand_bf16(size_t(M) * 4096, 5, 1.0f));
+  const DeviceBuffer<bf16> w = dev_bf16(rand_bf16(size_t(12352) * 4096, 6, 0.05f));
+  DeviceBuffer<bf16> y(size_t(M) * 12352), y2(size_t(M) * 12352);
+  sync();
+  const char* names[] = {"wgmma_auto", "wgmma_n128", "wgmma_n192", "mma_sync", "cublaslt"};
+  double total[5] = {0, 0, 0, 0, 0};
+  std::printf("%-12s %-11s %9s %8s %8s\n", "shape", "variant", "us", "TFLOP/s", "vs_cublas");
+  for (const Shape& s : shapes) {
+    const double flop = 2.0 * double(M) * double(s.N) * double(s.K);
+    auto variant = [&](int v, bf16* out) {
+      switch (v) {
+        case 0: cu::prefill_gemm_wgmma_bf16(x.data(), w.data(), nullptr, out, M, s.K, s.N, nullptr, nullptr); break;
+        case 1: cu::prefill_gemm_wgmma_bf16(x.data(), w.data(), nullptr, out, M, s.K, s.N, nullptr, nullptr, 0, 0, 128); break;
+        case 2: cu::prefill_gemm_wgmma_bf16(x.data(), w.data(), nullptr, out, M, s.K, s.N, nullptr, nullptr, 0, 0, 192); break;
+        case 3: cu::prefill_gemm_bf16(x.data(), w.data(), nullptr, out, M, s.K, s.N, nullptr, nullptr); break;
+        default: cu::gemm_bf16(x.data(), w.data(), nullptr, out, M, s.K, s.N, nullptr); break;
+      }
+    };
+    double us[5];
+    for (int v = 0; v < 5; ++v) {
+      us[v] = time_us([&] { variant(v, y.data()); }, 2, 10);
+      MOEFOLD_CUDA_CHECK(cudaGetLastError());
+      total[v] += us[v] * s.count;
+    }
+    const std::string sh = std::to_string(s.N) + "x" + std::to_string(s.K);
+    for (int v = 0; v < 5; ++v) {
+      std::printf("%-12s %-11s %9.1f %8.1f %8.3f\n", sh.c_str(), names[v], us[v], flop / us[v] * 1e-6, us[4] / us[v]);
+      perf_line(std::string("prefill_gemm:") + names[v], sh + ",M=32768", us[v],
+                "TFLOP/s=" + std::to_string(flop / us[v] * 1e-6) + " vs_cublas=" + std::to_string(us[4] / us[v]));
+    }
+    // Bits: every wgmma variant's rows equal the mma.sync kernel's.
+    y2.fill_bytes(0xFF);
+    variant(3, y2.data());
+    for (int v = 0; v < 3; ++v) {
+      y.fill_bytes(0xFF);
+      variant(v, y.data());
+      const size_t d = differing(y.data(), y2.data(), size_t(M) * size_t(s.N));
+      EXPECT_TRUE(contract_exact(std::string("prefill_gemm:") + names[v] + "_equals_mma_sync", sh + ",M=32768", d));
+    }
+  }
+  // Plan B's decode-range kernel vs the mma.sync decode GEMM (weights streamed once per call).
+  DeviceBuffer<unsigned char> ws(size_t(64) << 20);
+  ws.fill_bytes(0);
+  for (int64_t m : {int64_t(1), int64_t(64), int64_t(256)})
+    for (const Shape& s : shapes) {
+      const double td = time_us([&] { cu::decode_gemm_bf16(x.data(), w.data(), nullptr, y.data(), m, s.K, s.N, nullptr, ws.data(), nullptr); }, 3, 20);
+      const double tw = time_us([&] { cu::decode_gemm_wgmma_bf16(x.data(), w.data(), nullptr, y.data(), m, s.K, s.N, nullptr, ws.data(), nullptr); }, 3, 20);
+      const double tb = double(s.N) * double(s.K) * 2 * 1e-6;  // weight MB
+      perf_line("decode_gemm_wgmma", std::to_string(s.N) + "x" + std::to_string(s.K) + ",M=" + std::to_string(m), tw,
+                "decode_gemm_us=" + std::to_string(td) + " ratio=" + std::to_string(tw / td) +
+                    " weight_TB/s=" + std::to_string(tb / tw));
+    }
+  std::printf("PERF_TOTAL one 32k prefill's dense projections (ms):");
+  for (int v = 0; v < 5; ++v) std::printf(" %s=%.1f", names[v], total[v] * 1e-3);
+  std::printf("  wgmma_auto/cublas=%.3f\n", total[4] / total[0]);
 }
 
 }  // namespace

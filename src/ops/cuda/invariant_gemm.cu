@@ -7,11 +7,14 @@
 // [rows, 64] tile swizzled by (row & 7)), the same fold `sum = (s == 0) ? p_0 : sum + p_s`, then
 // `v + bias` and __float2bfloat16_rn. The tile shape does not enter an element's arithmetic.
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "core/error.h"
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/decode_gemm.h"
+#include "ops/cuda/decode_gemm_wgmma.h"
 #include "ops/cuda/invariant_gemm.h"
 #include "ops/cuda/kernel_util.cuh"
 #include "ops/cuda/launch_scope.h"
@@ -330,22 +333,47 @@ void prefill_gemm_bf16_f32out(const __nv_bfloat16* x, const __nv_bfloat16* w, co
   run<float>("prefill_gemm_bf16_f32out", x, w, bias, y, max_rows, K, N, live_rows, stream, x_stride, y_stride);
 }
 
+InvariantGemmPath invariant_gemm_path() {
+  static const InvariantGemmPath path = [] {
+    const char* v = std::getenv("MOEFOLD_INVARIANT_GEMM");
+    if (!v || !*v || std::strcmp(v, "mma") == 0) return InvariantGemmPath::Mma;
+    if (std::strcmp(v, "wgmma") == 0) return InvariantGemmPath::Wgmma;
+    if (std::strcmp(v, "wgmma_all") == 0) return InvariantGemmPath::WgmmaAll;
+    throw Error(std::string("MOEFOLD_INVARIANT_GEMM='") + v + "': expected mma, wgmma or wgmma_all");
+  }();
+  return path;
+}
+
 void invariant_gemm_bf16(const __nv_bfloat16* x, const __nv_bfloat16* w, const __nv_bfloat16* bias, __nv_bfloat16* y,
                          int64_t max_rows, int64_t K, int64_t N, const int32_t* live_rows, void* workspace,
                          cudaStream_t stream, int64_t x_stride, int64_t y_stride) {
-  if (max_rows <= kDecodeGemmMaxRows)
-    decode_gemm_bf16(x, w, bias, y, max_rows, K, N, live_rows, workspace, stream, x_stride, y_stride);
-  else
+  const InvariantGemmPath path = invariant_gemm_path();
+  if (max_rows <= kDecodeGemmMaxRows) {
+    if (path == InvariantGemmPath::WgmmaAll)
+      decode_gemm_wgmma_bf16(x, w, bias, y, max_rows, K, N, live_rows, workspace, stream, x_stride, y_stride);
+    else
+      decode_gemm_bf16(x, w, bias, y, max_rows, K, N, live_rows, workspace, stream, x_stride, y_stride);
+  } else if (path != InvariantGemmPath::Mma) {
+    prefill_gemm_wgmma_bf16(x, w, bias, y, max_rows, K, N, live_rows, stream, x_stride, y_stride);
+  } else {
     prefill_gemm_bf16(x, w, bias, y, max_rows, K, N, live_rows, stream, x_stride, y_stride);
+  }
 }
 
 void invariant_gemm_bf16_f32out(const __nv_bfloat16* x, const __nv_bfloat16* w, const float* bias, float* y,
                                 int64_t max_rows, int64_t K, int64_t N, const int32_t* live_rows, void* workspace,
                                 cudaStream_t stream, int64_t x_stride, int64_t y_stride) {
-  if (max_rows <= kDecodeGemmMaxRows)
-    decode_gemm_bf16_f32out(x, w, bias, y, max_rows, K, N, live_rows, workspace, stream, x_stride, y_stride);
-  else
+  const InvariantGemmPath path = invariant_gemm_path();
+  if (max_rows <= kDecodeGemmMaxRows) {
+    if (path == InvariantGemmPath::WgmmaAll)
+      decode_gemm_wgmma_bf16_f32out(x, w, bias, y, max_rows, K, N, live_rows, workspace, stream, x_stride, y_stride);
+    else
+      decode_gemm_bf16_f32out(x, w, bias, y, max_rows, K, N, live_rows, workspace, stream, x_stride, y_stride);
+  } else if (path != InvariantGemmPath::Mma) {
+    prefill_gemm_wgmma_bf16_f32out(x, w, bias, y, max_rows, K, N, live_rows, stream, x_stride, y_stride);
+  } else {
     prefill_gemm_bf16_f32out(x, w, bias, y, max_rows, K, N, live_rows, stream, x_stride, y_stride);
+  }
 }
 
 }  // namespace moefold::cuda

@@ -17,6 +17,15 @@
 // tile rows and columns (grouped raster for L2 reuse), so large M fills the GPU without split-K.
 // invariant_gemm_bf16 dispatches: the decode GEMM up to 256 rows, prefill_gemm_bf16 above.
 //
+// prefill_gemm_wgmma_bf16 (prefill_gemm_wgmma.cu) is the same arithmetic on Hopper's warpgroup path:
+// wgmma m64nNk16 chains fed by bulk tensor copies through an mbarrier ring, warp-specialised, 128 x
+// 128 or 128 x 192 tiles, persistent. It gives the decode GEMM's bits if and only if one wgmma k16
+// step rounds as one mma.sync m16n8k16 step (tests/cuda/wgmma_probe_test.cu decides it on the
+// device; until an H200 run has shown that and invariant_gemm_test's wgmma cases pass, it is off by
+// default). MOEFOLD_INVARIANT_GEMM=wgmma in the environment (read once) makes invariant_gemm_bf16
+// use it above 256 rows instead of prefill_gemm_bf16; =wgmma_all also moves the decode range onto
+// wgmma (plan B, decode_gemm_wgmma.h), for the case where the two instructions round differently.
+//
 // Live rows: *live_rows is read on the device (nullptr = max_rows); rows >= live of y are never
 // written, of x never read. Asynchronous on `stream`, capture-safe, no allocation.
 #pragma once
@@ -48,9 +57,33 @@ void prefill_gemm_bf16_f32out(const __nv_bfloat16* x, const __nv_bfloat16* w, co
                               int64_t max_rows, int64_t K, int64_t N, const int32_t* live_rows, cudaStream_t stream,
                               int64_t x_stride = 0, int64_t y_stride = 0);
 
+/// prefill_gemm_bf16 on the wgmma path (sm_90a; see the note above): the same contract, arguments and
+/// errors, plus tile_n: the column-tile width, 128 or 192, 0 = chosen from N (192 unless its last
+/// tile wastes more than 5% of the columns). max_rows up to 2^31 - 128. Reads x through a tensor
+/// map of max_rows rows, but only row tiles that are fully live; the tile holding the live-row
+/// boundary is read row by row, so rows >= *live_rows of x are never read.
+void prefill_gemm_wgmma_bf16(const __nv_bfloat16* x, const __nv_bfloat16* w, const __nv_bfloat16* bias,
+                             __nv_bfloat16* y, int64_t max_rows, int64_t K, int64_t N, const int32_t* live_rows,
+                             cudaStream_t stream, int64_t x_stride = 0, int64_t y_stride = 0, int tile_n = 0);
+
+/// The same with fp32 output; bias, if given, fp32.
+void prefill_gemm_wgmma_bf16_f32out(const __nv_bfloat16* x, const __nv_bfloat16* w, const float* bias, float* y,
+                                    int64_t max_rows, int64_t K, int64_t N, const int32_t* live_rows,
+                                    cudaStream_t stream, int64_t x_stride = 0, int64_t y_stride = 0, int tile_n = 0);
+
+/// The kernels invariant_gemm_bf16(_f32out) run, from MOEFOLD_INVARIANT_GEMM (read once):
+///   unset or "mma": decode_gemm_bf16 up to 256 rows, prefill_gemm_bf16 above (the default);
+///   "wgmma":        decode_gemm_bf16 up to 256 rows, prefill_gemm_wgmma_bf16 above (plan A: needs
+///                   wgmma k16 steps to round as mma.sync ones);
+///   "wgmma_all":    decode_gemm_wgmma_bf16 (decode_gemm_wgmma.h) up to 256 rows,
+///                   prefill_gemm_wgmma_bf16 above (plan B: decode and prefill both on wgmma).
+/// Throws moefold::Error naming the variable for any other value.
+enum class InvariantGemmPath { Mma, Wgmma, WgmmaAll };
+InvariantGemmPath invariant_gemm_path();
+
 /// The batch-invariant projection for any row count: decode_gemm_bf16 for max_rows <= 256 (with its
 /// `workspace`, sized by decode_gemm_workspace_bytes(256, N, K) and zero-filled once), else
-/// prefill_gemm_bf16 (workspace unused). Same preconditions and errors as those two.
+/// prefill_gemm_bf16 (workspace unused); other kernels by invariant_gemm_path(). Same preconditions and errors as those two.
 void invariant_gemm_bf16(const __nv_bfloat16* x, const __nv_bfloat16* w, const __nv_bfloat16* bias, __nv_bfloat16* y,
                          int64_t max_rows, int64_t K, int64_t N, const int32_t* live_rows, void* workspace,
                          cudaStream_t stream, int64_t x_stride = 0, int64_t y_stride = 0);
