@@ -1,10 +1,14 @@
 // Causal depthwise conv1d + SiLU (Gated DeltaNet short conv) for varlen prefill and single-token decode.
-// Prefill (the vectorised kernel below for K = 4 with C and the x stride multiples of 8, else this
-// scalar one): one block per row and channel tile. A row at position t >= K-1 of its sequence reads only the
+// Prefill (the vectorised kernel below for K = 4 with C and the x stride multiples of 8, or under
+// MOEFOLD_CONV_PREFILL=tile the row-tile kernel further below; else this scalar one): one block per row
+// and channel tile. A row at position t >= K-1 of its sequence reads only the
 // new inputs; the thread at t == 0 of each (sequence, channel) computes the first K-1 outputs from the
 // slot's conv state and then writes the slot's new state, so no thread reads a state another overwrites.
 // Math: src/ops/cpu/gated_delta_net.cc causal_conv1d_silu.
 #include "ops/cuda/causal_conv1d.h"
+
+#include <cstdlib>
+#include <cstring>
 
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/launch_scope.h"
@@ -16,6 +20,7 @@ namespace {
 constexpr int kConvThreads = 256;
 
 const prof::Kernel kConvPrefill{"conv1d_prefill_kernel", prof::Category::Conv};
+const prof::Kernel kConvPrefillTile{"conv1d_prefill_tile_kernel", prof::Category::Conv};
 const prof::Kernel kConvDecode{"conv1d_decode_kernel", prof::Category::Conv};
 
 /// Work of `rows` outputs over `seqs` sequences: x read and y written, the state read and written, w;
@@ -247,6 +252,132 @@ __global__ void __launch_bounds__(kVecThreads, 4)
   }
 }
 
+// Row-tile prefill for K == kVecK (MOEFOLD_CONV_PREFILL=tile; same preconditions as the vectorised
+// kernel): a thread owns 8 channels (16-byte loads and stores along C) of R consecutive rows. It loads
+// its R rows and the K-1 rows before them (the halo: the previous tile's last rows) at once, before any
+// dependent work, so that R + 3 16-byte loads per thread are in flight; then computes channel pair by
+// channel pair (each input unpacked once, each pair's input registers dead after it) and stores R rows.
+// A tile inside one sequence past its first K-1 rows (all but the tiles at sequence heads) takes that
+// path; other tiles go row by row as in the vectorised kernel, with the head rows t < K-1 and the new
+// state written by the thread of row t == 0 (conv_head8): the sequence's state is read and written by
+// one thread, so no block overwrites a state another still reads (a sequence may span many tiles, so
+// the blocks of its last rows cannot write it without racing the reads of its head). Same fp32
+// arithmetic (tap order, fma chain, silu, round to nearest bf16) as the other two kernels: bitwise equal
+// outputs and states. Flat 1-D grid, channel blocks fastest (a row's channels are read together).
+constexpr int kTileThreads = 128;
+
+__device__ __forceinline__ float bf16_lo(uint32_t u) { return __uint_as_float(u << 16); }
+__device__ __forceinline__ float bf16_hi(uint32_t u) { return __uint_as_float(u & 0xFFFF0000u); }
+__device__ __forceinline__ uint32_t word_of(const uint4& u, int p) {
+  return p == 0 ? u.x : (p == 1 ? u.y : (p == 2 ? u.z : u.w));
+}
+__device__ __forceinline__ void set_word(uint4& u, int p, uint32_t v) {
+  if (p == 0) u.x = v;
+  else if (p == 1) u.y = v;
+  else if (p == 2) u.z = v;
+  else u.w = v;
+}
+
+template <int R>
+__global__ void __launch_bounds__(kTileThreads)
+    conv1d_prefill_tile_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ w,
+                               const int32_t* __restrict__ cu_seqlens, const int32_t* __restrict__ state_slots,
+                               const int32_t* __restrict__ num_seqs_p, __nv_bfloat16* __restrict__ state_pool,
+                               __nv_bfloat16* __restrict__ y, int C, int64_t xs, int channel_blocks) {
+  constexpr int K = kVecK, Km1 = K - 1, N = R + Km1;
+  pdl_begin();
+  const int ns = *num_seqs_p;
+  if (ns <= 0) return;
+  const int cb = int(blockIdx.x % unsigned(channel_blocks));
+  const int r0 = int(blockIdx.x / unsigned(channel_blocks)) * R;
+  const int c0 = (cb * kTileThreads + int(threadIdx.x)) * 8;
+  if (c0 >= C) return;
+  const int rend = min(r0 + R, cu_seqlens[ns]);
+  if (r0 >= rend) return;
+  const __nv_bfloat16* xc = x + c0;
+  uint4 win[N];  // rows r0 - 3 .. r0 + R - 1 (zeros outside [0, rend): never used for an output)
+#pragma unroll
+  for (int k = 0; k < N; ++k) {
+    const int r = r0 - Km1 + k;
+    win[k] = r >= 0 && r < rend ? __ldg(reinterpret_cast<const uint4*>(xc + size_t(r) * xs))
+                                : make_uint4(0u, 0u, 0u, 0u);
+  }
+  // w[c0 + ch, 0..3] as bf16: wp[q] holds channels 2q (words x, y) and 2q + 1 (words z, w), taps in order.
+  uint4 wp[4];
+  if ((reinterpret_cast<uintptr_t>(w) & 15u) == 0) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) wp[q] = __ldg(reinterpret_cast<const uint4*>(w + size_t(c0) * K) + q);
+  } else {
+    const uint16_t* wb = reinterpret_cast<const uint16_t*>(w) + size_t(c0) * K;
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      uint32_t v[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) v[e] = uint32_t(wb[8 * q + 2 * e]) | (uint32_t(wb[8 * q + 2 * e + 1]) << 16);
+      wp[q] = make_uint4(v[0], v[1], v[2], v[3]);
+    }
+  }
+  int s = find_seq(cu_seqlens, ns, r0);
+  int bos = cu_seqlens[s], eos = cu_seqlens[s + 1];
+  if (r0 - bos >= Km1 && rend <= eos) {  // inside one sequence, past its head: all from registers
+    uint4 out[R];
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {  // channels c0 + 2p (low halves) and c0 + 2p + 1 (high halves)
+      const uint4 wq = wp[p];
+      const float wa[K] = {bf16_lo(wq.x), bf16_hi(wq.x), bf16_lo(wq.y), bf16_hi(wq.y)};
+      const float wb[K] = {bf16_lo(wq.z), bf16_hi(wq.z), bf16_lo(wq.w), bf16_hi(wq.w)};
+      float a[N], b[N];
+#pragma unroll
+      for (int k = 0; k < N; ++k) {
+        const uint32_t u = word_of(win[k], p);
+        a[k] = bf16_lo(u);
+        b[k] = bf16_hi(u);
+      }
+#pragma unroll
+      for (int i = 0; i < R; ++i) {
+        float acc_a = 0.0f, acc_b = 0.0f;
+#pragma unroll
+        for (int j = 0; j < K; ++j) {
+          acc_a += wa[j] * a[i + j];
+          acc_b += wb[j] * b[i + j];
+        }
+        const __nv_bfloat162 o = __floats2bfloat162_rn(silu_f(acc_a), silu_f(acc_b));
+        set_word(out[i], p, *reinterpret_cast<const uint32_t*>(&o));
+      }
+    }
+    __nv_bfloat16* yr = y + size_t(r0) * C + c0;
+#pragma unroll
+    for (int i = 0; i < R; ++i)
+      if (r0 + i < rend) *reinterpret_cast<uint4*>(yr + size_t(i) * C) = out[i];
+    return;
+  }
+  // Tiles at sequence heads or holding several sequences: row by row (rare for long prompts).
+  float wc[8][K];
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const uint4 wq = wp[q];
+    const uint32_t v[4] = {wq.x, wq.y, wq.z, wq.w};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      wc[2 * q + e / 2][2 * (e % 2)] = bf16_lo(v[e]);
+      wc[2 * q + e / 2][2 * (e % 2) + 1] = bf16_hi(v[e]);
+    }
+  }
+  const auto ld = [&](int r) { return __ldg(reinterpret_cast<const uint4*>(xc + size_t(r) * xs)); };
+  for (int r = r0; r < rend; ++r) {
+    while (r >= eos) {  // next sequence (skipping empty ones)
+      ++s;
+      bos = cu_seqlens[s];
+      eos = cu_seqlens[s + 1];
+    }
+    const int t = r - bos;
+    if (t >= Km1)
+      *reinterpret_cast<uint4*>(y + size_t(r) * C + c0) = conv_row8(wc, ld(r - 3), ld(r - 2), ld(r - 1), ld(r));
+    else if (t == 0)
+      conv_head8(x, wc, s, bos, eos - bos, state_slots, state_pool, y, C, c0, xs);
+  }
+}
+
 __global__ void __launch_bounds__(kConvThreads)
     conv1d_decode_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ w,
                          const int32_t* __restrict__ state_slots, const int32_t* __restrict__ num_seqs_p,
@@ -276,6 +407,25 @@ __global__ void __launch_bounds__(kConvThreads)
     if (j < Km1) st[j] = win[j + 1];
 }
 
+enum class PrefillKernel { kScalar, kVec, kTile };
+
+/// MOEFOLD_CONV_PREFILL: unset / "vec" (the default: the vectorised kernel where its preconditions hold),
+/// "tile" (the row-tile kernel, same preconditions), "scalar" (the scalar kernel always). Read at each launch.
+PrefillKernel prefill_kernel(const void* x, const void* y, int C, int K, int64_t x_stride) {
+  const auto aligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; };
+  const char* e = std::getenv("MOEFOLD_CONV_PREFILL");
+  if (e && std::strcmp(e, "scalar") == 0) return PrefillKernel::kScalar;
+  if (!(K == kVecK && C % 8 == 0 && x_stride % 8 == 0 && aligned(x) && aligned(y))) return PrefillKernel::kScalar;
+  return e && std::strcmp(e, "tile") == 0 ? PrefillKernel::kTile : PrefillKernel::kVec;
+}
+
+/// MOEFOLD_CONV_TILE_ROWS: rows per thread of the row-tile kernel, 4, 8 (the default) or 16.
+int prefill_tile_rows() {
+  const char* e = std::getenv("MOEFOLD_CONV_TILE_ROWS");
+  const int r = e ? std::atoi(e) : 8;
+  return r == 4 || r == 16 ? r : 8;
+}
+
 void check_args(const void* x, const void* w, const void* slots, const void* num_seqs, const void* pool,
                 const void* y, int C, int K, const char* fn) {
   CONV_REQUIRE(x && w && slots && num_seqs && pool && y, "{}: null pointer argument", fn);
@@ -297,12 +447,31 @@ void causal_conv1d_silu_prefill(const __nv_bfloat16* x, const __nv_bfloat16* w, 
   CONV_REQUIRE(cu_seqlens != nullptr, "{}: null cu_seqlens", "causal_conv1d_silu_prefill");
   CONV_REQUIRE(max_rows >= 0, "causal_conv1d_silu_prefill: max_rows = {} is negative", max_rows);
   if (max_rows == 0) return;
+  const PrefillKernel kind = prefill_kernel(x, y, C, K, x_stride);
+  if (kind == PrefillKernel::kTile) {
+    const int rows = prefill_tile_rows();
+    const int cblocks = (C / 8 + kTileThreads - 1) / kTileThreads;
+    const int64_t blocks = int64_t(cblocks) * ((max_rows + rows - 1) / rows);
+    CONV_REQUIRE(blocks < (int64_t(1) << 31), "causal_conv1d_silu_prefill: {} row tiles x {} channel blocks",
+                 (max_rows + rows - 1) / rows, cblocks);
+    LaunchScope launch(kConvPrefillTile, stream, [&] {
+      const prof::StepFacts* f = prof::step_facts();
+      return conv_work(f ? std::min<int64_t>(f->rows, max_rows) : max_rows, f ? int64_t(f->context_lens.size()) : 1,
+                       C, K);
+    });
+    const auto kernel = rows == 4 ? conv1d_prefill_tile_kernel<4>
+                        : rows == 16 ? conv1d_prefill_tile_kernel<16>
+                                     : conv1d_prefill_tile_kernel<8>;
+    launch_pdl(kernel, dim3(unsigned(blocks)), dim3(kTileThreads), 0, stream, x, w, cu_seqlens, state_slots, num_seqs,
+               conv_state_pool, y, C, x_stride, cblocks);
+    MOEFOLD_CUDA_CHECK_LAUNCH();
+    return;
+  }
   LaunchScope launch(kConvPrefill, stream, [&] {
     const prof::StepFacts* f = prof::step_facts();
     return conv_work(f ? std::min<int64_t>(f->rows, max_rows) : max_rows, f ? int64_t(f->context_lens.size()) : 1, C, K);
   });
-  const auto aligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; };
-  if (K == kVecK && C % 8 == 0 && x_stride % 8 == 0 && aligned(x) && aligned(y)) {
+  if (kind == PrefillKernel::kVec) {
     const dim3 vgrid(unsigned((C / 8 + kVecThreads - 1) / kVecThreads), unsigned((max_rows + kVecRows - 1) / kVecRows));
     launch_pdl(conv1d_prefill_vec_kernel, vgrid, dim3(kVecThreads), 0, stream, x, w, cu_seqlens, state_slots,
                num_seqs, conv_state_pool, y, C, x_stride);
@@ -329,5 +498,19 @@ void causal_conv1d_silu_decode(const __nv_bfloat16* x, const __nv_bfloat16* w, c
                                                           x_stride);
   MOEFOLD_CUDA_CHECK_LAUNCH();
 }
+
+namespace detail {
+
+const char* causal_conv1d_prefill_kernel_name(const void* x, const void* y, int C, int K, int64_t x_stride) {
+  if (x_stride == 0) x_stride = C;
+  switch (prefill_kernel(x, y, C, K, x_stride)) {
+    case PrefillKernel::kTile:
+      return prefill_tile_rows() == 4 ? "tile4" : (prefill_tile_rows() == 16 ? "tile16" : "tile8");
+    case PrefillKernel::kVec: return "vec";
+    default: return "scalar";
+  }
+}
+
+}  // namespace detail
 
 }  // namespace moefold::cuda

@@ -30,6 +30,16 @@ void causal_conv1d_silu_prefill(const __nv_bfloat16* x, const __nv_bfloat16* w, 
                                 __nv_bfloat16* conv_state_pool, __nv_bfloat16* y, int C, int K,
                                 cudaStream_t stream, int64_t x_stride = 0);
 
+/// Prefill kernels (all give the same bits): MOEFOLD_CONV_PREFILL unset or "vec" runs the vectorised
+/// kernel where K = 4, C and x_stride are multiples of 8 and x, y 16-byte aligned (else the scalar one);
+/// "tile" runs the row-tile kernel under the same conditions (MOEFOLD_CONV_TILE_ROWS = 4, 8 (default) or
+/// 16 rows per thread); "scalar" the scalar kernel always. Read at each launch (at capture in a graph).
+namespace detail {
+/// The prefill kernel causal_conv1d_silu_prefill would launch for these arguments and the environment:
+/// "scalar", "vec", "tile4", "tile8" or "tile16" (for tests and benchmarks).
+const char* causal_conv1d_prefill_kernel_name(const void* x, const void* y, int C, int K, int64_t x_stride);
+}  // namespace detail
+
 /// Decode: one new token per sequence. x, y: bf16 [max_seqs, C] (row s = sequence s; x rows x_stride
 /// apart, 0 = C); w, conv_state_pool
 /// as in causal_conv1d_silu_prefill; the slot state_slots[s] is read and shifted in place (oldest value

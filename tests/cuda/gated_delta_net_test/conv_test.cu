@@ -1,12 +1,17 @@
 // gated_delta_net_test: the causal conv1d kernels (prefill varlen, decode) against cpu::causal_conv1d_silu.
 #include "cuda/gated_delta_net_test/gdn_test_util.h"
 
+#include <optional>
+
 namespace gdn_test {
 namespace {
 
 // Causal conv1d, varlen prefill: live sequences `lens` in a launch of capacity lens+3 sequences and
-// rows+37 rows, distinct non-identity slots, random initial conv state.
-void conv_prefill_case(int C, const std::vector<int>& lens, uint64_t seed) {
+// rows+37 rows, distinct non-identity slots, random initial conv state. Runs the kernel the environment
+// selects (MOEFOLD_CONV_PREFILL, MOEFOLD_CONV_TILE_ROWS) and returns its name; y_out / st_out (when given)
+// receive the padded run's whole y (padding rows included) and state pool.
+std::string conv_prefill_case(int C, const std::vector<int>& lens, uint64_t seed, std::vector<uint16_t>* y_out = nullptr,
+                              std::vector<uint16_t>* st_out = nullptr) {
   const int S = int(lens.size()), cap = S + 3, Km1 = kConvK - 1;
   const auto cu = cu_of(lens);
   const int rows = cu[size_t(S)], cap_rows = rows + 37;
@@ -31,8 +36,9 @@ void conv_prefill_case(int C, const std::vector<int>& lens, uint64_t seed) {
     moefold::cpu::causal_conv1d_silu(x.data() + size_t(cu[size_t(s)]) * C, w.data(),
                                      stref.data() + size_t(slots[size_t(s)]) * se,
                                      yref.data() + size_t(cu[size_t(s)]) * C, lens[size_t(s)], C, kConvK);
+  const std::string kernel = moefold::cuda::detail::causal_conv1d_prefill_kernel_name(dx.p, dy.p, C, kConvK, 0);
   const std::string shape = "C=" + std::to_string(C) + ",K=4,lens=" + lens_str(lens) + ",cap_rows=" +
-                            std::to_string(cap_rows) + ",cap_seqs=" + std::to_string(cap);
+                            std::to_string(cap_rows) + ",cap_seqs=" + std::to_string(cap) + ",kernel=" + kernel;
   EXPECT_TRUE(contract("conv1d_prefill.y", shape, rel_err(from_bf16(slice(y, 0, size_t(rows) * C)), yref), kTolBf16));
   // The new state is a copy of bf16 inputs: exact. Slots of padding sequences stay untouched.
   size_t bad_state = 0;
@@ -62,6 +68,38 @@ void conv_prefill_case(int C, const std::vector<int>& lens, uint64_t seed) {
                                             C, kConvK, nullptr, xs);
   EXPECT_TRUE(contract_exact("conv1d_prefill.strided_x_equal", shape + ",x_stride=" + std::to_string(xs),
                              byte_mismatches(y, dy3.down(), 0, y.size()) + byte_mismatches(st, dst3.down(), 0, st.size())));
+  if (y_out) *y_out = y;
+  if (st_out) *st_out = st;
+  return kernel;
+}
+
+// Every prefill kernel on the same inputs: the vectorised one (the default), the row-tile one at 4, 8 and
+// 16 rows per thread, the scalar one. Each runs the whole contract above, and its padded run's y (every
+// row, padding included) and state pool must equal the vectorised kernel's bit for bit (same fp32
+// arithmetic in the same order). Where C is not a multiple of 8 every setting falls back to the scalar kernel.
+void conv_prefill_kernels_case(int C, const std::vector<int>& lens, uint64_t seed) {
+  std::vector<uint16_t> y_ref, st_ref;
+  std::string ref;
+  {
+    ScopedEnv e("MOEFOLD_CONV_PREFILL", "vec");
+    ref = conv_prefill_case(C, lens, seed, &y_ref, &st_ref);
+  }
+  EXPECT_EQ(ref, C % 8 == 0 ? "vec" : "scalar");
+  struct Variant {
+    const char *mode, *rows, *want;
+  };
+  for (const Variant v : {Variant{"tile", "4", "tile4"}, Variant{"tile", "8", "tile8"}, Variant{"tile", "16", "tile16"},
+                          Variant{"scalar", "8", "scalar"}}) {
+    ScopedEnv e0("MOEFOLD_CONV_PREFILL", v.mode), e1("MOEFOLD_CONV_TILE_ROWS", v.rows);
+    std::vector<uint16_t> y, st;
+    const std::string kernel = conv_prefill_case(C, lens, seed, &y, &st);
+    EXPECT_EQ(kernel, C % 8 == 0 ? v.want : "scalar");
+    const size_t mis = y.size() != y_ref.size() || st.size() != st_ref.size()
+                           ? size_t(1) << 40
+                           : byte_mismatches(y, y_ref, 0, y.size()) + byte_mismatches(st, st_ref, 0, st.size());
+    EXPECT_TRUE(contract_exact("conv1d_prefill.kernel_eq_" + ref, "C=" + std::to_string(C) + ",K=4,lens=" +
+                                   lens_str(lens) + ",kernel=" + kernel, mis));
+  }
 }
 
 // Causal conv1d decode: batch `live` in capacity live+3.
@@ -131,6 +169,65 @@ TEST(GdnConv, Prefill) {
 TEST(GdnConv, PrefillScalarSmall) {
   MOEFOLD_REQUIRE_GPU();
   conv_prefill_case(100, {1, 0, 2, 3, 17, 64, 65, 130}, 131);
+}
+
+// The prefill kernels against each other (and the CPU): sequences of 0 .. 130 rows that start and end at
+// every offset of the 4 / 8 / 16-row tiles, many in one tile, 0- and 1-token ones, initial states.
+TEST(GdnConv, PrefillKernelsSmall) {
+  MOEFOLD_REQUIRE_GPU();
+  conv_prefill_kernels_case(int(conv_dim(kSmall)), {1, 0, 2, 3, 17, 64, 65, 130}, 161);
+  conv_prefill_kernels_case(int(conv_dim(kSmall)), {5, 1, 0, 2, 9, 8, 16, 33, 7, 3, 4, 1, 1, 0, 15, 31}, 163);
+  conv_prefill_kernels_case(100, {1, 0, 2, 3, 17, 64}, 165);  // C % 8 != 0: the scalar kernel for all
+}
+
+// The 35B shape (C = 8192) at the issue's lengths (1 .. 4100 rows, with 0 and 3 inside the batch).
+TEST(GdnConv, PrefillKernels) {
+  MOEFOLD_REQUIRE_GPU();
+  std::vector<int> lens = kLens;
+  lens.insert(lens.begin() + 2, {0, 3});
+  conv_prefill_kernels_case(int(conv_dim(kReal)), lens, 171);
+}
+
+// Which prefill kernel runs (host-side choice: no GPU needed): the vectorised one by default where K = 4,
+// C and x_stride are multiples of 8 and x, y 16-byte aligned; MOEFOLD_CONV_PREFILL=tile the row-tile one
+// under the same conditions (MOEFOLD_CONV_TILE_ROWS 4 / 8 / 16, anything else 8); =scalar the scalar one.
+TEST(GdnConv, PrefillKernelSelection) {
+  alignas(16) static uint16_t buf[64];
+  const void *al = buf, *un = buf + 1;
+  const auto name = [](const void* x, const void* y, int C, int K, int64_t xs) {
+    return std::string(moefold::cuda::detail::causal_conv1d_prefill_kernel_name(x, y, C, K, xs));
+  };
+  // The switches as found (restored at the end, so that a run of the binary under them keeps them).
+  std::vector<std::pair<const char*, std::optional<std::string>>> saved;
+  for (const char* n : {"MOEFOLD_CONV_PREFILL", "MOEFOLD_CONV_TILE_ROWS"}) {
+    const char* v = std::getenv(n);
+    saved.emplace_back(n, v ? std::optional<std::string>(v) : std::nullopt);
+    unsetenv(n);
+  }
+  EXPECT_EQ(name(al, al, 256, 4, 0), "vec");
+  EXPECT_EQ(name(al, al, 256, 4, 12352), "vec");
+  EXPECT_EQ(name(al, al, 100, 4, 0), "scalar");
+  EXPECT_EQ(name(al, al, 256, 3, 0), "scalar");
+  EXPECT_EQ(name(al, al, 256, 4, 260), "scalar");
+  EXPECT_EQ(name(un, al, 256, 4, 0), "scalar");
+  EXPECT_EQ(name(al, un, 256, 4, 0), "scalar");
+  {
+    ScopedEnv e("MOEFOLD_CONV_PREFILL", "tile");
+    EXPECT_EQ(name(al, al, 256, 4, 0), "tile8");
+    EXPECT_EQ(name(al, al, 100, 4, 0), "scalar");
+    EXPECT_EQ(name(un, al, 256, 4, 0), "scalar");
+    for (auto [rows, want] : {std::pair{"4", "tile4"}, std::pair{"8", "tile8"}, std::pair{"16", "tile16"},
+                              std::pair{"5", "tile8"}}) {
+      ScopedEnv r("MOEFOLD_CONV_TILE_ROWS", rows);
+      EXPECT_EQ(name(al, al, 8192, 4, 12352), want);
+    }
+  }
+  {
+    ScopedEnv e("MOEFOLD_CONV_PREFILL", "scalar");
+    EXPECT_EQ(name(al, al, 256, 4, 0), "scalar");
+  }
+  for (const auto& [n, v] : saved)
+    if (v) setenv(n, v->c_str(), 1);
 }
 
 TEST(GdnConv, DecodeSmall) {

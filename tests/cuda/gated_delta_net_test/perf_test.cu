@@ -178,3 +178,61 @@ TEST(GdnPerf, DISABLED_DecodeVariants) {
   }
   MOEFOLD_CUDA_CHECK(cudaStreamDestroy(st));
 }
+
+// The causal conv1d prefill at the 35B shape (C = 8192, K = 4; x read in place from the fused
+// projection's row of 12,352 bf16 as the CUDA executor does) for 1 x 32768, 8 x 4096 and 64 x 512 tokens:
+// the vectorised kernel (A) against the row-tile one at 8 rows per thread (B) in the order A B B A, then
+// the row-tile one at 4 and 16 rows and the scalar kernel once. The floor per call: x read and y written
+// (rows x C bf16 each), the state read and written (seqs x C x 3 bf16 each), w (C x 4 bf16): 1.074 GB at
+// 1 x 32768; each PERF line gives that byte count over the median time (20 launches after 3 warm-ups,
+// CUDA events) and its fraction of the device-to-device copy rate (read + write) measured first in this
+// binary (the profiler's roofline method). The issue's goal: >= 0.70 of copy.
+TEST(GdnPerf, DISABLED_ConvPrefill) {
+  MOEFOLD_REQUIRE_GPU();
+  const int C = int(conv_dim(kReal)), W = C + 4096 + 64;
+  const size_t copy_bytes = size_t(1) << 30;
+  double copy_gbs = 0;
+  {
+    Dev<uint8_t> ca(copy_bytes), cb(copy_bytes);
+    const double us = median_us(
+        [&] { MOEFOLD_CUDA_CHECK(cudaMemcpyAsync(cb.p, ca.p, copy_bytes, cudaMemcpyDeviceToDevice, nullptr)); });
+    copy_gbs = 2.0 * double(copy_bytes) / (us * 1e-6) / 1e9;
+    moefold::test::perf_line("device_copy", "bytes=1GiB", us, "GB/s=" + std::to_string(int(copy_gbs)));
+  }
+  const int max_rows = 32768;
+  // x: a random bf16 block tiled over the [max_rows, W] buffer (the values do not change the work).
+  std::vector<uint16_t> xh(size_t(max_rows) * W);
+  {
+    const auto blk = to_bf16(moefold::test::randn(size_t(1) << 20, 981));
+    for (size_t i = 0; i < xh.size(); ++i) xh[i] = blk[(i * 7919) % blk.size()];
+  }
+  Dev<uint16_t> dx(xh), dy(size_t(max_rows) * C), dw(to_bf16(moefold::test::randn(size_t(C) * kConvK, 982, 0.5f)));
+  xh = {};
+  for (auto [S, len] : {std::pair{1, 32768}, std::pair{8, 4096}, std::pair{64, 512}}) {
+    const int rows = S * len;
+    std::vector<int32_t> slots(static_cast<size_t>(S));
+    for (int s = 0; s < S; ++s) slots[size_t(s)] = s;
+    Dev<uint16_t> dst(size_t(S) * C * (kConvK - 1));
+    MOEFOLD_CUDA_CHECK(cudaMemset(dst.p, 0, dst.n * 2));
+    Dev<int32_t> dcu(cu_of(std::vector<int>(size_t(S), len))), dslots(slots), dns(std::vector<int32_t>{S});
+    const double bytes = double(rows) * C * 2 * 2 + double(S) * C * (kConvK - 1) * 2 * 2 + double(C) * kConvK * 2;
+    const double floor_us = bytes / copy_gbs / 1e3;
+    struct Run {
+      const char *mode, *rows, *tag;
+    };
+    for (const Run run : {Run{"vec", "8", ",A"}, Run{"tile", "8", ",B"}, Run{"tile", "8", ",B"}, Run{"vec", "8", ",A"},
+                          Run{"tile", "4", ""}, Run{"tile", "16", ""}, Run{"scalar", "8", ""}}) {
+      ScopedEnv e0("MOEFOLD_CONV_PREFILL", run.mode), e1("MOEFOLD_CONV_TILE_ROWS", run.rows);
+      const std::string kernel = moefold::cuda::detail::causal_conv1d_prefill_kernel_name(dx.p, dy.p, C, kConvK, W);
+      const double us = median_us([&] {
+        moefold::cuda::causal_conv1d_silu_prefill(dx.bf(), dw.bf(), dcu.p, dslots.p, dns.p, rows, dst.bf(), dy.bf(), C,
+                                                  kConvK, nullptr, W);
+      });
+      char shp[128], met[128];
+      std::snprintf(shp, sizeof shp, "C=%d,K=4,x_stride=%d,seqs=%d,len=%d%s", C, W, S, len, run.tag);
+      std::snprintf(met, sizeof met, "GB/s=%.0f copy_frac=%.3f floor_us=%.1f", bytes / (us * 1e-6) / 1e9,
+                    floor_us / us, floor_us);
+      moefold::test::perf_line("conv1d_prefill:" + kernel, shp, us, met);
+    }
+  }
+}
