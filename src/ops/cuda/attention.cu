@@ -692,7 +692,8 @@ void attention_prefill(const bf16* q, const bf16* k_cache, const bf16* v_cache, 
     f.kc = b.kc, f.vc = b.vc, f.bt = b.bt, f.max_blocks = b.max_blocks, f.cu = cu_seqlens, f.ctx = context_lens;
     f.out = out, f.Hq = b.Hq, f.Hkv = b.Hkv, f.G = b.G, f.block_size = b.block_size, f.dh = shape.head_dim;
     f.scale_log2 = b.scale_log2;
-    const bool ws_ok = !shape.batch_invariant && prefill_ws_enabled() && detail::ws_supports(shape.head_dim, shape.block_size) &&
+    // (shape.batch_invariant does not narrow the choice: the ws and wgmma kernels' rows are invariant.)
+    const bool ws_ok = prefill_ws_enabled() && detail::ws_supports(shape.head_dim, shape.block_size) &&
                        aligned16(k_cache) && aligned16(v_cache);
     const AttnKernel k = shape.kernel != AttnKernel::Auto              ? shape.kernel
                          : ws_ok                                       ? AttnKernel::Ws

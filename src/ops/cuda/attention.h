@@ -97,10 +97,10 @@ struct AttentionShape {
   int64_t gate_token_stride = 0, gate_head_stride = 0;
   /// Prefill kernel variant (tests and benchmarks compare them).
   AttnKernel kernel = AttnKernel::Auto;
-  /// With Auto: only kernels whose per-row bits do not depend on where a sequence's query rows start
-  /// (a prompt row alone == the same row resumed after a cached prefix). The warp-specialised kernel
-  /// (AttnKernel::Ws) breaks that on the H200 (prefix_cache_cuda_test EightRequestsSharingAPrefixInOneStep
-  /// /qwen3, d 64), so Auto takes it only when this is false.
+  /// The caller needs per-row bits that do not depend on where a sequence's query rows start or what
+  /// else the launch holds (a prompt row alone == the same row resumed after a cached prefix). Auto's
+  /// choice is the same either way: the warp-specialised and wgmma kernels keep a row's bits (a key
+  /// tile wholly past a row's last key rescales by exactly 1; tests/cuda/attention_invariance_test.cu).
   bool batch_invariant = false;
 };
 
