@@ -2,6 +2,7 @@
 
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <condition_variable>
 #include <cstdlib>
@@ -22,33 +23,6 @@ namespace moefold {
 
 namespace {
 
-/// Pads each routed expert's intermediate to a multiple of 64 with zero gate,
-/// up and down columns: the padded columns' activations are silu(0) * 0 = 0 and
-/// add exact zeros, so the function is unchanged.
-void pad_expert_columns(ModelConfig& local, ModelWeights& w) {
-  const int64_t I = local.moe_intermediate_size, H = local.hidden_size;
-  if (I == 0 || I % 64 == 0) return;
-  const int64_t Ip = (I + 63) / 64 * 64;
-  for (size_t l = 0; l < w.layers.size(); ++l) {
-    if (!local.layer_is_moe[l]) continue;
-    MoeWeights& m = w.layers[l].moe;
-    MOEFOLD_CHECK(int64_t(m.gate_up.host.size()) == m.gate_up.numel && int64_t(m.down.host.size()) == m.down.numel,
-                  "CUDA tensor parallel: expert weights of layer {} have no host copy", l);
-    const int64_t E = m.gate_up.numel / (2 * I * H);
-    std::vector<float> gu(static_cast<size_t>(E * 2 * Ip * H), 0.0f), dn(static_cast<size_t>(E * H * Ip), 0.0f);
-    for (int64_t e = 0; e < E; ++e) {
-      for (int64_t part = 0; part < 2; ++part)
-        std::copy_n(m.gate_up.host.begin() + (e * 2 * I + part * I) * H, I * H,
-                    gu.begin() + (e * 2 * Ip + part * Ip) * H);
-      for (int64_t h = 0; h < H; ++h)
-        std::copy_n(m.down.host.begin() + (e * H + h) * I, I, dn.begin() + (e * H + h) * Ip);
-    }
-    m.gate_up = Param(std::move(gu));
-    m.down = Param(std::move(dn));
-  }
-  local.moe_intermediate_size = Ip;
-}
-
 class CudaTpExecutor : public Executor {
  public:
   CudaTpExecutor(const Model& full, const ParallelConfig& p, CudaTpGroup g, const CudaExecutorOptions& opt)
@@ -60,6 +34,11 @@ class CudaTpExecutor : public Executor {
     std::vector<RankShard> shards;
     for (int r = 0; r < N; ++r) shards.push_back(plan_shard(cfg_, p, r));  // a bad size fails before any copy
     const bool single_device = group_.comms[0]->backend() == "device";
+    // The ranks build together and would each size their KV cache from the same free memory.
+    MOEFOLD_CHECK(!single_device || opt.num_blocks > 0,
+                  "CUDA tensor parallel on one GPU: the KV cache size must be given (num_blocks > 0), not sized "
+                  "from free memory by {} ranks at once",
+                  N);
     ranks_.resize(size_t(N));
     for (int r = 1; r < N; ++r) workers_.emplace_back([this, r] { worker(r); });
     // Every rank builds its executor on its own thread, together: over NCCL the
@@ -69,7 +48,7 @@ class CudaTpExecutor : public Executor {
         const RankShard& s = shards[size_t(r)];
         ModelConfig local = local_config(cfg_, s);
         ModelWeights w = shard_weights(cfg_, full.weights(), s);
-        pad_expert_columns(local, w);
+        pad_expert_columns(local, w, 64);  // the MoE kernels take multiples of 64 (exact: zero columns)
         CudaExecutorOptions ro = opt;
         ro.device = group_.devices[size_t(r)];
         if (single_device) ro.enforce_eager = true;
@@ -94,9 +73,7 @@ class CudaTpExecutor : public Executor {
 
   const ModelConfig& config() const override { return cfg_; }
   std::string device() const override {
-    std::string d = "cuda:";
-    for (size_t r = 0; r < group_.devices.size(); ++r) d += (r ? "," : "") + std::to_string(group_.devices[r]);
-    return d + fmt::format(" (tp {}, {})", ranks_.size(), group_.comms[0]->backend());
+    return fmt::format("cuda:{} (tp {}, {})", fmt::join(group_.devices, ","), ranks_.size(), group_.comms[0]->backend());
   }
   int32_t num_kv_blocks() const override { return ranks_[0]->num_kv_blocks(); }
   void reset_slot(int32_t s) override {
