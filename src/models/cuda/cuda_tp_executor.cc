@@ -64,6 +64,7 @@ class CudaTpExecutor : public Executor {
     }
     scratch_logits_.resize(size_t(N));
     scratch_samples_.resize(size_t(N));
+    scratch_routing_.resize(static_cast<size_t>(N));
   }
 
   ~CudaTpExecutor() override {
@@ -117,7 +118,9 @@ class CudaTpExecutor : public Executor {
     for (size_t r = 0; r < ranks_.size(); ++r) {
       RoutingControl rc = routing_;
       if (r > 0) {
-        rc.capture = nullptr;
+        // The other ranks capture into scratch: a capturing step runs eagerly, and every rank must take
+        // the same path (a graph bucket pads the collectives' counts, an eager step does not).
+        if (rc.capture) rc.capture = &scratch_routing_[r];
         if (replay_copy) rc.replay = replay_copy.get();
       }
       ranks_[r]->set_routing(rc);
@@ -222,6 +225,7 @@ class CudaTpExecutor : public Executor {
   std::vector<std::unique_ptr<Executor>> ranks_;
   std::vector<std::vector<float>> scratch_logits_;  // ranks > 0: forward() leaves them empty
   std::vector<std::vector<SampleResult>> scratch_samples_;
+  std::vector<RoutedExperts> scratch_routing_;  // ranks > 0: where a routing capture goes (discarded)
   RoutingControl routing_;
   std::vector<std::thread> workers_;
   std::mutex mu_;
