@@ -274,6 +274,7 @@ std::unique_ptr<Executor> make_cuda_tp_executor_from_dir(const std::string& dir,
     cudaGetLastError();
     gpus = 0;
   }
+  MOEFOLD_CHECK(gpus > 0, "--device cuda: no usable CUDA device");
   const TpCommBackend backend = choose_tp_backend(N, gpus, std::getenv(kTpSingleDeviceEnv));
   MOEFOLD_CHECK(opt.quantization == Quantization::None && !opt.fp8_lm_head,
                 "--tensor-parallel-size {} --device cuda: --quantization fp8 and --fp8-lm-head are not supported by "

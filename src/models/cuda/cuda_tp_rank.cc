@@ -3,12 +3,20 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "ops/cuda/launch_scope.h"
 #include "ops/cuda/tp_ops.h"
 
 namespace moefold {
 
 using bf16 = __nv_bfloat16;
 using cuda::DeviceBuffer;
+
+namespace {
+// The communicator's calls in the kernel table, category communication (the single-device backend's
+// copies, NCCL's kernels): bytes this rank sends and receives.
+const prof::Kernel kAllReduce{"comm::all_reduce", prof::Category::Communication};
+const prof::Kernel kAllGather{"comm::all_gather", prof::Category::Communication};
+}  // namespace
 
 CudaTpRank::CudaTpRank(const CudaShard& s, const ModelConfig& c, int64_t max_rows, int64_t max_logits_rows,
                        cudaStream_t stream)
@@ -57,9 +65,15 @@ CudaTpRank::CudaTpRank(const CudaShard& s, const ModelConfig& c, int64_t max_row
 }
 
 void CudaTpRank::all_reduce(float* buf, int64_t n) {
-  if (!gather_reduce_) return comm_.all_reduce_sum(buf, n);
   const int N = s_.shard.world;
-  comm_.all_gather(buf, gathered_.data(), n);
+  if (!gather_reduce_) {
+    cuda::LaunchScope launch(kAllReduce, stream_, prof::Work{8.0 * double(n) * (N - 1) / N, 0});
+    return comm_.all_reduce_sum(buf, n);
+  }
+  {
+    cuda::LaunchScope launch(kAllGather, stream_, prof::Work{4.0 * double(n) * N, 0});
+    comm_.all_gather(buf, gathered_.data(), n);
+  }
   cuda::RankInputs in;
   for (int r = 0; r < N; ++r) in.p[r] = gathered_.data() + int64_t(r) * n;
   cuda::rank_order_sum(in, N, buf, n, stream_);
@@ -106,7 +120,10 @@ void CudaTpRank::gather_logits(int64_t n, float* logits) {
     cuda::pad_columns(local_logits_.data(), n, vn, Vs, padded_logits_.data(), stream_);
     block = padded_logits_.data();
   }
-  comm_.all_gather(block, all_logits_.data(), n * Vs);
+  {
+    cuda::LaunchScope launch(kAllGather, stream_, prof::Work{4.0 * double(n * Vs) * N, 0});
+    comm_.all_gather(block, all_logits_.data(), n * Vs);
+  }
   cuda::gather_vocab_shards(all_logits_.data(), N, n, Vs, V_, logits, stream_);
 }
 
