@@ -741,6 +741,7 @@ void CudaExecutor::launch_head(int64_t rows, int64_t r0, int64_t n, bool live_fr
   float* out = tp_ ? tp_->local_logits() : logits_.data();
   const Param& lmp = w_.lm_head_param();
   if (Vh == 0) {
+    // a rank past the end of a small vocabulary: its block is all padding (gather_logits zeroes it)
   } else if (lmp.device_scale) {  // --fp8-lm-head
     const auto* w8 = static_cast<const uint8_t*>(lmp.device);
     const auto* sc = static_cast<const float*>(lmp.device_scale);
@@ -944,7 +945,7 @@ void CudaExecutor::ffn(size_t l, int64_t T, size_t moe_index) {
     if (tp_) {  // this rank's experts and shared-expert part, summed over the ranks into h
       tp_->moe(x_.data(), dev(m.router.w), dev(m.gate_up), dev(m.down), shared_out, shared_gate, h_.data(), T, num_rows,
                c.norm_topk_prob, opt_.batch_invariant, replay);
-    } else if (m.gate_up.device_scale && T <= cuda::kMoeFp8MaxRows) {  // FP8 experts, decode sizes  // FP8 experts, decode sizes
+    } else if (m.gate_up.device_scale && T <= cuda::kMoeFp8MaxRows) {  // FP8 experts, decode sizes
       cuda::moe_fp8_forward(x_.data(), dev(m.router.w), static_cast<const uint8_t*>(m.gate_up.device),
                             static_cast<const float*>(m.gate_up.device_scale), static_cast<const uint8_t*>(m.down.device),
                             static_cast<const float*>(m.down.device_scale), shared_out, shared_gate, h_.data(),
