@@ -10,6 +10,7 @@
 #include <random>
 
 #include "cli/kv_cache_dtype_option.h"
+#include "cli/parallel_options.h"
 #include "cli/quantization_option.h"
 #include "core/error.h"
 #include "core/kernel_registry.h"
@@ -21,6 +22,7 @@
 #include <cuda_runtime_api.h>
 
 #include "models/cuda/cuda_executor.h"
+#include "models/cuda/cuda_tp_executor.h"
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/device_buffer.h"
 #include "ops/cuda/gemm.h"
@@ -43,6 +45,7 @@ std::unique_ptr<BenchOfflineCommand> add_bench_offline_command(CLI::App& bench) 
   b->app->add_option("--seed", b->seed, "dummy-weight seed");
   add_quantization_options(b->app, b->quantization, b->fp8_lm_head);
   add_kv_cache_dtype_option(b->app, b->kv_cache_dtype);
+  add_parallel_options(b->app, b->parallel);
   b->app->add_option("--json", b->json_out, "also write the results as JSON");
   b->app->add_flag("--enforce-eager", b->enforce_eager, "run decode steps eagerly (no CUDA graphs)");
   b->app->add_flag("--batch-invariant,!--no-batch-invariant", b->batch_invariant,
@@ -105,7 +108,10 @@ int BenchOfflineCommand::run() {
   if (!cuda_graph_sizes.empty()) o.cuda_graph_sizes = cuda_graph_sizes;
   o.log_graphs = true;
   auto t_load = Clock::now();
-  ModelRunner runner(make_cuda_executor(model_dir, parse_load_format(load_format), seed, o),
+  validate(parallel);
+  ModelRunner runner(parallel.tensor_parallel_size > 1
+                         ? make_cuda_tp_executor_from_dir(model_dir, parse_load_format(load_format), seed, parallel, o)
+                         : make_cuda_executor(model_dir, parse_load_format(load_format), seed, o),
                      RunnerOptions{blocks, bs, max_batch});
   const bool fp8 = o.quantization == Quantization::Fp8;
   std::printf("weights loaded and uploaded in %.1f s (decode: %s, %s; weights %s, lm_head %s)\n",

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "parallel/shard_plan.h"
+
 namespace moefold {
 
 /// The offline benchmark and the options it fills.
@@ -24,6 +26,7 @@ struct BenchOfflineCommand {
   bool enforce_eager = false;
   bool batch_invariant = true;
   std::vector<int32_t> cuda_graph_sizes;  ///< empty: the executor's default buckets
+  ParallelConfig parallel;  ///< -tp / --enable-expert-parallel / --expert-parallel-size (cli/tp_cuda.h)
   /// Runs the benchmark and prints a table; returns the exit code. Throws moefold::Error (also
   /// when the binary has no CUDA backend).
   int run();

@@ -31,9 +31,11 @@
 #include "cli/fp8_commands.h"
 #include "cli/profile_command.h"
 #include "cli/serve_command.h"
+#include "cli/tp_cuda.h"
 #include "cli/version.h"
 #ifdef MOEFOLD_HAVE_CUDA
 #include "models/cuda/cuda_executor.h"
+#include "models/cuda/cuda_tp_executor.h"
 #endif
 
 using namespace moefold;
@@ -96,10 +98,6 @@ std::unique_ptr<ModelRunner> make_runner(const std::string& dir, LoadFormat form
         make_cpu_parallel_executor(*full, g_parallel, opt.num_blocks, opt.block_size, opt.max_seqs, opt.kv_cache_dtype),
         opt);
   }
-  MOEFOLD_CHECK(!tp || device == "cpu",
-                "--tensor-parallel-size {} --device {}: tensor parallelism runs on the CPU backend only so far (the "
-                "GPU executor has no NCCL sharding yet)",
-                g_parallel.tensor_parallel_size, device);
   if (device == "cpu") {
     cpu_model = load_model(dir, format, seed, parse_quantization(g_quantization), g_fp8_lm_head);
     return std::make_unique<ModelRunner>(*cpu_model, opt);
@@ -116,6 +114,7 @@ std::unique_ptr<ModelRunner> make_runner(const std::string& dir, LoadFormat form
     co.batch_invariant = g_gpu.batch_invariant;
     co.quantization = parse_quantization(g_quantization);
     co.fp8_lm_head = g_fp8_lm_head;
+    if (tp) return std::make_unique<ModelRunner>(make_cuda_tp_executor_from_dir(dir, format, seed, g_parallel, co), opt);
     return std::make_unique<ModelRunner>(make_cuda_executor(dir, format, seed, co), opt);
 #else
     fail("--device cuda: this binary was built without the CUDA backend");
@@ -456,6 +455,7 @@ int run_command(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  register_nccl_tp_backend();  // -tp N --device cuda over NCCL, when this binary links it
   const int rc = run_command(argc, argv);
   if (rc != 0 || g_required_kernels.empty()) return rc;
   try {

@@ -14,8 +14,9 @@ namespace moefold {
 /// Adds the three options to `c`, writing into `p`.
 inline void add_parallel_options(CLI::App* c, ParallelConfig& p) {
   c->add_option("--tensor-parallel-size", p.tensor_parallel_size,
-                "ranks the model is split over (-tp; --device cpu: one thread per rank, each with its share of the "
-                "heads, intermediate columns and vocabulary)")
+                "ranks the model is split over (-tp; each with its share of the heads, intermediate columns and "
+                "vocabulary; --device cpu: one thread per rank; --device cuda: one GPU per rank over NCCL, or all on "
+                "GPU 0 with MOEFOLD_TP_SINGLE_DEVICE=1 for tests)")
       ->check(CLI::Range(1, 1024));
   c->add_flag("--enable-expert-parallel", p.enable_expert_parallel,
               "shard the routed experts over the tensor-parallel ranks instead of splitting each expert");

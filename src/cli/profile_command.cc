@@ -22,6 +22,7 @@
 #include "runtime/kernel_table.h"
 #ifdef MOEFOLD_HAVE_CUDA
 #include "models/cuda/cuda_executor.h"
+#include "models/cuda/cuda_tp_executor.h"
 #include "ops/cuda/launch_scope.h"
 #include "ops/cuda/roofline.h"
 #endif
@@ -121,9 +122,6 @@ int ProfileCommand::run() {
   std::fflush(stdout);
 
   const auto t_load = std::chrono::steady_clock::now();
-  MOEFOLD_CHECK(parallel.tensor_parallel_size == 1 || device == "cpu",
-                "--tensor-parallel-size {} --device {}: tensor parallelism runs on the CPU backend only so far",
-                parallel.tensor_parallel_size, device);
   if (device == "cpu" && parallel.tensor_parallel_size > 1) {  // the ranks' ops overlap on the timeline
     auto full = load_model(model_dir, format, seed, parse_quantization(quantization), fp8_lm_head);
     runner = std::make_unique<ModelRunner>(
@@ -144,7 +142,10 @@ int ProfileCommand::run() {
     co.max_logits_rows = std::max(needs.max_seqs, 1);
     co.quantization = parse_quantization(quantization);
     co.fp8_lm_head = fp8_lm_head;
-    runner = std::make_unique<ModelRunner>(make_cuda_executor(model_dir, format, seed, co), ro);
+    runner = std::make_unique<ModelRunner>(
+        parallel.tensor_parallel_size > 1 ? make_cuda_tp_executor_from_dir(model_dir, format, seed, parallel, co)
+                                          : make_cuda_executor(model_dir, format, seed, co),
+        ro);
     prof::set_device_timer(cuda::cuda_event_timer());
 #endif
   }

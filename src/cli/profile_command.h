@@ -24,7 +24,7 @@ struct ProfileCommand {
   int32_t block_size = 16;   ///< tokens per KV page
   int gemm_size = 0;         ///< roofline GEMM size (0: 8192 on the GPU, 1024 on the CPU)
   std::string command_line;  ///< the invocation, printed in the header (set by main)
-  ParallelConfig parallel;   ///< -tp / --enable-expert-parallel (--device cpu)
+  ParallelConfig parallel;   ///< -tp / --enable-expert-parallel (cpu threads or cuda ranks)
 
   /// Loads the model, measures the roofline and profiles each workload in order; prints the tables
   /// (and writes JSON with --json). Returns the exit code. Throws moefold::Error.

@@ -32,6 +32,7 @@
 #include "text/tokenizer.h"
 #ifdef MOEFOLD_HAVE_CUDA
 #include "models/cuda/cuda_executor.h"
+#include "models/cuda/cuda_tp_executor.h"
 #endif
 
 namespace moefold::server {
@@ -207,9 +208,6 @@ int run_server(const ServeOptions& o) {
   std::unique_ptr<Model> cpu_model;
   std::unique_ptr<ModelRunner> runner;
   validate(o.parallel);
-  MOEFOLD_CHECK(o.parallel.tensor_parallel_size == 1 || o.device == "cpu",
-                "--tensor-parallel-size {} --device {}: tensor parallelism runs on the CPU backend only so far",
-                o.parallel.tensor_parallel_size, o.device);
   if (o.device == "cpu" && o.parallel.tensor_parallel_size > 1) {  // sharded over the ranks, then freed
     auto full = load_model(dir, format, o.seed, parse_quantization(o.quantization), o.fp8_lm_head);
     runner = std::make_unique<ModelRunner>(
@@ -234,7 +232,10 @@ int run_server(const ServeOptions& o) {
     if (!o.cuda_graph_sizes.empty()) co.cuda_graph_sizes = o.cuda_graph_sizes;
     co.batch_invariant = o.batch_invariant;
     co.log_graphs = true;
-    runner = std::make_unique<ModelRunner>(make_cuda_executor(dir, format, o.seed, co), ro);
+    runner = std::make_unique<ModelRunner>(
+        o.parallel.tensor_parallel_size > 1 ? make_cuda_tp_executor_from_dir(dir, format, o.seed, o.parallel, co)
+                                            : make_cuda_executor(dir, format, o.seed, co),
+        ro);
 #else
     fail("--device cuda: this binary was built without the CUDA backend");
 #endif

@@ -52,7 +52,7 @@ struct ServeOptions {
   std::string tool_call_parser;
   bool enable_auto_tool_choice = false;  ///< --enable-auto-tool-choice: tool_choice "auto" is parsed
   std::string reasoning_parser;          ///< --reasoning-parser: qwen3 | deepseek_r1 ("" = none)
-  ParallelConfig parallel;               ///< --tensor-parallel-size, --enable-expert-parallel (CPU backend)
+  ParallelConfig parallel;               ///< --tensor-parallel-size, --enable-expert-parallel (CPU threads; CUDA: cuda_tp_executor.h)
 };
 
 /// Parses a byte count with an optional K/M/G/T suffix (powers of 1024), e.g. "512M".

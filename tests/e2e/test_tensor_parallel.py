@@ -62,8 +62,8 @@ def test_sizes_that_do_not_divide_the_model_fail_clearly():
 
 
 def test_help_lists_the_parallel_flags():
-    for cmd in ("generate", "chat", "logits", "serve", "profile"):
-        r = run(cmd, "--help")
+    for cmd in ("generate", "chat", "logits", "serve", "profile", "bench offline"):
+        r = run(*cmd.split(), "--help")
         assert r.returncode == 0
         for flag in ("--tensor-parallel-size", "--enable-expert-parallel", "--expert-parallel-size"):
             assert flag in r.stdout, (cmd, flag)

@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "core/parallel.h"
 #include "core/profiler.h"
+#include "models/cuda/cuda_tp_rank.h"
 #include "models/cuda/device_sampler.h"
 #include "models/weight_loader.h"
 #include "ops/cpu/rope.h"
@@ -78,6 +79,12 @@ class CudaExecutor : public Executor {
   ~CudaExecutor() override {
     if (oob_host_) cudaFreeHost(oob_host_);
     if (stream_) cudaStreamDestroy(stream_);
+  }
+
+  /// Makes this executor one rank of a tensor-parallel group (before finish_load; cuda_tp_rank.h).
+  void set_shard(const CudaShard& s) {
+    shard_ = std::make_unique<CudaShard>(s);
+    follower_ = s.shard.rank != 0;
   }
 
   /// Uploads one finished Param as bf16 and drops its host copy (small ones are kept: the fp32
@@ -265,7 +272,8 @@ class CudaExecutor : public Executor {
       gu_ = act(2 * ffn);
       ffn_act_ = act(ffn);
     }
-    if (c.num_experts > 0) {
+    if (shard_) tp_ = std::make_unique<CudaTpRank>(*shard_, c, cap, opt_.max_logits_rows, stream_);
+    if (c.num_experts > 0 && !tp_) {  // (a rank of a tensor-parallel group has its own MoE workspaces)
       moe_shape_ = {int(cap), int(c.num_experts), int(c.num_experts_per_tok), int(H), int(c.moe_intermediate_size)};
       const size_t bytes = cuda::moe_workspace_bytes(moe_shape_);
       moe_ws_mem_ = DeviceBuffer<uint8_t>(bytes);
@@ -525,6 +533,9 @@ class CudaExecutor : public Executor {
   std::vector<int32_t> step_snapshot_rows_;    // per snapshot: the step row where its state is taken
   std::vector<int32_t> snap_host_;             // the snapshot table as uploaded
   RoutingControl routing_;
+  std::unique_ptr<CudaShard> shard_;  // set: one rank of a tensor-parallel group (cuda_tp_rank.h)
+  std::unique_ptr<CudaTpRank> tp_;    // its collectives (made in finish_load)
+  bool follower_ = false;             // a rank other than 0: no logits download, no sampling
   DeviceBuffer<int32_t> replay_ids_;  // [MoE layers, T, k] of the current step when replaying
   // CUDA graphs of decode steps, by (bucket rows, block-table stride); padded host copies of the batch.
   std::map<std::pair<int64_t, int32_t>, std::unique_ptr<cuda::CapturedGraph>> graphs_;
@@ -690,7 +701,8 @@ void CudaExecutor::launch_step(const StepDims& d) {
   const int32_t* num_rows = counts_.data();
 
   // h = embed(tokens); x = RMSNorm_in(h) for layer 0
-  cuda::embedding_gather(dev(w_.embed), V, H, ids_.data(), h_.data(), T, num_rows, counts_.data() + 2, stream_);
+  if (tp_) tp_->embed(dev(w_.embed), ids_.data(), T, num_rows, counts_.data() + 2, h_.data());
+  else cuda::embedding_gather(dev(w_.embed), V, H, ids_.data(), h_.data(), T, num_rows, counts_.data() + 2, stream_);
   const cpu::NormKind nk = c.norm_zero_centred ? cpu::NormKind::ZeroCentred : cpu::NormKind::Plain;
   const float eps = float(c.rms_norm_eps);
   if (c.num_layers_of(LayerType::FullAttention))
@@ -703,7 +715,12 @@ void CudaExecutor::launch_step(const StepDims& d) {
     if (c.layer_types[l] == LayerType::FullAttention) attention(l, d);
     else deltanet(l, d);
     // h = h + FFN(RMSNorm_post(h))
-    cuda::add_rms_norm(h_.data(), y_.data(), dev(L.post_attention_norm), x_.data(), T, H, eps, nk, num_rows, stream_);
+    if (tp_) {  // the row-parallel partials summed over the ranks
+      tp_->reduce_into_residual(y_.data(), h_.data(), T, num_rows);
+      cuda::rms_norm(h_.data(), dev(L.post_attention_norm), x_.data(), T, H, eps, nk, num_rows, stream_);
+    } else {
+      cuda::add_rms_norm(h_.data(), y_.data(), dev(L.post_attention_norm), x_.data(), T, H, eps, nk, num_rows, stream_);
+    }
     ffn(l, T, moe_index);
     moe_index += c.layer_is_moe[l] ? 1 : 0;
   }
@@ -719,22 +736,31 @@ void CudaExecutor::launch_head(int64_t rows, int64_t r0, int64_t n, bool live_fr
   cuda::embedding_gather(h_.data(), rows, H, logits_rows_.data() + r0, hr_.data(), n, live,
                          counts_.data() + 2, stream_);
   cuda::rms_norm(hr_.data(), dev(w_.final_norm), hr_.data(), n, H, float(c.rms_norm_eps), nk, live, stream_);
+  // A rank of a tensor-parallel group computes its vocabulary rows, then gathers every rank's.
+  const int64_t Vh = tp_ ? tp_->vocab_rows() : V;
+  float* out = tp_ ? tp_->local_logits() : logits_.data();
   const Param& lmp = w_.lm_head_param();
-  if (lmp.device_scale) {  // --fp8-lm-head
+  if (Vh == 0) {
+    // a rank past the end of a small vocabulary: its block is all padding (gather_logits zeroes it)
+  } else if (lmp.device_scale) {  // --fp8-lm-head
     const auto* w8 = static_cast<const uint8_t*>(lmp.device);
     const auto* sc = static_cast<const float*>(lmp.device_scale);
-    if (n <= cuda::kFp8GemvMaxRows && cuda::fp8_gemv_supported(H, hr_.data(), 0, w8))
-      return cuda::fp8_gemv_f32out(hr_.data(), w8, sc, nullptr, logits_.data(), n, H, V, live, stream_);
-    cuda::fp8_dequantize_bf16(w8, sc, V, H, fp8_scratch(size_t(V * H)), stream_);
-    return cuda::gemm_bf16_f32out(hr_.data(), fp8_scratch_.data(), nullptr, logits_.data(), n, H, V, stream_);
+    if (n <= cuda::kFp8GemvMaxRows && cuda::fp8_gemv_supported(H, hr_.data(), 0, w8)) {
+      cuda::fp8_gemv_f32out(hr_.data(), w8, sc, nullptr, out, n, H, Vh, live, stream_);
+    } else {
+      cuda::fp8_dequantize_bf16(w8, sc, Vh, H, fp8_scratch(size_t(Vh * H)), stream_);
+      cuda::gemm_bf16_f32out(hr_.data(), fp8_scratch_.data(), nullptr, out, n, H, Vh, stream_);
+    }
+  } else {
+    const bf16* lm = dev(lmp);
+    if (opt_.batch_invariant && decode_gemm_fits(hr_.data(), lm, H, 0))
+      cuda::invariant_gemm_bf16_f32out(hr_.data(), lm, nullptr, out, n, H, Vh, live, dgemm_ws_.data(), stream_);
+    else if (!opt_.batch_invariant && n <= kGemvRows)
+      cuda::gemv_bf16_f32out(hr_.data(), lm, nullptr, out, n, H, Vh, live, stream_);
+    else
+      cuda::gemm_bf16_f32out(hr_.data(), lm, nullptr, out, n, H, Vh, stream_);
   }
-  const bf16* lm = dev(lmp);
-  if (opt_.batch_invariant && decode_gemm_fits(hr_.data(), lm, H, 0))
-    cuda::invariant_gemm_bf16_f32out(hr_.data(), lm, nullptr, logits_.data(), n, H, V, live, dgemm_ws_.data(), stream_);
-  else if (!opt_.batch_invariant && n <= kGemvRows)
-    cuda::gemv_bf16_f32out(hr_.data(), lm, nullptr, logits_.data(), n, H, V, live, stream_);
-  else
-    cuda::gemm_bf16_f32out(hr_.data(), lm, nullptr, logits_.data(), n, H, V, stream_);
+  if (tp_) tp_->gather_logits(n, logits_.data());
 }
 
 void CudaExecutor::forward(const ForwardBatch& b, std::vector<float>& logits) {
@@ -742,12 +768,12 @@ void CudaExecutor::forward(const ForwardBatch& b, std::vector<float>& logits) {
   const bool one_pass = run_step(b);
   logits.resize(size_t(R * V));
   if (one_pass) {
-    if (R > 0) logits_.download(logits.data(), size_t(R * V), 0, stream_, true);
+    if (R > 0 && !follower_) logits_.download(logits.data(), size_t(R * V), 0, stream_, true);
   } else {  // max_logits_rows rows per pass
     for (int64_t r0 = 0; r0 < R; r0 += opt_.max_logits_rows) {
       const int64_t n = std::min<int64_t>(opt_.max_logits_rows, R - r0);
       if (r0 > 0) launch_head(b.num_rows(), r0, n, false);
-      logits_.download(logits.data() + r0 * V, size_t(n * V), 0, stream_, true);
+      if (!follower_) logits_.download(logits.data() + r0 * V, size_t(n * V), 0, stream_, true);
     }
   }
   int32_t oob = 0;
@@ -771,10 +797,11 @@ void CudaExecutor::forward_sample(const ForwardBatch& b, std::span<const RowSamp
   for (int64_t r0 = 0; r0 < R; r0 += opt_.max_logits_rows) {
     const int64_t n = std::min<int64_t>(opt_.max_logits_rows, R - r0);
     if (r0 > 0) launch_head(b.num_rows(), r0, n, false);
+    if (follower_) continue;  // rank 0 samples; this rank only took part in the lm_head's all-gather
     sampler_->sample(logits_.data(), rows.subspan(size_t(r0), size_t(n)), masked, part, stream_);  // synchronises
     out.insert(out.end(), std::make_move_iterator(part.begin()), std::make_move_iterator(part.end()));
   }
-  if (R == 0) MOEFOLD_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  if (R == 0 || follower_) MOEFOLD_CUDA_CHECK(cudaStreamSynchronize(stream_));
   MOEFOLD_CHECK(*oob_host_ == 0, "a token id or logits row of this step is out of range");
 }
 
@@ -915,7 +942,10 @@ void CudaExecutor::ffn(size_t l, int64_t T, size_t moe_index) {
     step_shape.batch_invariant = opt_.batch_invariant;
     const int32_t* replay = routing_.replay ? replay_ids_.data() + moe_index * pairs : nullptr;
     const bf16* shared_gate = shared_out ? dev(m.shared_expert_gate.w) : nullptr;
-    if (m.gate_up.device_scale && T <= cuda::kMoeFp8MaxRows) {  // FP8 experts, decode sizes
+    if (tp_) {  // this rank's experts and shared-expert part, summed over the ranks into h
+      tp_->moe(x_.data(), dev(m.router.w), dev(m.gate_up), dev(m.down), shared_out, shared_gate, h_.data(), T, num_rows,
+               c.norm_topk_prob, opt_.batch_invariant, replay);
+    } else if (m.gate_up.device_scale && T <= cuda::kMoeFp8MaxRows) {  // FP8 experts, decode sizes
       cuda::moe_fp8_forward(x_.data(), dev(m.router.w), static_cast<const uint8_t*>(m.gate_up.device),
                             static_cast<const float*>(m.gate_up.device_scale), static_cast<const uint8_t*>(m.down.device),
                             static_cast<const float*>(m.down.device_scale), shared_out, shared_gate, h_.data(),
@@ -936,14 +966,15 @@ void CudaExecutor::ffn(size_t l, int64_t T, size_t moe_index) {
                         step_shape, c.norm_topk_prob, moe_ws_, h_.data(), stream_, replay);
     }
     if (routing_.capture)
-      MOEFOLD_CUDA_CHECK(cudaMemcpyAsync(routing_.capture->layers[moe_index].data(), moe_ws_.ids,
+      MOEFOLD_CUDA_CHECK(cudaMemcpyAsync(routing_.capture->layers[moe_index].data(), tp_ ? tp_->route_ids() : moe_ws_.ids,
                                          pairs * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
   } else {
     const MlpWeights& m = L.mlp;
     gemm(m.gate_up, x_.data(), gu_.data(), T);
     cuda::swiglu(gu_.data(), ffn_act_.data(), T, m.down.in, num_rows, stream_);
     gemm(m.down, ffn_act_.data(), y_.data(), T);
-    cuda::residual_add(h_.data(), y_.data(), T, c.hidden_size, num_rows, stream_);
+    if (tp_) tp_->reduce_into_residual(y_.data(), h_.data(), T, num_rows);
+    else cuda::residual_add(h_.data(), y_.data(), T, c.hidden_size, num_rows, stream_);
   }
 }
 
@@ -963,6 +994,29 @@ std::unique_ptr<Executor> make_cuda_executor(const std::string& dir, LoadFormat 
                                                          opt.fp8_lm_head);
   ModelWeights w = load_weights(cfg, *src, [&](Param& p) { exec->place(p); });
   exec->finish_load(std::move(w));
+  return exec;
+}
+
+std::unique_ptr<Executor> make_cuda_rank_executor(const ModelConfig& local, ModelWeights weights,
+                                                  const CudaShard& shard, const CudaExecutorOptions& opt) {
+  MOEFOLD_CHECK(cuda_available(), "--device cuda: no usable CUDA device");
+  MOEFOLD_CHECK(!local.mla.enabled(), "--device cuda: {} (MLA) has no CUDA kernels yet; use --device cpu",
+                family_name(local.family));
+  MOEFOLD_CHECK(local.num_layers_of(LayerType::FullAttention) == 0 ||
+                    cuda::attention_supports_head_dim(int(local.head_dim)),
+                "--device cuda: attention head_dim {} is not supported on the GPU", local.head_dim);
+  bool fp8 = false;
+  for_each_param(weights, [&](Param& p) { fp8 = fp8 || p.fp8 || p.fp8_cols > 0; });
+  MOEFOLD_CHECK(!fp8 && opt.quantization == Quantization::None && !opt.fp8_lm_head,
+                "--tensor-parallel-size {} --device cuda: FP8 weights (a checkpoint's, --quantization fp8 or "
+                "--fp8-lm-head) are not supported by the sharded CUDA executor yet",
+                shard.shard.world);
+  auto exec = std::make_unique<CudaExecutor>(local, opt);
+  exec->set_shard(shard);
+  for_each_param(weights, [&](Param& p) {
+    if (!p.empty()) exec->place(p);
+  });
+  exec->finish_load(std::move(weights));
   return exec;
 }
 

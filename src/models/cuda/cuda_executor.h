@@ -49,6 +49,17 @@ struct CudaExecutorOptions {
 std::unique_ptr<Executor> make_cuda_executor(const std::string& dir, LoadFormat format, uint64_t seed,
                                              const CudaExecutorOptions& opt);
 
+struct CudaShard;  // models/cuda/cuda_tp_rank.h
+
+/// One rank of a CUDA tensor / expert parallel group (models/cuda/cuda_tp_executor.h builds the group):
+/// the executor of `local` (the rank's config: parallel/shard_plan.h local_config, expert columns a
+/// multiple of 64) over `weights` (the rank's shard with host copies, parallel/shard_weights.h; uploaded
+/// as bf16 here), running the collectives of `shard` on its stream (models/cuda/cuda_tp_rank.h). Ranks
+/// other than 0 download no logits in forward() and sample nothing in forward_sample(); they run the
+/// same launches and collectives. Throws Error as make_cuda_executor does, and for FP8 weights.
+std::unique_ptr<Executor> make_cuda_rank_executor(const ModelConfig& local, ModelWeights weights,
+                                                  const CudaShard& shard, const CudaExecutorOptions& opt);
+
 /// True when a CUDA device is present and usable.
 bool cuda_available();
 
