@@ -144,6 +144,7 @@ int ProfileCommand::run() {
     co.max_logits_rows = std::max(needs.max_seqs, 1);
     co.quantization = parse_quantization(quantization);
     co.fp8_lm_head = fp8_lm_head;
+    co.kv_cache_dtype = ro.kv_cache_dtype;
     runner = std::make_unique<ModelRunner>(make_cuda_executor(model_dir, format, seed, co), ro);
     prof::set_device_timer(cuda::cuda_event_timer());
 #endif
