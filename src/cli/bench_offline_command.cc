@@ -105,6 +105,7 @@ int BenchOfflineCommand::run() {
   o.batch_invariant = batch_invariant;
   o.quantization = parse_quantization(quantization);
   o.fp8_lm_head = fp8_lm_head;
+  o.kv_cache_dtype = kv_dtype;
   if (!cuda_graph_sizes.empty()) o.cuda_graph_sizes = cuda_graph_sizes;
   o.log_graphs = true;
   auto t_load = Clock::now();

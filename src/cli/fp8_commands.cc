@@ -108,6 +108,7 @@ std::unique_ptr<ModelRunner> runner_for(const std::string& dir, const std::strin
   co.max_blocks_per_seq = opt.num_blocks;
   co.quantization = q;
   co.fp8_lm_head = fp8_lm_head;
+  co.kv_cache_dtype = opt.kv_cache_dtype;
   return std::make_unique<ModelRunner>(make_cuda_executor(dir, LoadFormat::Safetensors, 0, co), opt);
 #else
   fail("--device cuda: this binary was built without the CUDA backend");

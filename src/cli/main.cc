@@ -114,6 +114,7 @@ std::unique_ptr<ModelRunner> make_runner(const std::string& dir, LoadFormat form
     co.batch_invariant = g_gpu.batch_invariant;
     co.quantization = parse_quantization(g_quantization);
     co.fp8_lm_head = g_fp8_lm_head;
+    co.kv_cache_dtype = opt.kv_cache_dtype;
     if (tp) return std::make_unique<ModelRunner>(make_cuda_tp_executor_from_dir(dir, format, seed, g_parallel, co), opt);
     return std::make_unique<ModelRunner>(make_cuda_executor(dir, format, seed, co), opt);
 #else

@@ -142,6 +142,7 @@ int ProfileCommand::run() {
     co.max_logits_rows = std::max(needs.max_seqs, 1);
     co.quantization = parse_quantization(quantization);
     co.fp8_lm_head = fp8_lm_head;
+    co.kv_cache_dtype = ro.kv_cache_dtype;
     runner = std::make_unique<ModelRunner>(
         parallel.tensor_parallel_size > 1 ? make_cuda_tp_executor_from_dir(model_dir, format, seed, parallel, co)
                                           : make_cuda_executor(model_dir, format, seed, co),

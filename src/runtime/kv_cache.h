@@ -32,8 +32,7 @@ std::string_view kv_elem_name(cpu::KvElem e);
 
 /// Throws Error when `cfg` cannot store its KV cache as `d`: MLA (DeepSeek-V3.2: a latent cache read by
 /// the lightning indexer) and DeepSeek-V4 (its compressed cache) keep the model's dtype, so anything
-/// but auto is refused with a message saying so. `device` "cpu" or "cuda" (the GPU backend stores
-/// FP8 pages only from the GPU FP8 KV commits on; until then cuda + fp8 is refused here).
+/// but auto is refused with a message saying so. `device` "cpu" or "cuda" (both store FP8 pages).
 void check_kv_cache_dtype(const ModelConfig& cfg, KvCacheDtype d, const std::string& device);
 
 /// KV pages of `block_size` tokens that `memory_bytes` holds for `cfg` with elements `e` (0 when a

@@ -229,6 +229,7 @@ int run_server(const ServeOptions& o) {
     co.enforce_eager = o.enforce_eager;
     co.quantization = parse_quantization(o.quantization);
     co.fp8_lm_head = o.fp8_lm_head;
+    co.kv_cache_dtype = ro.kv_cache_dtype;
     if (!o.cuda_graph_sizes.empty()) co.cuda_graph_sizes = o.cuda_graph_sizes;
     co.batch_invariant = o.batch_invariant;
     co.log_graphs = true;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <map>
 
@@ -77,6 +78,12 @@ class CudaExecutor : public Executor {
     MOEFOLD_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   }
   ~CudaExecutor() override {
+    if (kv_fp8_ && kv_saturated_.data()) {  // FP8 KV stores that saturated: said, never silent
+      unsigned long long n = 0;
+      if (cudaMemcpy(&n, kv_saturated_.data(), sizeof(n), cudaMemcpyDeviceToHost) == cudaSuccess && n > 0)
+        std::fprintf(stderr, "moefold: warning: FP8 KV cache: %llu K/V elements exceeded 448 x their scale and were "
+                             "saturated to +-448\n", n);
+    }
     if (oob_host_) cudaFreeHost(oob_host_);
     if (stream_) cudaStreamDestroy(stream_);
   }
@@ -302,7 +309,8 @@ class CudaExecutor : public Executor {
       size_t free_b = 0, total_b = 0;
       MOEFOLD_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
       const double budget = double(free_b) - (1.0 - opt_.gpu_memory_utilization) * double(total_b);
-      const double per_block = double(c.kv_bytes_per_token(2)) * opt_.block_size;
+      const double per_block = double(c.kv_bytes_per_token(kv_elem_bytes(kv_elem_for(opt_.kv_cache_dtype, true)))) *
+                               opt_.block_size;
       const int64_t blocks = per_block > 0 ? int64_t(budget / per_block) : 1;
       MOEFOLD_CHECK(blocks >= 1, "no GPU memory left for the KV cache ({:.1f} GiB free of {:.1f} GiB)",
                     double(free_b) / 1073741824.0, double(total_b) / 1073741824.0);
@@ -317,14 +325,27 @@ class CudaExecutor : public Executor {
     }
     kv_elems_ = int64_t(opt_.num_blocks) * opt_.block_size * c.num_kv_heads * c.head_dim;
     pad_cu_.reserve(size_t(S) + 1);
+    kv_fp8_ = opt_.kv_cache_dtype == KvCacheDtype::Fp8E4m3;
+    std::vector<float> scales;  // [layer][k | v][Hkv]: the checkpoint's, else 1
     for (int64_t l = 0; l < c.num_layers; ++l) {
-      if (c.layer_types[size_t(l)] == LayerType::FullAttention) {
-        k_cache_.emplace_back(size_t(kv_elems_));
-        v_cache_.emplace_back(size_t(kv_elems_));
-      } else {
-        k_cache_.emplace_back();
-        v_cache_.emplace_back();
+      const bool attn = c.layer_types[size_t(l)] == LayerType::FullAttention;
+      k_cache_.emplace_back(), v_cache_.emplace_back(), k_cache8_.emplace_back(), v_cache8_.emplace_back();
+      if (attn && kv_fp8_) {
+        k_cache8_.back() = DeviceBuffer<uint8_t>(size_t(kv_elems_));
+        v_cache8_.back() = DeviceBuffer<uint8_t>(size_t(kv_elems_));
+      } else if (attn) {
+        k_cache_.back() = DeviceBuffer<bf16>(size_t(kv_elems_));
+        v_cache_.back() = DeviceBuffer<bf16>(size_t(kv_elems_));
       }
+      const AttentionWeights& aw = w_.layers[size_t(l)].attn;
+      for (const std::vector<float>* s : {&aw.k_scale, &aw.v_scale})
+        for (int64_t h = 0; h < c.num_kv_heads; ++h) scales.push_back(s->empty() ? 1.0f : (*s)[size_t(h)]);
+    }
+    if (kv_fp8_) {
+      kv_scales_ = DeviceBuffer<float>(std::max<size_t>(scales.size(), 1));
+      kv_scales_.upload(scales);
+      kv_saturated_ = DeviceBuffer<unsigned long long>(1);
+      kv_saturated_.fill_bytes(0);
     }
     MOEFOLD_CUDA_CHECK(cudaDeviceSynchronize());
     if (!opt_.enforce_eager) setup_graphs();
@@ -527,6 +548,10 @@ class CudaExecutor : public Executor {
   cuda::MoeShape moe_shape_;
   cuda::MoeWorkspace moe_ws_;
   std::vector<DeviceBuffer<bf16>> k_cache_, v_cache_, conv_state_;
+  bool kv_fp8_ = false;                                 // --kv-cache-dtype fp8: k_cache8_ / v_cache8_
+  std::vector<DeviceBuffer<uint8_t>> k_cache8_, v_cache8_;
+  DeviceBuffer<float> kv_scales_;                       // [layer][k | v][Hkv]
+  DeviceBuffer<unsigned long long> kv_saturated_;       // FP8 elements saturated on store
   std::vector<DeviceBuffer<float>> rec_state_;
   DeviceBuffer<int32_t> snapshots_;   // [kMaxStepSnapshots] cuda::GdnSnapshot, then the live count
   std::vector<StateSnapshot> step_snapshots_;  // the current step's (host), with row offsets below
@@ -841,9 +866,25 @@ void CudaExecutor::attention(size_t l, const StepDims& d) {
     cuda::rms_norm(k, dev(a.k_norm), k, T, D, float(c.rms_norm_eps), nk, num_rows, stream_, k_rows);
   }
   cuda::apply_rope(q, q_rows, k, k_rows, positions_.data(), T, D, *freqs_, num_rows, stream_);
+  if (c.attn_output_gate) sh.gate = q + D;
+  if (kv_fp8_) {  // e4m3 pages: the CUDA-core kernels read them (attention.h)
+    const float* ks = kv_scales_.data() + size_t(l) * 2 * size_t(Hkv);
+    cuda::kv_cache_write_fp8(k, kv_stride, v, kv_stride, k_cache8_[l].data(), v_cache8_[l].data(),
+                             slot_mapping_.data(), T, int(Hkv), int(D), ks, ks + Hkv, kv_saturated_.data(), num_rows,
+                             stream_);
+    if (d.decode)
+      cuda::attention_decode_fp8(q, k_cache8_[l].data(), v_cache8_[l].data(), ks, ks + Hkv, block_tables_.data(),
+                                 d.table_stride, context_lens_.data(), d.seqs, int64_t(d.table_stride) * opt_.block_size,
+                                 o_.data(), sh, decode_ws_.data(), decode_ws_bytes_, stream_);
+    else
+      cuda::attention_prefill_fp8(q, k_cache8_[l].data(), v_cache8_[l].data(), ks, ks + Hkv, block_tables_.data(),
+                                  d.table_stride, cu_seqlens_.data(), context_lens_.data(), d.seqs, d.max_q_len,
+                                  o_.data(), sh, stream_);
+    gemm(a.o_proj, o_.data(), y_.data(), T);
+    return;
+  }
   cuda::kv_cache_write(k, kv_stride, v, kv_stride, k_cache_[l].data(), v_cache_[l].data(), slot_mapping_.data(), T,
                        Hkv * D, num_rows, stream_);
-  if (c.attn_output_gate) sh.gate = q + D;
   if (d.decode)
     cuda::attention_decode(q, k_cache_[l].data(), v_cache_[l].data(), block_tables_.data(), d.table_stride,
                            context_lens_.data(), d.seqs, int64_t(d.table_stride) * opt_.block_size, o_.data(), sh,
@@ -986,6 +1027,7 @@ std::unique_ptr<Executor> make_cuda_executor(const std::string& dir, LoadFormat 
   ModelConfig cfg = ModelConfig::from_dir(dir);
   MOEFOLD_CHECK(!cfg.mla.enabled(), "--device cuda: {} (MLA with the lightning indexer) has no CUDA kernels yet; use --device cpu",
                 family_name(cfg.family));
+  check_kv_cache_dtype(cfg, opt.kv_cache_dtype, "cuda");
   MOEFOLD_CHECK(cfg.num_layers_of(LayerType::FullAttention) == 0 || cuda::attention_supports_head_dim(int(cfg.head_dim)),
                 "--device cuda: attention head_dim {} is not supported on the GPU (prefill: multiples of 16 up to 256; "
                 "decode: 32, 64, 96, 128, 192, 256)", cfg.head_dim);

@@ -9,6 +9,7 @@
 
 #include "models/load_model.h"
 #include "runtime/executor.h"
+#include "runtime/kv_cache.h"
 
 namespace moefold {
 
@@ -40,6 +41,10 @@ struct CudaExecutorOptions {
   /// --fp8-lm-head: the lm_head quantised at load into 128 x 128 block-scaled FP8 and run by the FP8
   /// decode GEMM (fp8_gemv_f32out) up to 256 logits rows (larger passes: a bf16 copy and the bf16 GEMM).
   bool fp8_lm_head = false;
+  /// --kv-cache-dtype (runtime/kv_cache.h): auto / bfloat16 = bf16 pages; fp8 = e4m3 pages with the
+  /// checkpoint's k_scale / v_scale per (layer, KV head), else 1 (kv_cache_write_fp8, attention_*_fp8).
+  /// num_blocks <= 0 then sizes twice the pages from the same memory.
+  KvCacheDtype kv_cache_dtype = KvCacheDtype::Auto;
   static std::vector<int32_t> default_cuda_graph_sizes() { return {1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256}; }
 };
 

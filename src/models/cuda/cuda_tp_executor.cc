@@ -280,6 +280,10 @@ std::unique_ptr<Executor> make_cuda_tp_executor_from_dir(const std::string& dir,
                 "--tensor-parallel-size {} --device cuda: --quantization fp8 and --fp8-lm-head are not supported by "
                 "the sharded CUDA executor yet",
                 N);
+  MOEFOLD_CHECK(opt.kv_cache_dtype != KvCacheDtype::Fp8E4m3,
+                "--tensor-parallel-size {} --device cuda: --kv-cache-dtype fp8 is not supported by the sharded CUDA "
+                "executor yet (it is on one GPU and on the CPU)",
+                N);
   CudaTpGroup group;
   if (backend == TpCommBackend::SingleDevice) {
     fmt::print(stderr,

@@ -12,9 +12,12 @@
 // AttnKernel::Simt prefill variant.
 #include "ops/cuda/cuda_check.h"
 // (cuda_check.h first: see its note on fmt under nvcc)
+#include <cuda_fp8.h>
+
 #include <cstdlib>
 #include <mutex>
 #include <string>
+#include <type_traits>
 
 #include "core/error.h"
 #include "ops/cuda/attention.h"
@@ -58,6 +61,11 @@ struct Args {
   int64_t g_ts, g_hs;
   const bf16* kc;
   const bf16* vc;
+  /// FP8 pages (attn_kernel<D, true>): e4m3 bytes and the dequantisation scale of each KV head.
+  const uint8_t* kc8;
+  const uint8_t* vc8;
+  const float* k_scale;
+  const float* v_scale;
   const int32_t* bt;
   int max_blocks;
   const int32_t* cu;  // nullptr: decode (row s = sequence s, one row)
@@ -81,24 +89,61 @@ __device__ __forceinline__ void seq_rows(const Args& a, int s, int& row0, int& n
   }
 }
 
-template <int D>
-constexpr int kv_stride() { return D + 8; }
+/// The stored K/V element: bf16, or an e4m3 byte for FP8 pages.
+template <bool FP8>
+using KvElem = std::conditional_t<FP8, uint8_t, bf16>;
 
-template <int D>
+/// Shared-memory row stride of a K/V tile in elements: head_dim plus 16 bytes.
+template <int D, bool FP8 = false>
+constexpr int kv_stride() { return D + 16 / int(sizeof(KvElem<FP8>)); }
+
+template <int D, bool FP8 = false>
 size_t smem_bytes(int nwarps) {
-  return size_t(2 * kBN * kv_stride<D>()) * sizeof(bf16) + size_t(nwarps * kR * D) * sizeof(float);
+  return size_t(2 * kBN * kv_stride<D, FP8>()) * sizeof(KvElem<FP8>) + size_t(nwarps * kR * D) * sizeof(float);
 }
 
-template <int D>
+/// n e4m3 bytes at p as fp32 values times `scale` (exact conversion, one fp32 multiply: the CPU's
+/// kv_fp8_load; NaN stays NaN).
+template <int N>
+__device__ __forceinline__ void load_e4m3(const uint8_t* p, float scale, float* f) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    const __half_raw h = __nv_cvt_fp8_to_halfraw(__nv_fp8_storage_t(p[i]), __NV_E4M3);
+    f[i] = __half2float(__half(h)) * scale;
+  }
+}
+
+/// N stored elements at p as fp32 (bf16: exact; e4m3: times scale).
+template <int N, bool FP8>
+__device__ __forceinline__ void load_kv(const KvElem<FP8>* p, float scale, float* f) {
+  if constexpr (FP8) {
+    load_e4m3<N>(p, scale, f);
+  } else {
+    (void)scale;
+    load_bf16<N>(p, f);
+  }
+}
+
+template <int D, bool FP8 = false>
 __global__ void __launch_bounds__(kMaxWarps * 32) attn_kernel(const Args a) {
   pdl_begin();
+  using KvT = KvElem<FP8>;
   constexpr int DPL = D / 32;  // output dims per lane
-  constexpr int KS = kv_stride<D>();
-  constexpr int CH = D / 8;  // 16-byte chunks per row
+  constexpr int KS = kv_stride<D, FP8>();
+  constexpr int CH = D / 8;  // 8-element chunks of a row (the score loop)
+  constexpr int EPC = 16 / int(sizeof(KvT));  // elements per 16-byte load
+  constexpr int LCH = D / EPC;               // 16-byte loads per row
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  bf16* Ks = reinterpret_cast<bf16*>(smem_raw);
-  bf16* Vs = Ks + kBN * KS;
+  KvT* Ks = reinterpret_cast<KvT*>(smem_raw);
+  KvT* Vs = Ks + kBN * KS;
   float* Qs = reinterpret_cast<float*>(Vs + kBN * KS);
+  const KvT* kc;
+  const KvT* vc;
+  if constexpr (FP8) {
+    kc = a.kc8, vc = a.vc8;
+  } else {
+    kc = a.kc, vc = a.vc;
+  }
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int s = blockIdx.z;
@@ -157,20 +202,22 @@ __global__ void __launch_bounds__(kMaxWarps * 32) attn_kernel(const Args a) {
     for (int d = 0; d < DPL; ++d) o[r][d] = 0.0f;
   }
   const int32_t* bt = a.bt + int64_t(s) * a.max_blocks;
+  // FP8 pages: one scale per KV head, so one per block (dequantised in registers as the tile is read).
+  const float ksc = FP8 ? a.k_scale[kvh] : 1.0f, vsc = FP8 ? a.v_scale[kvh] : 1.0f;
 
   for (int kb = kv_lo; kb < kv_hi; kb += kBN) {
     __syncthreads();  // the previous tile is consumed
-    for (int idx = threadIdx.x; idx < kBN * CH; idx += blockDim.x) {
-      const int rr = idx / CH, c = idx % CH, key = kb + rr;
+    for (int idx = threadIdx.x; idx < kBN * LCH; idx += blockDim.x) {
+      const int rr = idx / LCH, c = idx % LCH, key = kb + rr;
       uint4 kv4 = make_uint4(0, 0, 0, 0), vv4 = kv4;
       if (key < kv_hi) {
         const int64_t page = bt[key / a.block_size];
-        const int64_t off = ((page * a.block_size + key % a.block_size) * a.Hkv + kvh) * D + c * 8;
-        kv4 = *reinterpret_cast<const uint4*>(a.kc + off);
-        vv4 = *reinterpret_cast<const uint4*>(a.vc + off);
+        const int64_t off = ((page * a.block_size + key % a.block_size) * a.Hkv + kvh) * D + c * EPC;
+        kv4 = *reinterpret_cast<const uint4*>(kc + off);
+        vv4 = *reinterpret_cast<const uint4*>(vc + off);
       }
-      *reinterpret_cast<uint4*>(Ks + rr * KS + c * 8) = kv4;
-      *reinterpret_cast<uint4*>(Vs + rr * KS + c * 8) = vv4;
+      *reinterpret_cast<uint4*>(Ks + rr * KS + c * EPC) = kv4;
+      *reinterpret_cast<uint4*>(Vs + rr * KS + c * EPC) = vv4;
     }
     __syncthreads();
 
@@ -178,11 +225,11 @@ __global__ void __launch_bounds__(kMaxWarps * 32) attn_kernel(const Args a) {
     float sc[kR];
 #pragma unroll
     for (int r = 0; r < kR; ++r) sc[r] = 0.0f;
-    const bf16* krow = Ks + lane * KS;
+    const KvT* krow = Ks + lane * KS;
 #pragma unroll 4
     for (int c = 0; c < CH; ++c) {
       float kf[8];
-      load_bf16<8>(krow + c * 8, kf);
+      load_kv<8, FP8>(krow + c * 8, ksc, kf);
 #pragma unroll
       for (int r = 0; r < kR; ++r) {
         const float4 qa = *reinterpret_cast<const float4*>(Qw + r * D + c * 8);
@@ -209,7 +256,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32) attn_kernel(const Args a) {
     const int jn = min(kBN, kv_hi - kb);
     for (int j = 0; j < jn; ++j) {
       float vf[DPL];
-      load_bf16<DPL>(Vs + j * KS + lane * DPL, vf);
+      load_kv<DPL, FP8>(Vs + j * KS + lane * DPL, vsc, vf);
 #pragma unroll
       for (int r = 0; r < kR; ++r) {
         const float pj = __shfl_sync(0xffffffffu, p[r], j);
@@ -275,14 +322,14 @@ __global__ void combine_kernel(const Args a) {
   a.out[(grow * a.Hq + h) * D + d] = __float2bfloat16_rn(ov);
 }
 
-template <int D>
+template <int D, bool FP8 = false>
 void launch_attn(const Args& a, dim3 grid, int nwarps, cudaStream_t stream) {
   static std::once_flag once;
   std::call_once(once, [] {
-    MOEFOLD_CUDA_CHECK(cudaFuncSetAttribute(attn_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            int(smem_bytes<D>(kMaxWarps))));
+    MOEFOLD_CUDA_CHECK(cudaFuncSetAttribute(attn_kernel<D, FP8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            int(smem_bytes<D, FP8>(kMaxWarps))));
   });
-  launch_pdl(attn_kernel<D>, dim3(grid), dim3(nwarps * 32), smem_bytes<D>(nwarps), stream, a);
+  launch_pdl(attn_kernel<D, FP8>, dim3(grid), dim3(nwarps * 32), smem_bytes<D, FP8>(nwarps), stream, a);
   MOEFOLD_CUDA_CHECK_LAUNCH();
 }
 
@@ -318,6 +365,7 @@ const prof::Kernel kAttnPrefillWs{"attn_ws_kernel", prof::Category::AttentionPre
 const prof::Kernel kAttnPrefillTc{"attn_tc_kernel", prof::Category::AttentionPrefill};
 const prof::Kernel kAttnPrefillSimt{"attn_kernel:prefill", prof::Category::AttentionPrefill};
 const prof::Kernel kAttnDecode{"attn_kernel:decode", prof::Category::AttentionDecode};
+const prof::Kernel kAttnPrefillSimtFp8{"attn_kernel:prefill_fp8", prof::Category::AttentionPrefill};
 const prof::Kernel kAttnDecodeCombine{"combine_kernel", prof::Category::AttentionDecode};
 const prof::Kernel kKvWrite{"kv_write_kernel", prof::Category::Glue};
 const prof::Kernel kSlotMapping{"slot_mapping_kernel", prof::Category::Glue};
@@ -748,13 +796,31 @@ size_t attention_decode_workspace_bytes(int num_seqs, const AttentionShape& shap
          sizeof(float);
 }
 
-void attention_decode(const bf16* q, const bf16* k_cache, const bf16* v_cache, const int32_t* block_tables,
-                      int max_blocks_per_seq, const int32_t* context_lens, int num_seqs, int64_t max_kv_len,
-                      bf16* out, const AttentionShape& shape, void* workspace, size_t workspace_bytes,
-                      cudaStream_t stream) {
+namespace {
+
+/// FP8 pages of one layer (null pointers: bf16 pages).
+struct Fp8Pages {
+  const uint8_t* k = nullptr;
+  const uint8_t* v = nullptr;
+  const float* k_scale = nullptr;
+  const float* v_scale = nullptr;
+};
+
+/// Points `a` at FP8 pages (the bf16 page pointers are cleared).
+void set_fp8(Args& a, const Fp8Pages& f) {
+  MOEFOLD_CHECK(f.k && f.v && f.k_scale && f.v_scale, "attention: FP8 pages need k, v and their scales");
+  a.kc = a.vc = nullptr;
+  a.kc8 = f.k, a.vc8 = f.v, a.k_scale = f.k_scale, a.v_scale = f.v_scale;
+}
+
+void decode_impl(const bf16* q, const bf16* k_cache, const bf16* v_cache, const Fp8Pages* fp8,
+                 const int32_t* block_tables, int max_blocks_per_seq, const int32_t* context_lens, int num_seqs,
+                 int64_t max_kv_len, bf16* out, const AttentionShape& shape, void* workspace, size_t workspace_bytes,
+                 cudaStream_t stream) {
   MOEFOLD_CHECK(num_seqs >= 0 && num_seqs < 65536, "attention_decode: bad num_seqs {}", num_seqs);
   const DecodePlan p = plan_decode(shape, max_kv_len);
   Args a = make_args(q, k_cache, v_cache, block_tables, max_blocks_per_seq, context_lens, out, shape, p.nwarps * kR);
+  if (fp8) set_fp8(a, *fp8);
   if (num_seqs == 0) return;
   MOEFOLD_CHECK(a.head_chunks == p.head_chunks, "attention_decode: inconsistent plan");
   a.cu = nullptr;
@@ -777,7 +843,8 @@ void attention_decode(const bf16* q, const bf16* k_cache, const bf16* v_cache, c
         w.bytes += decode_partial_bytes(shape, p.max_splits);
         return w;
       });
-      launch_attn<D>(a, grid, p.nwarps, stream);
+      if (fp8) launch_attn<D, true>(a, grid, p.nwarps, stream);
+      else launch_attn<D>(a, grid, p.nwarps, stream);
     }
     if (p.max_splits > 1) {
       LaunchScope launch(kAttnDecodeCombine, stream, [&] {  // partials read, out written (and the gate read)
@@ -789,6 +856,44 @@ void attention_decode(const bf16* q, const bf16* k_cache, const bf16* v_cache, c
       MOEFOLD_CUDA_CHECK_LAUNCH();
     }
   });
+}
+
+}  // namespace
+
+void attention_decode(const bf16* q, const bf16* k_cache, const bf16* v_cache, const int32_t* block_tables,
+                      int max_blocks_per_seq, const int32_t* context_lens, int num_seqs, int64_t max_kv_len,
+                      bf16* out, const AttentionShape& shape, void* workspace, size_t workspace_bytes,
+                      cudaStream_t stream) {
+  decode_impl(q, k_cache, v_cache, nullptr, block_tables, max_blocks_per_seq, context_lens, num_seqs, max_kv_len, out,
+              shape, workspace, workspace_bytes, stream);
+}
+
+void attention_decode_fp8(const bf16* q, const uint8_t* k_cache, const uint8_t* v_cache, const float* k_scale,
+                          const float* v_scale, const int32_t* block_tables, int max_blocks_per_seq,
+                          const int32_t* context_lens, int num_seqs, int64_t max_kv_len, bf16* out,
+                          const AttentionShape& shape, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  const Fp8Pages f{k_cache, v_cache, k_scale, v_scale};
+  decode_impl(q, reinterpret_cast<const bf16*>(k_cache), reinterpret_cast<const bf16*>(v_cache), &f, block_tables,
+              max_blocks_per_seq, context_lens, num_seqs, max_kv_len, out, shape, workspace, workspace_bytes, stream);
+}
+
+void attention_prefill_fp8(const bf16* q, const uint8_t* k_cache, const uint8_t* v_cache, const float* k_scale,
+                           const float* v_scale, const int32_t* block_tables, int max_blocks_per_seq,
+                           const int32_t* cu_seqlens, const int32_t* context_lens, int num_seqs, int max_q_len,
+                           bf16* out, const AttentionShape& shape, cudaStream_t stream) {
+  MOEFOLD_CHECK(num_seqs >= 0 && num_seqs < 65536 && max_q_len >= 0, "attention_prefill: bad sizes");
+  const int nwarps = kMaxWarps;
+  Args a = make_args(q, reinterpret_cast<const bf16*>(k_cache), reinterpret_cast<const bf16*>(v_cache), block_tables,
+                     max_blocks_per_seq, context_lens, out, shape, nwarps * kR);
+  set_fp8(a, Fp8Pages{k_cache, v_cache, k_scale, v_scale});
+  if (num_seqs == 0 || max_q_len == 0) return;
+  a.cu = cu_seqlens;
+  a.split_size = 0;
+  a.max_splits = 1;
+  a.qtiles = (max_q_len + a.TB - 1) / a.TB;
+  const dim3 grid(unsigned(a.qtiles), unsigned(a.Hkv * a.head_chunks), unsigned(num_seqs));
+  LaunchScope launch(kAttnPrefillSimtFp8, stream, [&] { return attention_work(shape, false); });
+  dispatch_head_dim(shape.head_dim, [&](auto dd) { launch_attn<decltype(dd)::value, true>(a, grid, nwarps, stream); });
 }
 
 }  // namespace moefold::cuda

@@ -112,6 +112,16 @@ void kv_cache_write(const bf16* k, int64_t k_stride, const bf16* v, int64_t v_st
                     bf16* v_cache, const int32_t* slot_mapping, int64_t max_rows, int64_t kv_dim,
                     const int32_t* live_rows, cudaStream_t stream);
 
+/// FP8 pages (--kv-cache-dtype fp8; ops/cpu/kv_quant.h is the definition): as kv_cache_write, each
+/// element stored as e4m3(float(x) / scale[h]) (an IEEE division, round to nearest even, saturating to
+/// +-448; NaN stays NaN) with h the element's KV head; k_scale, v_scale: device [num_kv_heads].
+/// Elements with |x / scale| > 448 (infinities included) are added to *saturated (device counter; may
+/// be null). The same bits as cpu::kv_cache_write over the same fp32 inputs.
+void kv_cache_write_fp8(const bf16* k, int64_t k_stride, const bf16* v, int64_t v_stride, uint8_t* k_cache,
+                        uint8_t* v_cache, const int32_t* slot_mapping, int64_t max_rows, int num_kv_heads,
+                        int head_dim, const float* k_scale, const float* v_scale, unsigned long long* saturated,
+                        const int32_t* live_rows, cudaStream_t stream);
+
 /// slot_mapping[r] for every query row of the batch, computed on the device from the block tables:
 /// row cu_seqlens[s] + i -> position context_lens[s] + i -> its page slot. Rows not covered by any
 /// sequence are not written (initialise them to -1 once). max_q_len: host bound on any sequence's
@@ -127,6 +137,16 @@ void compute_slot_mapping(const int32_t* cu_seqlens, const int32_t* context_lens
 void attention_prefill(const bf16* q, const bf16* k_cache, const bf16* v_cache, const int32_t* block_tables,
                        int max_blocks_per_seq, const int32_t* cu_seqlens, const int32_t* context_lens, int num_seqs,
                        int max_q_len, bf16* out, const AttentionShape& shape, cudaStream_t stream);
+
+/// attention_prefill over FP8 pages (e4m3 bytes, k_scale / v_scale: device [num_kv_heads]): the
+/// CUDA-core kernel (AttnKernel::Simt's; shape.kernel is ignored), K and V dequantised in registers
+/// (e4m3 -> fp32 exactly, times the head's scale), q.k and p.v in fp32, P never rounded. Every query
+/// row reads its keys from the pages, this step's included, so a resumed prompt gives the bits of a
+/// cold one. head_dim as attention_decode.
+void attention_prefill_fp8(const bf16* q, const uint8_t* k_cache, const uint8_t* v_cache, const float* k_scale,
+                           const float* v_scale, const int32_t* block_tables, int max_blocks_per_seq,
+                           const int32_t* cu_seqlens, const int32_t* context_lens, int num_seqs, int max_q_len,
+                           bf16* out, const AttentionShape& shape, cudaStream_t stream);
 
 /// Bytes of workspace attention_decode needs for these host bounds (0 when no split is used).
 size_t attention_decode_workspace_bytes(int num_seqs, const AttentionShape& shape, int64_t max_kv_len);
@@ -144,5 +164,12 @@ void attention_decode(const bf16* q, const bf16* k_cache, const bf16* v_cache, c
                       int max_blocks_per_seq, const int32_t* context_lens, int num_seqs, int64_t max_kv_len,
                       bf16* out, const AttentionShape& shape, void* workspace, size_t workspace_bytes,
                       cudaStream_t stream);
+
+/// attention_decode over FP8 pages (as attention_prefill_fp8): the same kernel and splits, K and V
+/// dequantised in registers; the same workspace.
+void attention_decode_fp8(const bf16* q, const uint8_t* k_cache, const uint8_t* v_cache, const float* k_scale,
+                          const float* v_scale, const int32_t* block_tables, int max_blocks_per_seq,
+                          const int32_t* context_lens, int num_seqs, int64_t max_kv_len, bf16* out,
+                          const AttentionShape& shape, void* workspace, size_t workspace_bytes, cudaStream_t stream);
 
 }  // namespace moefold::cuda
