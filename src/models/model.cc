@@ -237,10 +237,9 @@ void Model::attention(size_t l, const ForwardBatch& b, const float* x, float* ou
   round_act(q.data(), T * Hq * D);
   round_act(k.data(), T * Hkv * D);
   const float scale = float(1.0 / std::sqrt(double(D)));
-  // The GPU runs the tensor-core prefill kernel (bf16 P V) unless every sequence decodes one token.
-  bool decode_step = true;
-  for (int32_t s = 0; s < b.num_seqs(); ++s)
-    decode_step = decode_step && b.decode_rows(s) && b.context_lens[size_t(s)] > 0;
+  // The GPU runs a decode sequence (one generated row after cached context) through the decode kernel
+  // (fp32 P), in decode and mixed steps alike, and every other sequence through the tensor-core prefill
+  // kernel (bf16 P V).
   for (int32_t s = 0; s < b.num_seqs(); ++s) {
     const int64_t r0 = b.cu_seqlens[size_t(s)], n = b.cu_seqlens[size_t(s + 1)] - r0, start = b.context_lens[size_t(s)];
     if (n == 0) continue;
@@ -254,9 +253,10 @@ void Model::attention(size_t l, const ForwardBatch& b, const float* x, float* ou
     const double pairs = double(n) * start + double(n) * (n + 1) / 2;
     const prof::Work attn_work = rw(double(n * Hq * D) + 2.0 * (start + n) * Hkv * D, double(n * Hq * D),
                                     4.0 * pairs * Hq * D);
+    const bool gpu_decode = b.decode_rows(s) && start > 0;
     timed(n == 1 && start > 0 ? kAttnDecode : kAttnPrefill, attn_work, [&] {
       paged_attention(&q[size_t(r0 * Hq * D)], kv.k[l].data(), kv.v[l].data(), b.block_table(s), start, n, Hq, Hkv,
-                      D, kv.block_size, scale, &o[size_t(r0 * Hq * D)], emulate_bf16_ && !decode_step);
+                      D, kv.block_size, scale, &o[size_t(r0 * Hq * D)], emulate_bf16_ && !gpu_decode);
     });
   }
   if (cfg_.attn_output_gate)
