@@ -245,10 +245,9 @@ void Model::attention(size_t l, const ForwardBatch& b, const float* x, float* ou
   round_act(q.data(), T * Hq * D);
   round_act(k.data(), T * Hkv * D);
   const float scale = float(1.0 / std::sqrt(double(D)));
-  // The GPU runs the tensor-core prefill kernel (bf16 P V) unless every sequence decodes one token.
-  bool decode_step = true;
-  for (int32_t s = 0; s < b.num_seqs(); ++s)
-    decode_step = decode_step && b.decode_rows(s) && b.context_lens[size_t(s)] > 0;
+  // The GPU runs a decode sequence (one generated row after cached context) through the decode kernel
+  // (fp32 P), in decode and mixed steps alike, and every other sequence through the tensor-core prefill
+  // kernel (bf16 P V).
   // FP8 pages: the checkpoint's k_scale / v_scale per KV head, else 1 (runtime/kv_cache.h).
   const cpu::KvPages pages = kv.pages(l, a.k_scale.empty() ? nullptr : a.k_scale.data(),
                                       a.v_scale.empty() ? nullptr : a.v_scale.data());
@@ -265,9 +264,10 @@ void Model::attention(size_t l, const ForwardBatch& b, const float* x, float* ou
     const double pairs = double(n) * start + double(n) * (n + 1) / 2;
     const prof::Work attn_work = rw(double(n * Hq * D) + 2.0 * (start + n) * Hkv * D, double(n * Hq * D),
                                     4.0 * pairs * Hq * D);
+    const bool gpu_decode = b.decode_rows(s) && start > 0;
     timed(n == 1 && start > 0 ? kAttnDecode : kAttnPrefill, attn_work, [&] {
       paged_attention(&q[size_t(r0 * Hq * D)], pages, b.block_table(s), start, n, Hq, scale, &o[size_t(r0 * Hq * D)],
-                      emulate_bf16_ && !decode_step);
+                      emulate_bf16_ && !gpu_decode);
     });
   }
   if (cfg_.attn_output_gate)

@@ -5,7 +5,7 @@
 // with unaligned starts in one step (more than 256 rows: the prefill GEMM, whose rows equal the decode
 // GEMM's, see ops/cuda/invariant_gemm.h); a 10-turn chat whose later cold prompts exceed 256 rows while
 // the resumed suffixes stay below. A hit followed by a forced preemption and resume, and cached pages
-// evicted while a request that resumed from them runs, are DISABLED_ (the mixed-step gap noted there).
+// evicted while a request that resumed from them runs (both need mixed steps, see there).
 #include <gtest/gtest.h>
 
 #include <map>
@@ -168,19 +168,18 @@ TEST_P(PrefixCacheGpu, TenTurnChat) {
   EXPECT_GT(conv.size(), 400u);
 }
 
-// Known GPU gap (H200 run of 2026-12-01, session 5: both tests below fail on all three fixtures with
-// equal tokens and logprobs differing in low bits): they need a step that mixes one request's prefill
-// chunk with another's decode rows (a preempted request re-prefilled beside running ones; c admitted
-// while b decodes). The executor runs such a mixed step through attention_prefill and the chunked
-// DeltaNet for every row (d.decode is false), whose reduction orders differ from attention_decode's and
-// the recurrent DeltaNet decode's that the cold run's pure decode steps use. Not a prefix-cache fault
-// (preemption by recompute without the cache mixes the same way); the CPU versions of both pass. Enable
-// when mixed steps run their decode rows through the decode kernels.
+// The next two need steps that mix one request's prefill chunk with another's decode rows (a
+// preempted request re-prefilled beside running ones; c admitted while b decodes). They were DISABLED_
+// until session 6: the executor ran such a step through attention_prefill and the chunked DeltaNet for
+// every row, whose reduction orders differ from attention_decode's and the recurrent DeltaNet decode's
+// that the cold run's pure decode steps use (H200 run of 2026-12-01: tokens equal, logprobs differing
+// in low bits, on all three fixtures). Mixed steps now run their decode rows through the decode
+// kernels (CudaExecutorOptions::split_mixed_steps; tests/cuda/mixed_step_cuda_test.cc).
 //
 // 20 pages of 16 tokens: four requests resuming from a cached 128-token prefix (8 pages) and
 // generating 40 tokens do not fit at once; preempted ones are recomputed (from the cache) and must
 // still give the cold replies.
-TEST_P(PrefixCacheGpu, DISABLED_PreemptionAfterAHit) {
+TEST_P(PrefixCacheGpu, PreemptionAfterAHit) {
   MOEFOLD_REQUIRE_GPU();
   const std::string fam = GetParam();
   Gpu cold = make(fam, false), warm = make(fam, true, 20, 4);
@@ -208,7 +207,7 @@ TEST_P(PrefixCacheGpu, DISABLED_PreemptionAfterAHit) {
 
 // 30 pages: b resumes from a's cached pages and holds them; c then needs more pages than are free,
 // so the cached pages nobody holds are evicted while b runs; b's reply must be the cold one.
-TEST_P(PrefixCacheGpu, DISABLED_EvictionWhileARequestUsesThePrefix) {
+TEST_P(PrefixCacheGpu, EvictionWhileARequestUsesThePrefix) {
   MOEFOLD_REQUIRE_GPU();
   const std::string fam = GetParam();
   Gpu cold = make(fam, false), warm = make(fam, true, 30, 4);

@@ -69,7 +69,16 @@ struct StepDims {
   int max_q_len = 0;         ///< most rows of one sequence
   int32_t table_stride = 0;  ///< block-table entries per sequence
   int64_t logits_rows = 0;   ///< rows of the first lm_head pass (0: none)
+  /// A mixed step (eager; CudaExecutorOptions::split_mixed_steps): sequences [0, prefill_seqs) own
+  /// rows [0, prefill_rows) and take the prefill kernels; sequences [prefill_seqs, seqs) decode one
+  /// row each (rows prefill_rows + i) and take the decode kernels. 0: one form for every sequence.
+  int32_t prefill_seqs = 0;
+  int64_t prefill_rows = 0;
 };
+
+/// Device step counts (counts_): live rows, live sequences, the out-of-range flag, logits rows, and in a
+/// mixed step its prefill and decode sequences.
+constexpr size_t kNumCounts = 6;
 
 class CudaExecutor : public Executor {
  public:
@@ -226,7 +235,7 @@ class CudaExecutor : public Executor {
     cu_seqlens_ = DeviceBuffer<int32_t>(S + 1);
     context_lens_ = DeviceBuffer<int32_t>(S);
     state_slots_ = DeviceBuffer<int32_t>(S);
-    counts_ = DeviceBuffer<int32_t>(4);  // num_rows, num_seqs, oob flag, logits rows
+    counts_ = DeviceBuffer<int32_t>(kNumCounts);
     // Activations (zero-filled once: GEMM inputs of padding rows stay finite).
     auto act = [&](int64_t cols) {
       DeviceBuffer<bf16> b(size_t(cap * std::max<int64_t>(cols, 1)));
@@ -498,6 +507,15 @@ class CudaExecutor : public Executor {
   bool run_step(const ForwardBatch& b);
   /// The host facts of a step as eager execution runs it.
   StepDims eager_dims(const ForwardBatch& b) const;
+  /// With split_mixed_steps, a mixed step's batch with its prefill sequences first and its decode
+  /// sequences (one row after cached context) after them, each group in its original order; logits
+  /// rows keep their output order, snapshots name the moved sequences. Sets *prefill_seqs (0 unless
+  /// the step is mixed). Returns `b` itself when it is not mixed or already in that order, else
+  /// perm_batch_, with row_perm_[new row] = the row in `b` (empty when `b` is returned).
+  const ForwardBatch& order_mixed(const ForwardBatch& b, int32_t* prefill_seqs);
+  /// Puts the MoE routing captured in a reordered step back into the caller's row order (after the
+  /// step's stream has been synchronised).
+  void restore_capture_order();
   /// The graph that runs `b` (captured now if needed), with the dims it was captured for; nullptr
   /// when the step runs eagerly.
   cuda::CapturedGraph* graph_for(const ForwardBatch& b, StepDims& d);
@@ -567,6 +585,10 @@ class CudaExecutor : public Executor {
   std::vector<int32_t> graph_buckets_;       // sorted, each <= the executor's limits
   std::vector<int32_t> table_strides_;       // block-table strides of the KV-length classes, ascending
   std::vector<int32_t> pad_cu_, pad_ctx_, pad_slots_, pad_tables_, pad_counts_;
+  // A mixed step reordered by order_mixed: the batch uploaded, its row order, host staging.
+  ForwardBatch perm_batch_;
+  std::vector<int32_t> row_perm_, row_new_, seq_new_, perm_ids_;
+  std::vector<uint8_t> seq_decode_;
 };
 
 StepDims CudaExecutor::eager_dims(const ForwardBatch& b) const {
@@ -582,6 +604,67 @@ StepDims CudaExecutor::eager_dims(const ForwardBatch& b) const {
   d.table_stride = b.max_blocks_per_seq;
   d.logits_rows = std::min<int64_t>(int64_t(b.logits_rows.size()), opt_.max_logits_rows);
   return d;
+}
+
+const ForwardBatch& CudaExecutor::order_mixed(const ForwardBatch& b, int32_t* prefill_seqs) {
+  row_perm_.clear();
+  *prefill_seqs = 0;
+  const int32_t S = b.num_seqs(), T = b.num_rows();
+  if (!opt_.split_mixed_steps) return b;
+  // The decode form exactly as a pure decode step takes it (eager_dims): one generated row after
+  // cached context. Everything else (prompt rows, a first row without context) takes the prefill form.
+  seq_decode_.assign(size_t(S), 0);
+  int32_t nd = 0;
+  for (int32_t s = 0; s < S; ++s) nd += seq_decode_[size_t(s)] = b.decode_rows(s) && b.context_lens[size_t(s)] > 0;
+  if (nd == 0 || nd == S) return b;
+  const int32_t Sp = S - nd;
+  *prefill_seqs = Sp;
+  bool ordered = true;
+  for (int32_t s = 0; s < S; ++s) ordered = ordered && bool(seq_decode_[size_t(s)]) == (s >= Sp);
+  if (ordered) return b;
+  ForwardBatch& p = perm_batch_;
+  const int32_t mb = b.max_blocks_per_seq;
+  p.token_ids.clear();
+  p.positions.clear();
+  p.cu_seqlens.assign(1, 0);
+  p.context_lens.clear();
+  p.block_tables.clear();
+  p.max_blocks_per_seq = mb;
+  p.state_slots.clear();
+  p.prefill.clear();
+  row_new_.assign(size_t(T), -1);
+  seq_new_.assign(size_t(S), -1);
+  for (int pass = 0; pass < 2; ++pass)  // prefill sequences, then decode ones
+    for (int32_t s = 0; s < S; ++s) {
+      if (bool(seq_decode_[size_t(s)]) != (pass == 1)) continue;
+      seq_new_[size_t(s)] = p.num_seqs();
+      for (int32_t r = b.cu_seqlens[size_t(s)]; r < b.cu_seqlens[size_t(s + 1)]; ++r) {
+        row_new_[size_t(r)] = p.num_rows();
+        row_perm_.push_back(r);
+        p.token_ids.push_back(b.token_ids[size_t(r)]);
+        p.positions.push_back(b.positions[size_t(r)]);
+      }
+      p.cu_seqlens.push_back(p.num_rows());
+      p.context_lens.push_back(b.context_lens[size_t(s)]);
+      p.state_slots.push_back(b.state_slots[size_t(s)]);
+      if (!b.prefill.empty()) p.prefill.push_back(b.prefill[size_t(s)]);
+      p.block_tables.insert(p.block_tables.end(), b.block_table(s), b.block_table(s) + mb);
+    }
+  p.logits_rows.clear();
+  for (int32_t r : b.logits_rows) p.logits_rows.push_back(row_new_[size_t(r)]);
+  p.snapshots = b.snapshots;
+  for (StateSnapshot& sn : p.snapshots) sn.seq = sn.seq >= 0 && sn.seq < S ? seq_new_[size_t(sn.seq)] : sn.seq;
+  return p;
+}
+
+void CudaExecutor::restore_capture_order() {
+  if (row_perm_.empty() || !routing_.capture) return;
+  const size_t k = size_t(cfg_.num_experts_per_tok);
+  for (std::vector<int32_t>& layer : routing_.capture->layers) {
+    perm_ids_ = layer;
+    for (size_t r = 0; r < row_perm_.size(); ++r)
+      std::copy_n(perm_ids_.begin() + r * k, k, layer.begin() + size_t(row_perm_[r]) * k);
+  }
 }
 
 cuda::CapturedGraph* CudaExecutor::graph_for(const ForwardBatch& b, StepDims& d) {
@@ -664,22 +747,29 @@ void CudaExecutor::upload_batch(const ForwardBatch& b, const StepDims& d) {
     up(context_lens_, pad_ctx_);
     up(block_tables_, pad_tables_);
   }
-  pad_counts_ = {T, S, 0, int32_t(b.logits_rows.size())};
+  const int32_t sp = d.prefill_seqs;
+  pad_counts_ = {T, S, 0, int32_t(b.logits_rows.size()), sp, sp > 0 ? S - sp : 0};
   up(counts_, pad_counts_);
 }
 
-bool CudaExecutor::run_step(const ForwardBatch& b) {
+bool CudaExecutor::run_step(const ForwardBatch& in) {
   const ModelConfig& c = cfg_;
-  const int64_t T = b.num_rows();
-  const int32_t S = b.num_seqs();
+  const int64_t T = in.num_rows();
+  const int32_t S = in.num_seqs();
   MOEFOLD_CHECK(T > 0 && T <= opt_.max_rows, "step has {} rows; this executor holds at most {}", T, opt_.max_rows);
   MOEFOLD_CHECK(S <= opt_.num_slots, "step has {} sequences; this executor holds at most {}", S, opt_.num_slots);
-  MOEFOLD_CHECK(b.max_blocks_per_seq <= opt_.max_blocks_per_seq, "block table of {} pages exceeds the limit {}",
-                b.max_blocks_per_seq, opt_.max_blocks_per_seq);
-  for (int32_t r : b.logits_rows) MOEFOLD_CHECK(r >= 0 && r < T, "logits row {} outside the step's {} rows", r, T);
+  MOEFOLD_CHECK(in.max_blocks_per_seq <= opt_.max_blocks_per_seq, "block table of {} pages exceeds the limit {}",
+                in.max_blocks_per_seq, opt_.max_blocks_per_seq);
+  for (int32_t r : in.logits_rows) MOEFOLD_CHECK(r >= 0 && r < T, "logits row {} outside the step's {} rows", r, T);
   step_snapshots_.clear();  // (a graph captured below must see none)
   step_snapshot_rows_.clear();
+  int32_t prefill_seqs = 0;
+  const ForwardBatch& b = order_mixed(in, &prefill_seqs);
   StepDims d = eager_dims(b);
+  if (prefill_seqs > 0) {  // mixed: eager (graph_for takes decode steps only)
+    d.prefill_seqs = prefill_seqs;
+    d.prefill_rows = b.cu_seqlens[size_t(prefill_seqs)];
+  }
   cuda::CapturedGraph* graph = graph_for(b, d);
   upload_batch(b, d);
   if (!b.snapshots.empty()) {
@@ -712,7 +802,16 @@ bool CudaExecutor::run_step(const ForwardBatch& b) {
     const auto& r = routing_.replay->layers;
     const size_t pairs = size_t(T * c.num_experts_per_tok);
     if (replay_ids_.size() < r.size() * pairs) replay_ids_ = DeviceBuffer<int32_t>(r.size() * pairs);
-    for (size_t i = 0; i < r.size(); ++i) replay_ids_.upload(r[i].data(), pairs, i * pairs, stream_, true);
+    if (row_perm_.empty()) {
+      for (size_t i = 0; i < r.size(); ++i) replay_ids_.upload(r[i].data(), pairs, i * pairs, stream_, true);
+    } else {  // the reordered rows' experts
+      const size_t k = size_t(c.num_experts_per_tok);
+      perm_ids_.resize(r.size() * pairs);
+      for (size_t i = 0; i < r.size(); ++i)
+        for (size_t row = 0; row < row_perm_.size(); ++row)
+          std::copy_n(r[i].begin() + size_t(row_perm_[row]) * k, k, perm_ids_.begin() + i * pairs + row * k);
+      replay_ids_.upload(perm_ids_.data(), perm_ids_.size(), 0, stream_, true);
+    }
   }
   if (graph) graph->replay(stream_);
   else launch_step(d);
@@ -804,6 +903,7 @@ void CudaExecutor::forward(const ForwardBatch& b, std::vector<float>& logits) {
   int32_t oob = 0;
   counts_.download(&oob, 1, 2, stream_, true);
   MOEFOLD_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  restore_capture_order();
   MOEFOLD_CHECK(oob == 0, "a token id or logits row of this step is out of range");
 }
 
@@ -827,6 +927,7 @@ void CudaExecutor::forward_sample(const ForwardBatch& b, std::span<const RowSamp
     out.insert(out.end(), std::make_move_iterator(part.begin()), std::make_move_iterator(part.end()));
   }
   if (R == 0 || follower_) MOEFOLD_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  restore_capture_order();
   MOEFOLD_CHECK(*oob_host_ == 0, "a token id or logits row of this step is out of range");
 }
 
@@ -867,31 +968,49 @@ void CudaExecutor::attention(size_t l, const StepDims& d) {
   }
   cuda::apply_rope(q, q_rows, k, k_rows, positions_.data(), T, D, *freqs_, num_rows, stream_);
   if (c.attn_output_gate) sh.gate = q + D;
-  if (kv_fp8_) {  // e4m3 pages: the CUDA-core kernels read them (attention.h)
-    const float* ks = kv_scales_.data() + size_t(l) * 2 * size_t(Hkv);
+  // e4m3 pages: the CUDA-core kernels read them, dequantised with the layer's per-KV-head scales (attention.h).
+  const float* ks = kv_fp8_ ? kv_scales_.data() + size_t(l) * 2 * size_t(Hkv) : nullptr;
+  if (kv_fp8_)
     cuda::kv_cache_write_fp8(k, kv_stride, v, kv_stride, k_cache8_[l].data(), v_cache8_[l].data(),
                              slot_mapping_.data(), T, int(Hkv), int(D), ks, ks + Hkv, kv_saturated_.data(), num_rows,
                              stream_);
-    if (d.decode)
-      cuda::attention_decode_fp8(q, k_cache8_[l].data(), v_cache8_[l].data(), ks, ks + Hkv, block_tables_.data(),
-                                 d.table_stride, context_lens_.data(), d.seqs, int64_t(d.table_stride) * opt_.block_size,
-                                 o_.data(), sh, decode_ws_.data(), decode_ws_bytes_, stream_);
-    else
-      cuda::attention_prefill_fp8(q, k_cache8_[l].data(), v_cache8_[l].data(), ks, ks + Hkv, block_tables_.data(),
-                                  d.table_stride, cu_seqlens_.data(), context_lens_.data(), d.seqs, d.max_q_len,
-                                  o_.data(), sh, stream_);
-    gemm(a.o_proj, o_.data(), y_.data(), T);
-    return;
-  }
-  cuda::kv_cache_write(k, kv_stride, v, kv_stride, k_cache_[l].data(), v_cache_[l].data(), slot_mapping_.data(), T,
-                       Hkv * D, num_rows, stream_);
-  if (d.decode)
-    cuda::attention_decode(q, k_cache_[l].data(), v_cache_[l].data(), block_tables_.data(), d.table_stride,
-                           context_lens_.data(), d.seqs, int64_t(d.table_stride) * opt_.block_size, o_.data(), sh,
-                           decode_ws_.data(), decode_ws_bytes_, stream_);
   else
-    cuda::attention_prefill(q, k_cache_[l].data(), v_cache_[l].data(), block_tables_.data(), d.table_stride,
-                            cu_seqlens_.data(), context_lens_.data(), d.seqs, d.max_q_len, o_.data(), sh, stream_);
+    cuda::kv_cache_write(k, kv_stride, v, kv_stride, k_cache_[l].data(), v_cache_[l].data(), slot_mapping_.data(), T,
+                         Hkv * D, num_rows, stream_);
+  const int64_t max_kv = int64_t(d.table_stride) * opt_.block_size;
+  // Sequences [s0, s0 + n) of the step, their q / gate / output rows from row r0 on.
+  auto decode = [&](int32_t s0, int32_t n, int64_t r0) {
+    cuda::AttentionShape dsh = sh;
+    if (sh.gate) dsh.gate = sh.gate + r0 * (sh.gate_token_stride ? sh.gate_token_stride : Hq * D);
+    const bf16* qs = q + r0 * (sh.q_token_stride ? sh.q_token_stride : Hq * D);
+    const int32_t* tables = block_tables_.data() + size_t(s0) * size_t(d.table_stride);
+    bf16* out = o_.data() + r0 * Hq * D;
+    if (kv_fp8_)
+      cuda::attention_decode_fp8(qs, k_cache8_[l].data(), v_cache8_[l].data(), ks, ks + Hkv, tables, d.table_stride,
+                                 context_lens_.data() + s0, n, max_kv, out, dsh, decode_ws_.data(), decode_ws_bytes_,
+                                 stream_);
+    else
+      cuda::attention_decode(qs, k_cache_[l].data(), v_cache_[l].data(), tables, d.table_stride,
+                             context_lens_.data() + s0, n, max_kv, out, dsh, decode_ws_.data(), decode_ws_bytes_,
+                             stream_);
+  };
+  auto prefill = [&](int32_t n) {  // sequences [0, n), rows from 0
+    if (kv_fp8_)
+      cuda::attention_prefill_fp8(q, k_cache8_[l].data(), v_cache8_[l].data(), ks, ks + Hkv, block_tables_.data(),
+                                  d.table_stride, cu_seqlens_.data(), context_lens_.data(), n, d.max_q_len, o_.data(),
+                                  sh, stream_);
+    else
+      cuda::attention_prefill(q, k_cache_[l].data(), v_cache_[l].data(), block_tables_.data(), d.table_stride,
+                              cu_seqlens_.data(), context_lens_.data(), n, d.max_q_len, o_.data(), sh, stream_);
+  };
+  if (d.decode) {
+    decode(0, d.seqs, 0);
+  } else if (d.prefill_seqs > 0) {  // mixed: prefill sequences [0, Sp), then one decode row per sequence
+    prefill(d.prefill_seqs);
+    decode(d.prefill_seqs, d.seqs - d.prefill_seqs, d.prefill_rows);
+  } else {
+    prefill(d.seqs);
+  }
   gemm(a.o_proj, o_.data(), y_.data(), T);
 }
 
@@ -937,23 +1056,40 @@ void CudaExecutor::deltanet(size_t l, const StepDims& d) {
     gemm(g.in_proj_b, x_.data(), gb_.data(), T);
     gemm(g.in_proj_a, x_.data(), ga_.data(), T);
   }
-  if (d.decode)
-    cuda::causal_conv1d_silu_decode(mixed, dev(g.conv1d), state_slots_.data(), num_seqs, d.seqs,
-                                    conv_state_[l].data(), conv_.data(), int(C), int(K), stream_, W);
-  else
-    cuda::causal_conv1d_silu_prefill(mixed, dev(g.conv1d), cu_seqlens_.data(), state_slots_.data(), num_seqs,
-                                     int(T), conv_state_[l].data(), conv_.data(), int(C), int(K), stream_, W);
-  if (!d.decode && !step_snapshots_.empty()) snapshot_conv(l, mixed, W ? W : C);
-  cuda::GdnArgs args{conv_.data(), conv_.data() + kd, conv_.data() + 2 * kd, C, ga, gb, W ? W : Hv,
-                     a_log_[l], dt_bias_[l], rec_state_[l].data(), state_slots_.data(), num_seqs, go_.data(), T};
+  // Prefill sequences [0, Sp) over rows [0, Tp), decode sequences [Sp, seqs) one row each from row r0.
+  // A mixed step has both: its live counts are counts_[4] and counts_[5], and the decode kernels read
+  // their rows, sequences and slots through offset pointers.
+  const bool mixed_step = d.prefill_seqs > 0;
+  const int32_t Sp = d.decode ? 0 : (mixed_step ? d.prefill_seqs : d.seqs), Sd = d.seqs - Sp;
+  const int64_t Tp = mixed_step ? d.prefill_rows : T, r0 = mixed_step ? Tp : 0, xs = W ? W : C, abs = W ? W : Hv;
+  const int32_t* prefill_live = mixed_step ? counts_.data() + 4 : num_seqs;
+  const int32_t* decode_live = mixed_step ? counts_.data() + 5 : num_seqs;
+  if (Sp > 0)
+    cuda::causal_conv1d_silu_prefill(mixed, dev(g.conv1d), cu_seqlens_.data(), state_slots_.data(), prefill_live,
+                                     int(Tp), conv_state_[l].data(), conv_.data(), int(C), int(K), stream_, W);
+  if (Sd > 0)
+    cuda::causal_conv1d_silu_decode(mixed + r0 * xs, dev(g.conv1d), state_slots_.data() + Sp, decode_live, Sd,
+                                    conv_state_[l].data(), conv_.data() + r0 * C, int(C), int(K), stream_, W);
+  if (Sp > 0 && !step_snapshots_.empty()) snapshot_conv(l, mixed, xs);
   const cuda::GdnDims dims{int(c.linear_num_key_heads), int(Hv), int(c.linear_key_head_dim),
                            int(c.linear_value_head_dim)};
-  if (d.decode) cuda::gdn_recurrent_decode(args, d.seqs, dims, stream_);
-  else if (step_snapshots_.empty())
-    cuda::gdn_chunked_prefill(args, cu_seqlens_.data(), d.seqs, nullptr, nullptr, 0, dims, stream_);
-  else
-    cuda::gdn_chunked_prefill(args, cu_seqlens_.data(), d.seqs, reinterpret_cast<const cuda::GdnSnapshot*>(snapshots_.data()),
-                              snapshots_.data() + 3 * kMaxStepSnapshots, kMaxStepSnapshots, dims, stream_);
+  if (Sp > 0) {
+    const cuda::GdnArgs args{conv_.data(), conv_.data() + kd, conv_.data() + 2 * kd, C, ga, gb, abs,
+                             a_log_[l], dt_bias_[l], rec_state_[l].data(), state_slots_.data(), prefill_live,
+                             go_.data(), Tp};
+    if (step_snapshots_.empty())
+      cuda::gdn_chunked_prefill(args, cu_seqlens_.data(), Sp, nullptr, nullptr, 0, dims, stream_);
+    else
+      cuda::gdn_chunked_prefill(args, cu_seqlens_.data(), Sp, reinterpret_cast<const cuda::GdnSnapshot*>(snapshots_.data()),
+                                snapshots_.data() + 3 * kMaxStepSnapshots, kMaxStepSnapshots, dims, stream_);
+  }
+  if (Sd > 0) {
+    const bf16* cv = conv_.data() + r0 * C;
+    const cuda::GdnArgs args{cv, cv + kd, cv + 2 * kd, C, ga + r0 * abs, gb + r0 * abs, abs, a_log_[l], dt_bias_[l],
+                             rec_state_[l].data(), state_slots_.data() + Sp, decode_live,
+                             go_.data() + r0 * Hv * c.linear_value_head_dim, T};
+    cuda::gdn_recurrent_decode(args, Sd, dims, stream_);
+  }
   cuda::gated_rms_norm(go_.data(), z, dev(g.norm), go_.data(), T, Hv, c.linear_value_head_dim,
                        float(c.rms_norm_eps), counts_.data(), stream_, W);
   gemm(g.out_proj, go_.data(), y_.data(), T);

@@ -34,6 +34,13 @@ struct CudaExecutorOptions {
   /// projections up to 256 rows, MoE expert tiles); false takes the fastest kernels per step size
   /// (GEMV up to 16 rows, the MoE GEMV), whose bits depend on the step's row count.
   bool batch_invariant = true;
+  /// A mixed step (some sequences prefilling, others decoding one token after cached context) runs
+  /// its decode sequences through the decode kernels (paged attention decode, the recurrent DeltaNet
+  /// step, the conv1d decode) and its prefill sequences through the prefill ones, every row-wise op
+  /// (GEMMs, norms, MoE) over all rows: a decoding sequence's bits then do not depend on whether
+  /// another request prefills beside it. false runs every row of a mixed step through the prefill
+  /// kernels (the former behaviour; kept for A/B tests).
+  bool split_mixed_steps = true;
   bool log_graphs = false;     ///< print the graph captures (time, memory) to stderr
   /// --quantization fp8: weights quantised at load into block-scaled FP8 (an FP8 checkpoint is FP8
   /// without it); FP8 weights stay FP8 on the GPU (docs/fp8.md).
