@@ -1,6 +1,6 @@
 // Causal depthwise conv1d + SiLU (Gated DeltaNet short conv) for varlen prefill and single-token decode.
-// Prefill (the vectorised kernel below for K = 4 with C and the x stride multiples of 8, or under
-// MOEFOLD_CONV_PREFILL=tile the row-tile kernel further below; else this scalar one): one block per row
+// Prefill (for K = 4 with C and the x stride multiples of 8 the row-tile kernel further below, or under
+// MOEFOLD_CONV_PREFILL=vec the vectorised kernel below; else this scalar one): one block per row
 // and channel tile. A row at position t >= K-1 of its sequence reads only the
 // new inputs; the thread at t == 0 of each (sequence, channel) computes the first K-1 outputs from the
 // slot's conv state and then writes the slot's new state, so no thread reads a state another overwrites.
@@ -252,7 +252,7 @@ __global__ void __launch_bounds__(kVecThreads, 4)
   }
 }
 
-// Row-tile prefill for K == kVecK (MOEFOLD_CONV_PREFILL=tile; same preconditions as the vectorised
+// Row-tile prefill for K == kVecK (the default; same preconditions as the vectorised
 // kernel): a thread owns 8 channels (16-byte loads and stores along C) of R consecutive rows. It loads
 // its R rows and the K-1 rows before them (the halo: the previous tile's last rows) at once, before any
 // dependent work, so that R + 3 16-byte loads per thread are in flight; then computes channel pair by
@@ -409,14 +409,15 @@ __global__ void __launch_bounds__(kConvThreads)
 
 enum class PrefillKernel { kScalar, kVec, kTile };
 
-/// MOEFOLD_CONV_PREFILL: unset / "vec" (the default: the vectorised kernel where its preconditions hold),
-/// "tile" (the row-tile kernel, same preconditions), "scalar" (the scalar kernel always). Read at each launch.
+/// MOEFOLD_CONV_PREFILL: unset / "tile" (the default: the row-tile kernel where the vectorised kernel's
+/// preconditions hold), "vec" (the vectorised kernel, same preconditions), "scalar" (the scalar kernel
+/// always). All three give the same bits. Read at each launch.
 PrefillKernel prefill_kernel(const void* x, const void* y, int C, int K, int64_t x_stride) {
   const auto aligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; };
   const char* e = std::getenv("MOEFOLD_CONV_PREFILL");
   if (e && std::strcmp(e, "scalar") == 0) return PrefillKernel::kScalar;
   if (!(K == kVecK && C % 8 == 0 && x_stride % 8 == 0 && aligned(x) && aligned(y))) return PrefillKernel::kScalar;
-  return e && std::strcmp(e, "tile") == 0 ? PrefillKernel::kTile : PrefillKernel::kVec;
+  return e && std::strcmp(e, "vec") == 0 ? PrefillKernel::kVec : PrefillKernel::kTile;
 }
 
 /// MOEFOLD_CONV_TILE_ROWS: rows per thread of the row-tile kernel, 4, 8 (the default) or 16.

@@ -30,10 +30,10 @@ void causal_conv1d_silu_prefill(const __nv_bfloat16* x, const __nv_bfloat16* w, 
                                 __nv_bfloat16* conv_state_pool, __nv_bfloat16* y, int C, int K,
                                 cudaStream_t stream, int64_t x_stride = 0);
 
-/// Prefill kernels (all give the same bits): MOEFOLD_CONV_PREFILL unset or "vec" runs the vectorised
-/// kernel where K = 4, C and x_stride are multiples of 8 and x, y 16-byte aligned (else the scalar one);
-/// "tile" runs the row-tile kernel under the same conditions (MOEFOLD_CONV_TILE_ROWS = 4, 8 (default) or
-/// 16 rows per thread); "scalar" the scalar kernel always. Read at each launch (at capture in a graph).
+/// Prefill kernels (all give the same bits): MOEFOLD_CONV_PREFILL unset or "tile" runs the row-tile
+/// kernel where K = 4, C and x_stride are multiples of 8 and x, y 16-byte aligned (else the scalar one;
+/// MOEFOLD_CONV_TILE_ROWS = 4, 8 (default) or 16 rows per thread); "vec" runs the vectorised kernel under
+/// the same conditions; "scalar" the scalar kernel always. Read at each launch (at capture in a graph).
 namespace detail {
 /// The prefill kernel causal_conv1d_silu_prefill would launch for these arguments and the environment:
 /// "scalar", "vec", "tile4", "tile8" or "tile16" (for tests and benchmarks).

@@ -336,8 +336,8 @@ void prefill_gemm_bf16_f32out(const __nv_bfloat16* x, const __nv_bfloat16* w, co
 InvariantGemmPath invariant_gemm_path() {
   static const InvariantGemmPath path = [] {
     const char* v = std::getenv("MOEFOLD_INVARIANT_GEMM");
-    if (!v || !*v || std::strcmp(v, "mma") == 0) return InvariantGemmPath::Mma;
-    if (std::strcmp(v, "wgmma") == 0) return InvariantGemmPath::Wgmma;
+    if (!v || !*v || std::strcmp(v, "wgmma") == 0) return InvariantGemmPath::Wgmma;
+    if (std::strcmp(v, "mma") == 0) return InvariantGemmPath::Mma;
     if (std::strcmp(v, "wgmma_all") == 0) return InvariantGemmPath::WgmmaAll;
     throw Error(std::string("MOEFOLD_INVARIANT_GEMM='") + v + "': expected mma, wgmma or wgmma_all");
   }();

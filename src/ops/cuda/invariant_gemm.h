@@ -19,12 +19,11 @@
 //
 // prefill_gemm_wgmma_bf16 (prefill_gemm_wgmma.cu) is the same arithmetic on Hopper's warpgroup path:
 // wgmma m64nNk16 chains fed by bulk tensor copies through an mbarrier ring, warp-specialised, 128 x
-// 128 or 128 x 192 tiles, persistent. It gives the decode GEMM's bits if and only if one wgmma k16
-// step rounds as one mma.sync m16n8k16 step (tests/cuda/wgmma_probe_test.cu decides it on the
-// device; until an H200 run has shown that and invariant_gemm_test's wgmma cases pass, it is off by
-// default). MOEFOLD_INVARIANT_GEMM=wgmma in the environment (read once) makes invariant_gemm_bf16
-// use it above 256 rows instead of prefill_gemm_bf16; =wgmma_all also moves the decode range onto
-// wgmma (plan B, decode_gemm_wgmma.h), for the case where the two instructions round differently.
+// 128 or 128 x 192 tiles, persistent. It gives the decode GEMM's bits because one wgmma k16 step
+// rounds as one mma.sync m16n8k16 step (tests/cuda/wgmma_probe_test.cu checks it on the device), and
+// invariant_gemm_bf16 runs it above 256 rows by default. MOEFOLD_INVARIANT_GEMM (read once) selects
+// other kernels: =mma prefill_gemm_bf16 above 256 rows; =wgmma_all also the decode range on wgmma
+// (decode_gemm_wgmma.h).
 //
 // Live rows: *live_rows is read on the device (nullptr = max_rows); rows >= live of y are never
 // written, of x never read. Asynchronous on `stream`, capture-safe, no allocation.
@@ -72,9 +71,8 @@ void prefill_gemm_wgmma_bf16_f32out(const __nv_bfloat16* x, const __nv_bfloat16*
                                     cudaStream_t stream, int64_t x_stride = 0, int64_t y_stride = 0, int tile_n = 0);
 
 /// The kernels invariant_gemm_bf16(_f32out) run, from MOEFOLD_INVARIANT_GEMM (read once):
-///   unset or "mma": decode_gemm_bf16 up to 256 rows, prefill_gemm_bf16 above (the default);
-///   "wgmma":        decode_gemm_bf16 up to 256 rows, prefill_gemm_wgmma_bf16 above (plan A: needs
-///                   wgmma k16 steps to round as mma.sync ones);
+///   unset or "wgmma": decode_gemm_bf16 up to 256 rows, prefill_gemm_wgmma_bf16 above (the default);
+///   "mma":          decode_gemm_bf16 up to 256 rows, prefill_gemm_bf16 above;
 ///   "wgmma_all":    decode_gemm_wgmma_bf16 (decode_gemm_wgmma.h) up to 256 rows,
 ///                   prefill_gemm_wgmma_bf16 above (plan B: decode and prefill both on wgmma).
 /// Throws moefold::Error naming the variable for any other value.

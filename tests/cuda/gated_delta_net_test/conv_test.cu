@@ -73,7 +73,7 @@ std::string conv_prefill_case(int C, const std::vector<int>& lens, uint64_t seed
   return kernel;
 }
 
-// Every prefill kernel on the same inputs: the vectorised one (the default), the row-tile one at 4, 8 and
+// Every prefill kernel on the same inputs: the vectorised one, the row-tile one (the default) at 4, 8 and
 // 16 rows per thread, the scalar one. Each runs the whole contract above, and its padded run's y (every
 // row, padding included) and state pool must equal the vectorised kernel's bit for bit (same fp32
 // arithmetic in the same order). Where C is not a multiple of 8 every setting falls back to the scalar kernel.
@@ -188,9 +188,9 @@ TEST(GdnConv, PrefillKernels) {
   conv_prefill_kernels_case(int(conv_dim(kReal)), lens, 171);
 }
 
-// Which prefill kernel runs (host-side choice: no GPU needed): the vectorised one by default where K = 4,
-// C and x_stride are multiples of 8 and x, y 16-byte aligned; MOEFOLD_CONV_PREFILL=tile the row-tile one
-// under the same conditions (MOEFOLD_CONV_TILE_ROWS 4 / 8 / 16, anything else 8); =scalar the scalar one.
+// Which prefill kernel runs (host-side choice: no GPU needed): the row-tile one by default where K = 4,
+// C and x_stride are multiples of 8 and x, y 16-byte aligned (MOEFOLD_CONV_TILE_ROWS 4 / 8 / 16, anything
+// else 8); MOEFOLD_CONV_PREFILL=vec the vectorised one under the same conditions; =scalar the scalar one.
 TEST(GdnConv, PrefillKernelSelection) {
   alignas(16) static uint16_t buf[64];
   const void *al = buf, *un = buf + 1;
@@ -204,8 +204,8 @@ TEST(GdnConv, PrefillKernelSelection) {
     saved.emplace_back(n, v ? std::optional<std::string>(v) : std::nullopt);
     unsetenv(n);
   }
-  EXPECT_EQ(name(al, al, 256, 4, 0), "vec");
-  EXPECT_EQ(name(al, al, 256, 4, 12352), "vec");
+  EXPECT_EQ(name(al, al, 256, 4, 0), "tile8");
+  EXPECT_EQ(name(al, al, 256, 4, 12352), "tile8");
   EXPECT_EQ(name(al, al, 100, 4, 0), "scalar");
   EXPECT_EQ(name(al, al, 256, 3, 0), "scalar");
   EXPECT_EQ(name(al, al, 256, 4, 260), "scalar");
@@ -221,6 +221,11 @@ TEST(GdnConv, PrefillKernelSelection) {
       ScopedEnv r("MOEFOLD_CONV_TILE_ROWS", rows);
       EXPECT_EQ(name(al, al, 8192, 4, 12352), want);
     }
+  }
+  {
+    ScopedEnv e("MOEFOLD_CONV_PREFILL", "vec");
+    EXPECT_EQ(name(al, al, 256, 4, 0), "vec");
+    EXPECT_EQ(name(al, al, 100, 4, 0), "scalar");
   }
   {
     ScopedEnv e("MOEFOLD_CONV_PREFILL", "scalar");
