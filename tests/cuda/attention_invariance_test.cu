@@ -78,6 +78,11 @@ bool selected(const std::string& name) {
 /// this head size are left out.
 std::vector<Kernel> kernels_for(int D) {
   using K = cu::AttnKernel;
+  if (D < 64) {  // only the flash kernel serves these head sizes (Auto takes it)
+    std::vector<Kernel> small{{K::Auto, "auto", 0}, {K::Flash, "flash", 64}};
+    std::erase_if(small, [](const Kernel& k) { return !selected(k.name); });
+    return small;
+  }
   const int ws_bn = D == 192 ? 64 : D == 256 ? 80 : 128, wg_bn = D <= 128 ? 128 : 64;
   std::vector<Kernel> all{{K::Ws, "ws", ws_bn}};
   if (D == 128)
@@ -352,6 +357,13 @@ TEST(AttentionInvariance, HeadDim64) {
   }
   check_shape({4, 2, 64, false, 16, "qwen3_fixture"}, 100);
   check_shape({9, 3, 64, false, 16, "smollm2"}, 200);
+}
+
+// The llama fixture's shape (mixed_step_cuda_test DecodeBesideChunkedPrefillsEqualsAlone/llama): head_dim 32
+// runs the flash kernel.
+TEST(AttentionInvariance, HeadDim32) {
+  MOEFOLD_REQUIRE_GPU();
+  check_shape({4, 2, 32, false, 16, "llama_fixture"}, 700);
 }
 
 TEST(AttentionInvariance, HeadDim128) {
