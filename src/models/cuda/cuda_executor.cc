@@ -364,8 +364,8 @@ class CudaExecutor : public Executor {
   /// strides for 4k, 32k and 256k tokens, capped by max_blocks_per_seq; a step with a longer context
   /// runs eagerly). Every bucket of the shortest class is captured now; other classes when first used.
   void setup_graphs() {
-    // With batch invariance, a bucket above the decode GEMM's 256 rows would run cuBLASLt where the same
-    // step run eagerly (or in a smaller bucket) runs the decode GEMM: such buckets are dropped.
+    // With batch invariance, buckets stay within the decode GEMM's 256 rows (the invariant GEMMs above
+    // that give the same bits, but graphs of such buckets have not been checked against eager steps).
     const int32_t most = opt_.batch_invariant ? int32_t(cuda::kDecodeGemmMaxRows) : INT32_MAX;
     for (int32_t n : opt_.cuda_graph_sizes)
       if (n >= 1 && n <= opt_.num_slots && n <= opt_.max_rows && n <= opt_.max_logits_rows && n <= most)
