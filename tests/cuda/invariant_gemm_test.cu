@@ -571,4 +571,56 @@ TEST(InvariantGemmPerf, DISABLED_WgmmaPerf) {
   std::printf("  wgmma_auto/cublas=%.3f\n", total[4] / total[0]);
 }
 
+// The decode range (1..256 rows): the decode GEMM vs the wgmma prefill GEMM at the 35B projections and the
+// lm_head, to choose MOEFOLD_WGMMA_MIN_ROWS (both give the same bits, checked here on every row of every
+// call). PERF lines: us of each, the ratio wgmma / decode and the weight-streaming rate of the faster.
+TEST(InvariantGemmPerf, DISABLED_DecodeRange) {
+  MOEFOLD_REQUIRE_GPU();
+  struct Shape {
+    int64_t N, K;
+    bool f32out;
+  };
+  const std::vector<Shape> shapes{{12352, 2048, false}, {9216, 2048, false}, {2048, 4096, false},
+                                  {1024, 2048, false},  {2048, 512, false},  {248320, 2048, true}};
+  const std::vector<int64_t> ms{1, 8, 16, 32, 48, 64, 96, 128, 192, 256};
+  const DeviceBuffer<bf16> x = dev_bf16(rand_bf16(size_t(256) * 4096, 7, 1.0f));
+  const DeviceBuffer<bf16> w = dev_bf16(rand_bf16(size_t(248320) * 2048, 8, 0.05f));
+  DeviceBuffer<float> y(size_t(256) * 248320), y2(size_t(256) * 248320);
+  DeviceBuffer<unsigned char> ws(cu::decode_gemm_workspace_bytes(cu::kDecodeGemmMaxRows, 248320, 4096) + (size_t(64) << 20));
+  ws.fill_bytes(0);
+  sync();
+  std::printf("%-14s %5s %10s %10s %7s %9s\n", "shape", "M", "decode_us", "wgmma_us", "ratio", "best_TB/s");
+  for (const Shape& s : shapes)
+    for (int64_t m : ms) {
+      auto run = [&](bool wg, void* out) {
+        if (s.f32out) {
+          float* o = static_cast<float*>(out);
+          if (wg) cu::prefill_gemm_wgmma_bf16_f32out(x.data(), w.data(), nullptr, o, m, s.K, s.N, nullptr, nullptr);
+          else cu::decode_gemm_bf16_f32out(x.data(), w.data(), nullptr, o, m, s.K, s.N, nullptr, ws.data(), nullptr);
+        } else {
+          bf16* o = static_cast<bf16*>(out);
+          if (wg) cu::prefill_gemm_wgmma_bf16(x.data(), w.data(), nullptr, o, m, s.K, s.N, nullptr, nullptr);
+          else cu::decode_gemm_bf16(x.data(), w.data(), nullptr, o, m, s.K, s.N, nullptr, ws.data(), nullptr);
+        }
+      };
+      const double td = time_us([&] { run(false, y.data()); }, 3, 20);
+      const double tw = time_us([&] { run(true, y.data()); }, 3, 20);
+      MOEFOLD_CUDA_CHECK(cudaGetLastError());
+      // Bits: the two kernels' rows are equal (bf16 or fp32 outputs compared as 16-bit words).
+      const size_t words = size_t(m) * size_t(s.N) * (s.f32out ? 2 : 1);
+      y.fill_bytes(0xFF);
+      y2.fill_bytes(0xFF);
+      run(false, y.data());
+      run(true, y2.data());
+      sync();
+      const size_t d = differing(reinterpret_cast<const bf16*>(y.data()), reinterpret_cast<const bf16*>(y2.data()), words);
+      const std::string sh = std::to_string(s.N) + "x" + std::to_string(s.K) + (s.f32out ? ",f32out" : "");
+      EXPECT_TRUE(contract_exact("decode_range:wgmma_equals_decode", sh + ",M=" + std::to_string(m), d));
+      const double tb = double(s.N) * double(s.K) * 2 * 1e-6 / std::min(td, tw);
+      std::printf("%-14s %5lld %10.2f %10.2f %7.3f %9.2f\n", sh.c_str(), static_cast<long long>(m), td, tw, tw / td, tb);
+      perf_line("decode_range", sh + ",M=" + std::to_string(m), tw,
+                "decode_us=" + std::to_string(td) + " ratio=" + std::to_string(tw / td) + " best_TB/s=" + std::to_string(tb));
+    }
+}
+
 }  // namespace

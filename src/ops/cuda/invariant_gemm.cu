@@ -344,11 +344,32 @@ InvariantGemmPath invariant_gemm_path() {
   return path;
 }
 
+int64_t invariant_gemm_wgmma_min_rows() {
+  static const int64_t rows = [] {
+    const char* v = std::getenv("MOEFOLD_WGMMA_MIN_ROWS");
+    if (!v || !*v) return kDecodeGemmMaxRows + 1;
+    char* end = nullptr;
+    const long long r = std::strtoll(v, &end, 10);
+    if (end == v || *end != '\0' || r < 1)
+      throw Error(std::string("MOEFOLD_WGMMA_MIN_ROWS='") + v + "': expected a row count >= 1");
+    return int64_t(r);
+  }();
+  return rows;
+}
+
+namespace {
+/// Whether a call of max_rows rows takes the decode-range kernel (else the prefill-range one).
+bool decode_range(int64_t max_rows, InvariantGemmPath path) {
+  if (max_rows > kDecodeGemmMaxRows) return false;
+  return path != InvariantGemmPath::Wgmma || max_rows < invariant_gemm_wgmma_min_rows();
+}
+}  // namespace
+
 void invariant_gemm_bf16(const __nv_bfloat16* x, const __nv_bfloat16* w, const __nv_bfloat16* bias, __nv_bfloat16* y,
                          int64_t max_rows, int64_t K, int64_t N, const int32_t* live_rows, void* workspace,
                          cudaStream_t stream, int64_t x_stride, int64_t y_stride) {
   const InvariantGemmPath path = invariant_gemm_path();
-  if (max_rows <= kDecodeGemmMaxRows) {
+  if (decode_range(max_rows, path)) {
     if (path == InvariantGemmPath::WgmmaAll)
       decode_gemm_wgmma_bf16(x, w, bias, y, max_rows, K, N, live_rows, workspace, stream, x_stride, y_stride);
     else
@@ -364,7 +385,7 @@ void invariant_gemm_bf16_f32out(const __nv_bfloat16* x, const __nv_bfloat16* w, 
                                 int64_t max_rows, int64_t K, int64_t N, const int32_t* live_rows, void* workspace,
                                 cudaStream_t stream, int64_t x_stride, int64_t y_stride) {
   const InvariantGemmPath path = invariant_gemm_path();
-  if (max_rows <= kDecodeGemmMaxRows) {
+  if (decode_range(max_rows, path)) {
     if (path == InvariantGemmPath::WgmmaAll)
       decode_gemm_wgmma_bf16_f32out(x, w, bias, y, max_rows, K, N, live_rows, workspace, stream, x_stride, y_stride);
     else

@@ -79,6 +79,12 @@ void prefill_gemm_wgmma_bf16_f32out(const __nv_bfloat16* x, const __nv_bfloat16*
 enum class InvariantGemmPath { Mma, Wgmma, WgmmaAll };
 InvariantGemmPath invariant_gemm_path();
 
+/// On the default path (wgmma), calls of at least this many rows take prefill_gemm_wgmma_bf16 even
+/// within the decode GEMM's range (<= 256 rows): both give the same bits for every row, so the choice
+/// is free and made for speed only. MOEFOLD_WGMMA_MIN_ROWS (read once; default 257 = the decode GEMM
+/// up to 256 rows). Throws moefold::Error for a value that is not a row count >= 1.
+int64_t invariant_gemm_wgmma_min_rows();
+
 /// The batch-invariant projection for any row count: decode_gemm_bf16 for max_rows <= 256 (with its
 /// `workspace`, sized by decode_gemm_workspace_bytes(256, N, K) and zero-filled once), else
 /// prefill_gemm_bf16 (workspace unused); other kernels by invariant_gemm_path(). Same preconditions and errors as those two.
