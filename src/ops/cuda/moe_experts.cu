@@ -55,7 +55,7 @@ const prof::Kernel kExpertGemmWgmma[2] = {{"moe_gemm_wgmma_kernel:gate_up", prof
 
 /// Whether configuration `cfg` of `s` runs the wgmma version of the 128-row tiles.
 bool wgmma_selected(const MoeShape& s, int cfg) {
-  return cfg == 2 && moe_detail::expert_gemm_wgmma() && moe_detail::expert_gemm_wgmma_fits(s);
+  return cfg == 2 && moe_detail::expert_gemm_wgmma();
 }
 const prof::Kernel kCombine{"moe_combine_kernel", prof::Category::MoeRouting};
 

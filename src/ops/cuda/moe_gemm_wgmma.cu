@@ -8,19 +8,20 @@
 // value, rounded once to bf16. A wgmma m64nNk16 step rounds as an mma.sync m16n8k16 step
 // (tests/cuda/wgmma_probe_test.cu), so the outputs are bitwise the tiles'.
 //
-// Block: 384 threads, one 128 x 256 tile of the B rows at a time (gate_up: 128 gate rows n0.. and the
-// matching 128 up rows I + n0.., so 128 act columns; down: 256 y columns), persistent over the
+// Block: 384 threads, one 128 x BN tile at a time, BN = 256 B rows (4-stage ring) or 128 (6 stages)
+// (gate_up: BN / 2 gate rows n0.. and the matching up rows I + n0.., so BN / 2 act columns; down: BN
+// y columns), persistent over the
 // (plan tile, column tile) items of the live tiles (*num_tiles, read on the device), kGroupM plan
 // tiles sweeping the column tiles together (an expert's rows share its weights in L2).
 //  - warpgroup 0, the producer (registers given up with setmaxnreg), fills a ring of kStages stages,
-//    each the 128 x 64 A tile and the 256 x 64 B tile of one K chunk. B by bulk tensor copies (TMA,
+//    each the 128 x 64 A tile and the BN x 64 B tile of one K chunk. B by bulk tensor copies (TMA,
 //    128-byte swizzle) of the expert's rows, completing on the stage's full mbarrier (thread 0 arrives
 //    with the byte count). A row by row with cp.async, 8 16-byte chunks per thread, in the same
 //    swizzle: gate_up gathers x[pairs[pos] / k], down reads act[pos]; rows past the tile's live rows
 //    (the expert's count) are zero-filled without a read. Each thread keeps kLag chunks in flight:
 //    once its copies of chunk q - kLag have landed (cp.async.wait_group) it fences them for the async
 //    proxy and arrives on that chunk's full barrier (128 arrivals + thread 0's).
-//  - warpgroups 1 and 2, the consumers: 64 rows each, all 256 columns (128 fp32 accumulators per
+//  - warpgroups 1 and 2, the consumers: 64 rows each, all BN columns (BN / 2 fp32 accumulators per
 //    thread); per chunk 4 wgmma (both operands from shared memory), one commit group; the previous
 //    chunk's stage is released once its group completes (wait_group 1). The epilogue rounds and stores
 //    from registers, live rows only (gate_up: act[pos]; down: y[pairs[pos]]).
@@ -47,23 +48,33 @@
 namespace moefold::cuda::moe_detail {
 namespace {
 
-constexpr int kBM = 128, kBN = 256, kBK = 64, kStages = 4, kThreads = 384, kGroupM = 16;
+constexpr int kBM = 128, kBK = 64, kThreads = 384, kGroupM = 16;
 constexpr int kProducerThreads = 128;
-constexpr int kLag = kStages - 2;  // chunks a producer thread keeps in flight before arriving
 constexpr int kProducerRegs = 72, kConsumerRegs = 216;  // 128 * 72 + 256 * 216 <= 65536 (56 spills)
-constexpr uint32_t kABytes = kBM * kBK * 2, kBBytes = kBN * kBK * 2;
-constexpr uint32_t kStageBytes = kABytes + kBBytes;  // a multiple of 1024 (swizzle atoms)
-constexpr uint32_t kBarOff = kStages * kStageBytes;
-constexpr size_t kSmem = size_t(kBarOff) + 2 * kStages * 8 + 1024;  // + alignment slack
-constexpr int kAcc = kBN / 2;                                        // fp32 accumulators per thread
-constexpr int kAChunks = kBM * 8 / kProducerThreads;                 // 16-byte A chunks per thread per stage
-static_assert(kSmem <= 227 * 1024, "shared memory");
-static_assert(kAChunks == 8 && kLag >= 1, "producer layout");
+constexpr uint32_t kABytes = kBM * kBK * 2;
+constexpr int kAChunks = kBM * 8 / kProducerThreads;  // 16-byte A chunks per producer thread per stage
+static_assert(kAChunks == 8, "producer layout");
 
-template <GemmMode MODE>
+/// Tile of BN (256 or 128) B rows: the ring's depth, bytes and accumulators.
+template <int BN>
+struct TileCfg {
+  static constexpr int kStages = BN == 256 ? 4 : 6;
+  static constexpr int kLag = kStages - 2;  // chunks a producer thread keeps in flight before arriving
+  static constexpr uint32_t kBBytes = BN * kBK * 2;
+  static constexpr uint32_t kStageBytes = kABytes + kBBytes;  // a multiple of 1024 (swizzle atoms)
+  static constexpr uint32_t kBarOff = kStages * kStageBytes;
+  static constexpr size_t kSmem = size_t(kBarOff) + 2 * kStages * 8 + 1024;  // + alignment slack
+  static constexpr int kAcc = BN / 2;                                        // fp32 accumulators per thread
+  static_assert(kSmem <= 227 * 1024, "shared memory");
+};
+
+template <GemmMode MODE, int kBN>
 __global__ void __launch_bounds__(kThreads, 1)
     moe_gemm_wgmma_kernel(const __grid_constant__ CUtensorMap tmb, const GemmParams p, int max_tiles) {
   pdl_begin();
+  using Cfg = TileCfg<kBN>;
+  constexpr int kStages = Cfg::kStages, kLag = Cfg::kLag, kAcc = Cfg::kAcc;
+  constexpr uint32_t kBBytes = Cfg::kBBytes, kStageBytes = Cfg::kStageBytes, kBarOff = Cfg::kBarOff;
   constexpr bool kSwiglu = MODE == GemmMode::kExpertGateUp;
   constexpr int kCols = kSwiglu ? kBN / 2 : kBN;  // output columns of one item
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -187,7 +198,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int h = 0; h < 2; ++h) {
       const int r = cw * 64 + w4 * 16 + g + 8 * h;
       if (r >= nrows) continue;
-      if constexpr (kSwiglu) {  // gate column j pairs with up column j + 128 (fragment j + 16)
+      if constexpr (kSwiglu) {  // gate column j pairs with up column j + kBN / 2 (fragment j + kBN / 16)
         __nv_bfloat16* out = C + int64_t(pos0 + r) * p.ldc + nt * kCols + 2 * tig;
 #pragma unroll
         for (int j = 0; j < kBN / 16; ++j) {
@@ -206,8 +217,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-template <GemmMode MODE>
+template <GemmMode MODE, int kBN>
 void launch(const GemmParams& p, int E, int max_tiles, cudaStream_t stream, const char* who) {
+  using Cfg = TileCfg<kBN>;
   constexpr bool kSwiglu = MODE == GemmMode::kExpertGateUp;
   constexpr int kCols = kSwiglu ? kBN / 2 : kBN;
   MOEFOLD_CHECK(p.N % kCols == 0 && p.K % kBK == 0 && p.K >= kBK && p.b_expert_stride % p.K == 0,
@@ -215,18 +227,19 @@ void launch(const GemmParams& p, int E, int max_tiles, cudaStream_t stream, cons
   if (max_tiles <= 0) return;
   const int64_t b_rows = p.b_expert_stride / p.K;
   const CUtensorMap mb = tma_map_2d_bf16(p.B, int64_t(E) * b_rows, p.K, p.K, kSwiglu ? kBN / 2 : kBN, who);
-  auto* k = moe_gemm_wgmma_kernel<MODE>;
+  auto* k = moe_gemm_wgmma_kernel<MODE, kBN>;
   static std::once_flag once;
   std::call_once(once, [k] {
-    MOEFOLD_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
+    MOEFOLD_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Cfg::kSmem)));
   });
   const int64_t items = int64_t(max_tiles) * (p.N / kCols);
   const int blocks = int(std::min<int64_t>(items, device_sm_count()));
-  launch_pdl(k, dim3(unsigned(blocks)), dim3(kThreads), kSmem, stream, mb, p, max_tiles);
+  launch_pdl(k, dim3(unsigned(blocks)), dim3(kThreads), Cfg::kSmem, stream, mb, p, max_tiles);
   MOEFOLD_CUDA_CHECK_LAUNCH();
 }
 
 std::atomic<int> g_override{-1};  // -1: the environment decides
+std::atomic<int> g_tile_n{0};     // 0: automatic
 
 bool env_wgmma() {
   static const bool on = [] {
@@ -238,21 +251,40 @@ bool env_wgmma() {
   return on;
 }
 
+/// The tile width for a GEMM of N output columns (gate_up: act columns): the forced one, else 256
+/// when whole tiles cover N, else 128.
+int tile_n_for(bool gate_up, int N) {
+  const int forced = g_tile_n.load(std::memory_order_relaxed);
+  if (forced != 0) return forced;
+  return N % (gate_up ? 128 : 256) == 0 ? 256 : 128;
+}
+
 }  // namespace
 
 bool expert_gemm_wgmma() {
   const int o = g_override.load(std::memory_order_relaxed);
   return o >= 0 ? o != 0 : env_wgmma();
 }
-void set_expert_gemm_wgmma(bool on) { g_override.store(on ? 1 : 0, std::memory_order_relaxed); }
+void set_expert_gemm_wgmma(bool on, int tile_n) {
+  MOEFOLD_CHECK(tile_n == 0 || tile_n == 128 || tile_n == 256,
+                fmt::runtime("set_expert_gemm_wgmma: tile_n {} (expected 0, 128 or 256)"), tile_n);
+  g_override.store(on ? 1 : 0, std::memory_order_relaxed);
+  g_tile_n.store(tile_n, std::memory_order_relaxed);
+}
 
-bool expert_gemm_wgmma_fits(const MoeShape& s) { return s.I % 128 == 0 && s.H % 256 == 0; }
+int expert_gemm_wgmma_tile_n(const MoeShape& s, bool gate_up) { return tile_n_for(gate_up, gate_up ? s.I : s.H); }
 
 void launch_wgmma_gate_up(const GemmParams& p, int E, int max_tiles, cudaStream_t stream) {
-  launch<GemmMode::kExpertGateUp>(p, E, max_tiles, stream, "moe_gemm_wgmma:gate_up");
+  if (tile_n_for(true, p.N) == 256)
+    launch<GemmMode::kExpertGateUp, 256>(p, E, max_tiles, stream, "moe_gemm_wgmma:gate_up");
+  else
+    launch<GemmMode::kExpertGateUp, 128>(p, E, max_tiles, stream, "moe_gemm_wgmma:gate_up");
 }
 void launch_wgmma_down(const GemmParams& p, int E, int max_tiles, cudaStream_t stream) {
-  launch<GemmMode::kExpertDown>(p, E, max_tiles, stream, "moe_gemm_wgmma:down");
+  if (tile_n_for(false, p.N) == 256)
+    launch<GemmMode::kExpertDown, 256>(p, E, max_tiles, stream, "moe_gemm_wgmma:down");
+  else
+    launch<GemmMode::kExpertDown, 128>(p, E, max_tiles, stream, "moe_gemm_wgmma:down");
 }
 
 }  // namespace moefold::cuda::moe_detail

@@ -14,13 +14,15 @@ struct GemmParams;  // moe_gemm.cuh
 
 /// Whether the 128-row expert tiles (moe_expert_config 2) run the wgmma kernels: MOEFOLD_MOE_GEMM
 /// (read once): unset, "" or "mma" = no, "wgmma" = yes; any other value throws moefold::Error. The
-/// setter overrides it (tests, A/B timing); the bits do not change.
+/// setter overrides it (tests, A/B timing) and forces the tile width (0: automatic, 128 or 256; other
+/// values throw moefold::Error); the bits do not change.
 bool expert_gemm_wgmma();
-void set_expert_gemm_wgmma(bool on);
+void set_expert_gemm_wgmma(bool on, int tile_n = 0);
 
-/// Whether the wgmma kernels take `shape` (I % 128 == 0 and H % 256 == 0: whole 128-column act tiles
-/// and 256-column y tiles); other shapes keep the mma.sync tiles.
-bool expert_gemm_wgmma_fits(const MoeShape& shape);
+/// The B rows of one wgmma tile for `shape`'s gate_up (true) or down GEMM: the forced width, else 256
+/// when the columns split into whole tiles (gate_up: I % 128, down: H % 256), else 128 (every shape
+/// MoeShape allows: I % 64, H % 128).
+int expert_gemm_wgmma_tile_n(const MoeShape& shape, bool gate_up);
 
 /// gate_up + SwiGLU (GemmParams of GemmMode::kExpertGateUp, the 128-row plan tiles): act[j, :] for every
 /// planned pair j, as moe_gemm_kernel<CfgPrefill, kExpertGateUp>. E: experts of gate_up ([E, 2I, H]);

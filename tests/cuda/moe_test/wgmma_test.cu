@@ -11,12 +11,13 @@
 // CPU and vs the tiles (bitwise) with padded, poisoned inputs.
 //
 // MoeWgmmaPerf.DISABLED_Prefill35B times both GEMMs at the 35B shape, 32768 tokens, router top-8
-// routing and a skewed (Zipf) routing: tiles vs wgmma in the order A B B A, TFLOP/s, and the fraction
+// routing and a skewed (Zipf) routing: tiles vs wgmma (both tile widths) in the order A B C C B A, TFLOP/s, and the fraction
 // of cuBLASLt's dense GEMM of the same FLOPs (M = tokens * k) measured in the same binary.
 #include <numeric>
 #include <random>
 #include <stdexcept>
 
+#include "core/error.h"
 #include "cuda/moe_test/moe_test_util.h"
 #include "ops/cuda/gemm.h"
 #include "ops/cuda/moe_gemm_wgmma.h"
@@ -139,12 +140,13 @@ struct ExpertCase {
   }
   size_t act_elems() const { return size_t(L) * w.I; }
   size_t y_elems() const { return size_t(L) * w.H; }
-  /// gate_up then down with the wgmma kernels or the mma.sync tiles, act and y poisoned first.
-  void run(bool wgmma) {
+  /// gate_up then down with the wgmma kernels (tile width tile_n, 0: automatic) or the mma.sync tiles,
+  /// act and y poisoned first.
+  void run(bool wgmma, int tile_n = 0) {
     const size_t P = size_t(cap) * w.k;
     MOEFOLD_CUDA_CHECK(cudaMemset(ws.act, 0xFF, P * w.I * 2));
     MOEFOLD_CUDA_CHECK(cudaMemset(ws.y, 0xFF, P * w.H * 2));
-    moe_detail::set_expert_gemm_wgmma(wgmma);
+    moe_detail::set_expert_gemm_wgmma(wgmma, tile_n);
     moe_expert_gate_up(x.as<__nv_bfloat16>(), w.d_gate_up.as<__nv_bfloat16>(), shape, ws, nullptr);
     moe_expert_down(w.d_down.as<__nv_bfloat16>(), shape, ws, nullptr);
     MOEFOLD_CUDA_CHECK(cudaDeviceSynchronize());
@@ -191,7 +193,7 @@ std::pair<double, double> cpu_rel_err(const ExpertCase& c, const std::vector<int
 /// The full check of one expert load: wgmma == tiles bitwise, all live outputs written, padding
 /// untouched, sampled pairs vs the CPU.
 void check_load(MoeWeights& w, const std::string& name, const std::vector<int32_t>& ids, int T, int pad,
-                uint64_t seed, int cpu_samples) {
+                uint64_t seed, int cpu_samples, const std::vector<int>& tile_ns = {256, 128}) {
   const std::string shp = name + "," + shape_str(w.E, w.k, w.H, w.I, T, T + pad);
   ExpertCase c(w, ids, T, pad, seed);
   EXPECT_EQ(download<int32_t>(c.ws.offsets + w.E, 1)[0], c.L) << shp;
@@ -199,15 +201,19 @@ void check_load(MoeWeights& w, const std::string& name, const std::vector<int32_
   DevBuf act_ref(c.act_elems() * 2), y_ref(c.y_elems() * 2);
   MOEFOLD_CUDA_CHECK(cudaMemcpy(act_ref.p, c.ws.act, c.act_elems() * 2, cudaMemcpyDeviceToDevice));
   MOEFOLD_CUDA_CHECK(cudaMemcpy(y_ref.p, c.ws.y, c.y_elems() * 2, cudaMemcpyDeviceToDevice));
-  c.run(true);
   const size_t P = size_t(c.cap) * w.k;
-  EXPECT_TRUE(contract_exact("moe_gemm_wgmma:gate_up_equals_tiles", shp, count_on_device(c.ws.act, act_ref.p, c.act_elems())));
-  EXPECT_TRUE(contract_exact("moe_gemm_wgmma:down_equals_tiles", shp, count_on_device(c.ws.y, y_ref.p, c.y_elems())));
-  EXPECT_TRUE(contract_exact("moe_gemm_wgmma:live_written", shp,
-                             count_on_device(c.ws.act, nullptr, c.act_elems()) + count_on_device(c.ws.y, nullptr, c.y_elems())));
-  EXPECT_TRUE(contract_exact("moe_gemm_wgmma:padding_untouched", shp,
-                             count_unpoisoned(c.ws.act + c.act_elems(), (P - size_t(c.L)) * w.I * 2) +
-                                 count_unpoisoned(c.ws.y + c.y_elems(), (P - size_t(c.L)) * w.H * 2)));
+  for (int tile_n : tile_ns) {  // the tile widths of the wgmma kernels
+    c.run(true, tile_n);
+    const std::string s = shp + ",tile_n=" + std::to_string(tile_n);
+    EXPECT_TRUE(contract_exact("moe_gemm_wgmma:gate_up_equals_tiles", s, count_on_device(c.ws.act, act_ref.p, c.act_elems())));
+    EXPECT_TRUE(contract_exact("moe_gemm_wgmma:down_equals_tiles", s, count_on_device(c.ws.y, y_ref.p, c.y_elems())));
+    EXPECT_TRUE(contract_exact("moe_gemm_wgmma:live_written", s,
+                               count_on_device(c.ws.act, nullptr, c.act_elems()) + count_on_device(c.ws.y, nullptr, c.y_elems())));
+    EXPECT_TRUE(contract_exact("moe_gemm_wgmma:padding_untouched", s,
+                               count_unpoisoned(c.ws.act + c.act_elems(), (P - size_t(c.L)) * w.I * 2) +
+                                   count_unpoisoned(c.ws.y + c.y_elems(), (P - size_t(c.L)) * w.H * 2)));
+  }
+  c.run(true);  // the automatic width, for the CPU check
   if (cpu_samples > 0) {
     std::vector<int> pos;  // spread over the plan, first and last included
     for (int i = 0; i < cpu_samples; ++i) pos.push_back(int(int64_t(c.L - 1) * i / std::max(1, cpu_samples - 1)));
@@ -217,10 +223,23 @@ void check_load(MoeWeights& w, const std::string& name, const std::vector<int32_
   }
 }
 
-TEST(MoeWgmma, Fits) {
-  EXPECT_TRUE(moe_detail::expert_gemm_wgmma_fits(MoeShape{4096, 256, 8, 2048, 512}));
-  EXPECT_TRUE(moe_detail::expert_gemm_wgmma_fits(MoeShape{4096, 16, 4, 256, 128}));
-  EXPECT_FALSE(moe_detail::expert_gemm_wgmma_fits(MoeShape{4096, 16, 4, 128, 64}));  // fixtures: the tiles
+// The automatic tile width: 256 B rows where whole tiles cover the columns, else 128; bad widths throw.
+TEST(MoeWgmma, TileWidth) {
+  EXPECT_EQ(moe_detail::expert_gemm_wgmma_tile_n(MoeShape{4096, 256, 8, 2048, 512}, true), 256);
+  EXPECT_EQ(moe_detail::expert_gemm_wgmma_tile_n(MoeShape{4096, 256, 8, 2048, 512}, false), 256);
+  EXPECT_EQ(moe_detail::expert_gemm_wgmma_tile_n(MoeShape{4096, 16, 4, 128, 64}, true), 128);   // fixtures
+  EXPECT_EQ(moe_detail::expert_gemm_wgmma_tile_n(MoeShape{4096, 16, 4, 128, 64}, false), 128);
+  EXPECT_EQ(moe_detail::expert_gemm_wgmma_tile_n(MoeShape{4096, 16, 4, 384, 192}, false), 128);  // 384 % 256
+  EXPECT_THROW(moe_detail::set_expert_gemm_wgmma(true, 192), Error);
+  moe_detail::set_expert_gemm_wgmma(false);
+}
+
+// The fixtures' shape (H 128, I 64) has no 256-wide tiles: the 128-wide kernels alone, one K chunk of down.
+TEST(MoeWgmma, TinyShape) {
+  MOEFOLD_REQUIRE_GPU();
+  static std::unique_ptr<MoeWeights> w = make_weights(16, 4, 128, 64, 2500);
+  const std::vector<int> c = {0, 1, 127, 128, 129, 0, 200, 60, 61, 64, 65, 0, 2, 3, 130, 10};  // sum 980
+  check_load(*w, "tiny", ids_for_counts(c, 245, 4), 245, 3, 31, 8, {128});
 }
 
 // Small shape (16 experts top-4, H 256, I 128): edge loads.
@@ -279,7 +298,8 @@ TEST(MoeWgmma, ChainContract) {
     }
 }
 
-// 35B shape, 32768 tokens: tiles (A) vs wgmma (B), A B B A, per GEMM and both, plus cuBLASLt's dense
+// 35B shape, 32768 tokens: tiles (A) vs wgmma 256-wide (B) and 128-wide (C), A B C C B A, per GEMM and
+// both, plus cuBLASLt's dense
 // GEMM of the same FLOPs (M = 32768 * 8 rows). Routing: the router's top-8 on random inputs, and Zipf(1).
 TEST(MoeWgmmaPerf, DISABLED_Prefill35B) {
   MOEFOLD_REQUIRE_GPU();
@@ -322,32 +342,36 @@ TEST(MoeWgmmaPerf, DISABLED_Prefill35B) {
     const int mx = *std::max_element(counts.begin(), counts.end());
     const int mn = *std::min_element(counts.begin(), counts.end());
     std::printf("routing %s: rows per expert min %d max %d mean %.0f\n", routing, mn, mx, double(M) / E);
-    auto gu = [&](bool wg) {
-      moe_detail::set_expert_gemm_wgmma(wg);
+    // Variants: 0 = the mma.sync tiles, 1 = wgmma 256-wide tiles, 2 = wgmma 128-wide; order A B C C B A.
+    auto gu = [&](int v) {
+      moe_detail::set_expert_gemm_wgmma(v != 0, v == 1 ? 256 : 128);
       moe_expert_gate_up(c.x.as<__nv_bfloat16>(), w.d_gate_up.as<__nv_bfloat16>(), c.shape, c.ws, nullptr);
     };
-    auto dn = [&](bool wg) {
-      moe_detail::set_expert_gemm_wgmma(wg);
+    auto dn = [&](int v) {
+      moe_detail::set_expert_gemm_wgmma(v != 0, v == 1 ? 256 : 128);
       moe_expert_down(w.d_down.as<__nv_bfloat16>(), c.shape, c.ws, nullptr);
     };
-    double t_gu[4], t_dn[4];
-    const bool order[4] = {false, true, true, false};  // A B B A
-    for (int i = 0; i < 4; ++i) {
-      t_gu[i] = test::time_us([&] { gu(order[i]); }, 2, 15);
-      t_dn[i] = test::time_us([&] { dn(order[i]); }, 2, 15);
+    const int order[6] = {0, 1, 2, 2, 1, 0};
+    double t_gu[3] = {0, 0, 0}, t_dn[3] = {0, 0, 0};
+    std::string seq;
+    for (int v : order) {
+      const double a = test::time_us([&] { gu(v); }, 2, 15), b = test::time_us([&] { dn(v); }, 2, 15);
+      t_gu[v] += a / 2, t_dn[v] += b / 2;
+      seq += fmt::format(" {}:{:.0f}/{:.0f}", "ABC"[v], a, b);
     }
-    // Bits of this routing: tiles vs wgmma, act and y.
+    std::printf("%s A B C C B A (gate_up/down us):%s\n", routing, seq.c_str());
+    // Bits of this routing: tiles vs each wgmma width, act and y.
     c.run(false);
     DevBuf a_ref(c.act_elems() * 2), y_ref(c.y_elems() * 2);
     MOEFOLD_CUDA_CHECK(cudaMemcpy(a_ref.p, c.ws.act, c.act_elems() * 2, cudaMemcpyDeviceToDevice));
     MOEFOLD_CUDA_CHECK(cudaMemcpy(y_ref.p, c.ws.y, c.y_elems() * 2, cudaMemcpyDeviceToDevice));
-    c.run(true);
-    const size_t diff = count_on_device(c.ws.act, a_ref.p, c.act_elems()) + count_on_device(c.ws.y, y_ref.p, c.y_elems());
-    EXPECT_EQ(diff, 0u) << routing;
-    rows.push_back({routing, "tiles_mma(A)", (t_gu[0] + t_gu[3]) / 2, (t_dn[0] + t_dn[3]) / 2, 0});
-    rows.push_back({routing, "wgmma(B)", (t_gu[1] + t_gu[2]) / 2, (t_dn[1] + t_dn[2]) / 2, diff});
-    std::printf("%s A B B A gate_up us: %.1f %.1f %.1f %.1f | down us: %.1f %.1f %.1f %.1f\n", routing, t_gu[0], t_gu[1],
-                t_gu[2], t_gu[3], t_dn[0], t_dn[1], t_dn[2], t_dn[3]);
+    rows.push_back({routing, "tiles_mma(A)", t_gu[0], t_dn[0], 0});
+    for (int v = 1; v <= 2; ++v) {
+      c.run(true, v == 1 ? 256 : 128);
+      const size_t diff = count_on_device(c.ws.act, a_ref.p, c.act_elems()) + count_on_device(c.ws.y, y_ref.p, c.y_elems());
+      EXPECT_EQ(diff, 0u) << routing << " variant " << v;
+      rows.push_back({routing, v == 1 ? "wgmma256(B)" : "wgmma128(C)", t_gu[v], t_dn[v], diff});
+    }
   }
   moe_detail::set_expert_gemm_wgmma(false);
   std::printf("%-12s %-13s %9s %8s %7s %9s %8s %7s %9s %8s %7s %s\n", "routing", "variant", "gu_us", "gu_TF/s", "gu/cub",
