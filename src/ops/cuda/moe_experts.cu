@@ -11,6 +11,7 @@
 #include "ops/cuda/launch_scope.h"
 #include "ops/cuda/moe.h"
 #include "ops/cuda/moe_gemm.cuh"
+#include "ops/cuda/moe_gemm_wgmma.h"
 #include "ops/cuda/moe_internal.h"
 #include "ops/cuda/pdl.cuh"
 
@@ -48,6 +49,14 @@ const prof::Kernel kExpertGemm[2][5] = {
      {"moe_gemv_down_kernel", prof::Category::RoutedExpertGemm},
      {"moe_stream_kernel:down", prof::Category::RoutedExpertGemm}}};
 static_assert(kMoeExpertGemv == 3 && kMoeExpertStream == 4, "kExpertGemm's last columns: the GEMV, the stream kernels");
+// The 128-row tiles on wgmma (moe_gemm_wgmma.h, MOEFOLD_MOE_GEMM=wgmma): gate_up, down.
+const prof::Kernel kExpertGemmWgmma[2] = {{"moe_gemm_wgmma_kernel:gate_up", prof::Category::RoutedExpertGemm},
+                                          {"moe_gemm_wgmma_kernel:down", prof::Category::RoutedExpertGemm}};
+
+/// Whether configuration `cfg` of `s` runs the wgmma version of the 128-row tiles.
+bool wgmma_selected(const MoeShape& s, int cfg) {
+  return cfg == 2 && moe_detail::expert_gemm_wgmma();
+}
 const prof::Kernel kCombine{"moe_combine_kernel", prof::Category::MoeRouting};
 
 /// Work of one expert GEMM from the plan's per-expert counts (pairs = their sum, touched experts = the
@@ -117,7 +126,16 @@ void dispatch_expert_gemm(const GemmParams& p, const MoeShape& s, const MoeWorks
         moe_detail::launch_stream_down(p, tiles, stream);
       break;
     case 1: launch_expert_gemm<CfgMedium, MODE>(p, n_cols, tiles, stream); break;
-    default: launch_expert_gemm<CfgPrefill, MODE>(p, n_cols, tiles, stream); break;
+    default:
+      if (wgmma_selected(s, cfg)) {
+        if constexpr (MODE == GemmMode::kExpertGateUp)
+          moe_detail::launch_wgmma_gate_up(p, s.E, tiles, stream);
+        else
+          moe_detail::launch_wgmma_down(p, s.E, tiles, stream);
+      } else {
+        launch_expert_gemm<CfgPrefill, MODE>(p, n_cols, tiles, stream);
+      }
+      break;
   }
 }
 
@@ -317,7 +335,8 @@ void moe_expert_gate_up(const __nv_bfloat16* x, const __nv_bfloat16* gate_up, co
   p.b_expert_stride = int64_t(2) * s.I * s.H;
   p.b_up_offset = s.I;
   const int cfg = moe_detail::expert_config(s);
-  LaunchScope launch(kExpertGemm[0][cfg], stream, [&] { return expert_work_bound(true, s); });
+  LaunchScope launch(wgmma_selected(s, cfg) ? kExpertGemmWgmma[0] : kExpertGemm[0][cfg], stream,
+                     [&] { return expert_work_bound(true, s); });
   set_expert_work(launch, true, s, ws);
   if (cfg == kMoeExpertGemv)
     moe_detail::launch_gemv_gate_up(x, gate_up, plan_view(ws), s.k, s.H, s.I, gemv_max_tiles(s, ws), ws.act, stream);
@@ -337,7 +356,8 @@ void moe_expert_down(const __nv_bfloat16* down, const MoeShape& s, const MoeWork
   p.topk = s.k;
   p.b_expert_stride = int64_t(s.H) * s.I;
   const int cfg = moe_detail::expert_config(s);
-  LaunchScope launch(kExpertGemm[1][cfg], stream, [&] { return expert_work_bound(false, s); });
+  LaunchScope launch(wgmma_selected(s, cfg) ? kExpertGemmWgmma[1] : kExpertGemm[1][cfg], stream,
+                     [&] { return expert_work_bound(false, s); });
   set_expert_work(launch, false, s, ws);
   if (cfg == kMoeExpertGemv)
     moe_detail::launch_gemv_down(ws.act, down, plan_view(ws), s.H, s.I, gemv_max_tiles(s, ws), ws.y, stream);

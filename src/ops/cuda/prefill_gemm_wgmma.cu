@@ -26,9 +26,6 @@
 //    from registers, rows < live and columns < N only.
 #include "ops/cuda/cuda_check.h"
 // (cuda_check.h first: see its note on fmt under nvcc)
-#include <cuda.h>
-#include <cudaTypedefs.h>
-
 #include <algorithm>
 #include <mutex>
 #include <string>
@@ -40,6 +37,8 @@
 #include "ops/cuda/launch_scope.h"
 #include "ops/cuda/pdl.cuh"
 #include "ops/cuda/ptx.cuh"
+#include "ops/cuda/tma_map.h"
+#include "ops/cuda/tma_pipeline.cuh"
 #include "ops/cuda/wgmma.cuh"
 #include "ops/cuda/wgmma_ss.cuh"
 
@@ -73,25 +72,6 @@ struct WParams {
   int K, N, S, KC, col_tiles;
 };
 
-/// Bulk tensor copy of the box at (c0 = column, c1 = row) of the 2-D map `map` (a __grid_constant__
-/// parameter) to shared address `dst`, completing its bytes on mbarrier `bar`.
-__device__ __forceinline__ void tma_2d(uint32_t dst, const void* map, uint32_t bar, int c0, int c1) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1)
-      : "memory");
-}
-
-/// One arrival on mbarrier `bar` by the threads with `lane` == 0, as a predicated instruction rather
-/// than a branch: a branch around it between wgmma issue and wait is a divergent path on which ptxas
-/// serialises every wgmma of the kernel (its warning C7518).
-__device__ __forceinline__ void mbar_arrive_lane0(uint32_t bar, int lane) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.eq.s32 p, %1, 0;\n@p mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];\n}\n" ::"r"(bar),
-      "r"(lane)
-      : "memory");
-}
-
 template <class OutT>
 __device__ __forceinline__ float bias_at(const void* b, int n) {
   if constexpr (sizeof(OutT) == 4) return static_cast<const float*>(b)[n];
@@ -123,16 +103,6 @@ __device__ __forceinline__ void store_pair(const WParams& p, int64_t row, int co
       if (two) out[1] = __float2bfloat16_rn(v1);
     }
   }
-}
-
-/// Tile t of the grouped raster over row_tiles x col_tiles: (row tile, column tile).
-__device__ __forceinline__ void raster(int t, int row_tiles, int col_tiles, int& mt, int& nt) {
-  const int per_group = kGroupM * col_tiles;
-  const int first_m = (t / per_group) * kGroupM;
-  const int gsize = min(row_tiles - first_m, kGroupM);
-  const int in = t % per_group;
-  mt = first_m + in % gsize;
-  nt = in / gsize;
 }
 
 template <int BN, class OutT>
@@ -173,7 +143,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll 1
     for (int t = int(blockIdx.x); t < total; t += int(gridDim.x)) {
       int mt, nt;
-      raster(t, row_tiles, p.col_tiles, mt, nt);
+      tma::raster<kGroupM>(t, row_tiles, p.col_tiles, mt, nt);
       const int64_t m0 = int64_t(mt) * kBM;
       const int n0 = nt * BN;
       const int rows_here = int(live - m0 < kBM ? live - m0 : int64_t(kBM));
@@ -197,8 +167,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         if (lane == 0) {
           mbar_arrive_expect_tx(full(st), C::B_BYTES + (tma_x ? C::A_BYTES : 0u));
-          if (tma_x) tma_2d(stage_a(st), &tmx, full(st), k0, int(m0));
-          tma_2d(stage_b(st), &tmw, full(st), k0, n0);
+          if (tma_x) tma::tma_2d(stage_a(st), &tmx, full(st), k0, int(m0));
+          tma::tma_2d(stage_b(st), &tmw, full(st), k0, n0);
         } else {
           mbar_arrive(full(st));
         }
@@ -219,7 +189,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll 1
   for (int t = int(blockIdx.x); t < total; t += int(gridDim.x)) {
     int mt, nt;
-    raster(t, row_tiles, p.col_tiles, mt, nt);
+    tma::raster<kGroupM>(t, row_tiles, p.col_tiles, mt, nt);
     const int64_t m0 = int64_t(mt) * kBM;
     const int n0 = nt * BN;
     // Split s covers chunks [s * KC / S, (s + 1) * KC / S): its chain starts from zero, and once its
@@ -243,13 +213,13 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int ks = 0; ks < kBK / 16; ++ks) wgss::mma(acc, da + uint64_t(ks * 2), db + uint64_t(ks * 2));
         wg::commit();
         wg::wait<1>();  // the previous chunk's group is done: its stage is free
-        if (prev >= 0) mbar_arrive_lane0(empty(prev), lane);
+        if (prev >= 0) tma::mbar_arrive_lane0(empty(prev), lane);
         prev = st;
         if (++st == STAGES) st = 0, ph ^= 1;
       }
       wg::wait<0>();
       wg::fence_regs(acc);
-      if (prev >= 0) mbar_arrive_lane0(empty(prev), lane);
+      if (prev >= 0) tma::mbar_arrive_lane0(empty(prev), lane);
 #pragma unroll
       for (int i = 0; i < ACC; ++i) sum[i] = s == 0 ? acc[i] : sum[i] + acc[i];
     }
@@ -266,43 +236,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
-  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    MOEFOLD_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q));
-    MOEFOLD_CHECK(q == cudaDriverEntryPointSuccess && p != nullptr, "prefill_gemm_wgmma: cuTensorMapEncodeTiled unavailable");
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
-  }();
-  return fn;
-}
-
-/// 2-D map over a row-major bf16 matrix [rows, cols] with row stride `stride` elements; boxes of
-/// box_rows x 64 elements in the 128-byte swizzle layout; reads past cols or rows are zero-filled.
-CUtensorMap map_2d(const __nv_bfloat16* ptr, int64_t rows, int64_t cols, int64_t stride, int box_rows) {
-  CUtensorMap m;
-  const cuuint64_t dims[2] = {cuuint64_t(cols), cuuint64_t(rows)};
-  const cuuint64_t strides[1] = {cuuint64_t(stride) * 2};
-  const cuuint32_t box[2] = {64, cuuint32_t(box_rows)}, elem[2] = {1, 1};
-  const CUresult r = encode_fn()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<__nv_bfloat16*>(ptr), dims,
-                                 strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  MOEFOLD_CHECK(r == CUDA_SUCCESS, "prefill_gemm_wgmma: cuTensorMapEncodeTiled failed ({})", int(r));
-  return m;
-}
-
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
-
-int sm_count() {
-  static const int n = [] {
-    int dev = 0, v = 0;
-    MOEFOLD_CUDA_CHECK(cudaGetDevice(&dev));
-    MOEFOLD_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
-    return v;
-  }();
-  return n;
-}
 
 /// Column-tile width for N: 192 (fewer shared-memory bytes per flop) unless its last tile would
 /// waste more than 5% of the columns, else 128.
@@ -358,9 +293,9 @@ void run(const char* name, const __nv_bfloat16* x, const __nv_bfloat16* w, const
   p.col_tiles = int(ceil_div(N, bn));
   const int64_t tiles = ceil_div(max_rows, kBM) * p.col_tiles;
   if (tiles >= (int64_t(1) << 31)) throw Error(shape() + ": too many tiles");
-  const int64_t blocks = std::min<int64_t>(tiles, sm_count());
-  const CUtensorMap mx = map_2d(x, max_rows, K, xs, kBM);
-  const CUtensorMap mw = map_2d(w, N, K, K, bn);
+  const int64_t blocks = std::min<int64_t>(tiles, device_sm_count());
+  const CUtensorMap mx = tma_map_2d_bf16(x, max_rows, K, xs, kBM, name);
+  const CUtensorMap mw = tma_map_2d_bf16(w, N, K, K, bn, name);
   LaunchScope scope(std::is_same_v<OutT, float> ? kWgmmaF32 : kWgmmaBf16, stream, [&] {
     const double rows = double(work_rows(max_rows, live_rows));
     return prof::Work{double(N) * K * 2 + rows * (double(K) * 2 + double(N) * sizeof(OutT)),
