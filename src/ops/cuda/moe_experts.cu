@@ -49,7 +49,7 @@ const prof::Kernel kExpertGemm[2][5] = {
      {"moe_gemv_down_kernel", prof::Category::RoutedExpertGemm},
      {"moe_stream_kernel:down", prof::Category::RoutedExpertGemm}}};
 static_assert(kMoeExpertGemv == 3 && kMoeExpertStream == 4, "kExpertGemm's last columns: the GEMV, the stream kernels");
-// The 128-row tiles on wgmma (moe_gemm_wgmma.h, MOEFOLD_MOE_GEMM=wgmma): gate_up, down.
+// The 128-row tiles on wgmma (moe_gemm_wgmma.h, the default; MOEFOLD_MOE_GEMM=mma: the mma.sync tiles).
 const prof::Kernel kExpertGemmWgmma[2] = {{"moe_gemm_wgmma_kernel:gate_up", prof::Category::RoutedExpertGemm},
                                           {"moe_gemm_wgmma_kernel:down", prof::Category::RoutedExpertGemm}};
 

@@ -11,7 +11,7 @@
 // machine and add a pinned dependency to setup/CI; (3) at decode sizes (1-64 tokens) the work is weight
 // streaming, where mma.sync with a cp.async pipeline already runs near HBM bandwidth. The cost: at
 // prefill sizes mma.sync (m16n8k16) tops out below wgmma: moe_gemm_wgmma.h is the warpgroup version of
-// the 128-row tiles (MOEFOLD_MOE_GEMM=wgmma), bitwise the same outputs.
+// the 128-row tiles (the default; MOEFOLD_MOE_GEMM=mma keeps these), bitwise the same outputs.
 //
 // Structure: BK = 64 columns (128 bytes) per stage, STAGES-deep cp.async pipeline, 16-byte chunks
 // swizzled by (row & 7) so ldmatrix reads are bank-conflict free; warps tile the CTA as WARPS_M x

@@ -244,8 +244,8 @@ std::atomic<int> g_tile_n{0};     // 0: automatic
 bool env_wgmma() {
   static const bool on = [] {
     const char* v = std::getenv("MOEFOLD_MOE_GEMM");
-    if (!v || !*v || std::strcmp(v, "mma") == 0) return false;
-    if (std::strcmp(v, "wgmma") == 0) return true;
+    if (!v || !*v || std::strcmp(v, "wgmma") == 0) return true;
+    if (std::strcmp(v, "mma") == 0) return false;
     throw Error(std::string("MOEFOLD_MOE_GEMM='") + v + "': expected mma or wgmma");
   }();
   return on;

@@ -1,5 +1,5 @@
 // Internal to the MoE chain (moe_experts.cu, moe_gemm_wgmma.cu, tests): the Hopper warpgroup (wgmma)
-// version of the 128-row expert GEMMs of moe_gemm.cuh, selected by MOEFOLD_MOE_GEMM=wgmma (default:
+// version of the 128-row expert GEMMs of moe_gemm.cuh, the default (MOEFOLD_MOE_GEMM=mma selects
 // the mma.sync tiles). Same function and bits as the tiles: per output element one fp32 chain of k16
 // steps over K ascending from zero (a wgmma m64nNk16 step rounds as an mma.sync m16n8k16 step:
 // tests/cuda/wgmma_probe_test.cu), the same SwiGLU epilogue, one rounding to bf16.
@@ -13,7 +13,7 @@ namespace moefold::cuda::moe_detail {
 struct GemmParams;  // moe_gemm.cuh
 
 /// Whether the 128-row expert tiles (moe_expert_config 2) run the wgmma kernels: MOEFOLD_MOE_GEMM
-/// (read once): unset, "" or "mma" = no, "wgmma" = yes; any other value throws moefold::Error. The
+/// (read once): unset, "" or "wgmma" = yes (the default), "mma" = no; any other value throws moefold::Error. The
 /// setter overrides it (tests, A/B timing) and forces the tile width (0: automatic, 128 or 256; other
 /// values throw moefold::Error); the bits do not change.
 bool expert_gemm_wgmma();
