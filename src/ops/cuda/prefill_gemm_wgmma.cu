@@ -16,8 +16,10 @@
 //  - warpgroup 0, the producer (registers given up with setmaxnreg): one warp fills a ring of STAGES
 //    stages, each the 128 x 64 x-tile and the BN x 64 w-tile of one K chunk, by bulk tensor copies
 //    (TMA, 128-byte swizzle, zero fill past K and past N) completing on the stage's full mbarrier.
-//    A row tile that holds the live-row boundary is copied by the warp's lanes instead (zeros for
-//    rows >= live), so rows >= live of x are never read.
+//    A row tile that holds the live-row boundary is copied by the warp's lanes instead, by cp.async
+//    with zero fill for rows >= live (never read) and k >= K, STAGES - 2 chunks in flight per lane;
+//    a lane arrives on a chunk's full barrier once its copies have landed and are fenced for the
+//    async proxy.
 //  - warpgroups 1 and 2, the consumers: 64 rows each, all BN columns; per chunk 4 wgmma (both
 //    operands from shared memory), one commit group; the previous chunk's stage is released once
 //    its group completes (wait_group 1). At a split's end the group is drained (wait_group 0) and
@@ -128,7 +130,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (tid == 0) {
 #pragma unroll 1
     for (int st = 0; st < STAGES; ++st) {
-      mbar_init(full(st), 32);  // the producer warp's lanes
+      mbar_init(full(st), 33);  // the producer warp's lanes + lane 0's byte count
       mbar_init(empty(st), 8);  // one arrival per consumer warp
     }
     fence_mbar_init();
@@ -138,8 +140,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (wgi == 0) {  // ---- producer ----
     setmaxnreg_dec<kProducerRegs>();
     if (warp != 0) return;
-    int st = 0;
+    // A boundary tile's x chunks go by cp.async (zero fill, no read, for rows >= live and k >= K), kLag
+    // chunks in flight per lane: once a lane's copies of chunk c - kLag have landed it fences them for
+    // the async proxy and arrives on that chunk's full barrier (32 lane arrivals + lane 0's byte count).
+    constexpr int kLag = STAGES - 2;
+    int st = 0, lag_st = 0, pending = 0;
     uint32_t ph = 0;
+    auto land = [&](auto wait) {  // chunk lag_st's copies have landed (wait): hand it to the consumers
+      wait();
+      wg::fence_proxy_async();
+      mbar_arrive(full(lag_st));
+      if (++lag_st == STAGES) lag_st = 0;
+    };
 #pragma unroll 1
     for (int t = int(blockIdx.x); t < total; t += int(gridDim.x)) {
       int mt, nt;
@@ -152,28 +164,32 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int c = 0; c < p.KC; ++c) {
         mbar_wait(empty(st), ph ^ 1);
         const int k0 = c * kBK;
-        if (!tma_x) {  // the boundary row tile: the lanes copy x, zeros for rows >= live and k >= K
-          const uint32_t dst = stage_a(st);
-#pragma unroll 1
-          for (int idx = lane; idx < kBM * 8; idx += 32) {
-            const int r = idx >> 3, ch = idx & 7, k = k0 + ch * 8;
-            uint4 v = make_uint4(0, 0, 0, 0);
-            if (r < rows_here && k < p.K) v = *reinterpret_cast<const uint4*>(p.x + (m0 + r) * p.x_stride + k);
-            asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst + uint32_t(r * 128 + ((ch ^ (r & 7)) << 4))),
-                         "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
-                         : "memory");
-          }
-          wg::fence_proxy_async();  // the lanes' stores, before the tensor cores read them
-        }
         if (lane == 0) {
           mbar_arrive_expect_tx(full(st), C::B_BYTES + (tma_x ? C::A_BYTES : 0u));
           if (tma_x) tma::tma_2d(stage_a(st), &tmx, full(st), k0, int(m0));
           tma::tma_2d(stage_b(st), &tmw, full(st), k0, n0);
-        } else {
+        }
+        if (tma_x) {
           mbar_arrive(full(st));
+        } else {  // the boundary row tile
+          const uint32_t dst = stage_a(st);
+#pragma unroll 4
+          for (int idx = lane; idx < kBM * 8; idx += 32) {
+            const int r = idx >> 3, ch = idx & 7, k = k0 + ch * 8;
+            const bool valid = r < rows_here && k < p.K;
+            tma::cp_async16_zfill(dst + uint32_t(r * 128 + ((ch ^ (r & 7)) << 4)),
+                                  valid ? p.x + (m0 + r) * p.x_stride + k : p.x, valid);
+          }
+          cp_async_commit();
+          if (pending == 0) lag_st = st;
+          if (pending == kLag) land([] { cp_async_wait<kLag>(); });
+          else ++pending;
         }
         if (++st == STAGES) st = 0, ph ^= 1;
       }
+      // The tile's chunks still in flight, before a tile of the other kind (or the end).
+      if (!tma_x)
+        for (; pending > 0; --pending) land([] { cp_async_wait<0>(); });
     }
     return;
   }
