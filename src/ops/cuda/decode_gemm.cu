@@ -25,6 +25,7 @@
 #include "core/error.h"
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/decode_gemm.h"
+#include "ops/cuda/gemm_epilogue.cuh"
 #include "ops/cuda/kernel_util.cuh"
 #include "ops/cuda/launch_scope.h"
 #include "ops/cuda/pdl.cuh"
@@ -79,38 +80,7 @@ struct Params {
 /// Offset (elements) of 16-byte chunk `ch` of row `r` in a [rows, 64] bf16 tile, swizzled.
 __device__ __forceinline__ int swz(int r, int ch) { return r * kBK + ((ch ^ (r & 7)) << 3); }
 
-template <class OutT>
-__device__ __forceinline__ float bias_at(const void* b, int n) {
-  if constexpr (sizeof(OutT) == 4) return static_cast<const float*>(b)[n];
-  else return __bfloat162float(static_cast<const __nv_bfloat16*>(b)[n]);
-}
-
-/// Stores the two adjacent outputs (row, col), (row, col + 1) with the bias; col + 1 may be >= N.
-template <class OutT>
-__device__ __forceinline__ void store_pair(const Params& p, int row, int col, float v0, float v1) {
-  if (col >= p.N) return;
-  const bool two = col + 1 < p.N;
-  if (p.bias) {
-    v0 += bias_at<OutT>(p.bias, col);
-    if (two) v1 += bias_at<OutT>(p.bias, col + 1);
-  }
-  OutT* out = static_cast<OutT*>(p.y) + int64_t(row) * p.y_stride + col;
-  if constexpr (sizeof(OutT) == 4) {
-    if (two && p.pair_stores) {
-      *reinterpret_cast<float2*>(out) = make_float2(v0, v1);  // col even
-    } else {
-      out[0] = v0;
-      if (two) out[1] = v1;
-    }
-  } else {
-    if (two && p.pair_stores) {
-      *reinterpret_cast<__nv_bfloat162*>(out) = __floats2bfloat162_rn(v0, v1);
-    } else {
-      out[0] = __float2bfloat16_rn(v0);
-      if (two) out[1] = __float2bfloat16_rn(v1);
-    }
-  }
-}
+using gemm_epilogue::store_pair;
 
 template <class C, class OutT>
 __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) decode_gemm_kernel(const Params p) {

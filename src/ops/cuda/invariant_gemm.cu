@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/decode_gemm.h"
+#include "ops/cuda/gemm_epilogue.cuh"
 #include "ops/cuda/decode_gemm_wgmma.h"
 #include "ops/cuda/invariant_gemm.h"
 #include "ops/cuda/kernel_util.cuh"
@@ -53,37 +54,7 @@ struct Params {
 
 __device__ __forceinline__ int swz(int r, int ch) { return r * kBK + ((ch ^ (r & 7)) << 3); }
 
-template <class OutT>
-__device__ __forceinline__ float bias_at(const void* b, int n) {
-  if constexpr (sizeof(OutT) == 4) return static_cast<const float*>(b)[n];
-  else return __bfloat162float(static_cast<const __nv_bfloat16*>(b)[n]);
-}
-
-template <class OutT>
-__device__ __forceinline__ void store_pair(const Params& p, int64_t row, int col, float v0, float v1) {
-  if (col >= p.N) return;
-  const bool two = col + 1 < p.N;
-  if (p.bias) {
-    v0 += bias_at<OutT>(p.bias, col);
-    if (two) v1 += bias_at<OutT>(p.bias, col + 1);
-  }
-  OutT* out = static_cast<OutT*>(p.y) + row * p.y_stride + col;
-  if constexpr (sizeof(OutT) == 4) {
-    if (two && p.pair_stores) {
-      *reinterpret_cast<float2*>(out) = make_float2(v0, v1);
-    } else {
-      out[0] = v0;
-      if (two) out[1] = v1;
-    }
-  } else {
-    if (two && p.pair_stores) {
-      *reinterpret_cast<__nv_bfloat162*>(out) = __floats2bfloat162_rn(v0, v1);
-    } else {
-      out[0] = __float2bfloat16_rn(v0);
-      if (two) out[1] = __float2bfloat16_rn(v1);
-    }
-  }
-}
+using gemm_epilogue::store_pair;
 
 // kPipe: all fragments of a k16 step are loaded before its 16 mma, and the next step's fragments
 // before this step's mma (double-buffered registers): the asm is volatile, so issue order is source

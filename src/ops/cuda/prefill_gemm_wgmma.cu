@@ -34,6 +34,7 @@
 
 #include "core/error.h"
 #include "ops/cuda/decode_gemm.h"
+#include "ops/cuda/gemm_epilogue.cuh"
 #include "ops/cuda/invariant_gemm.h"
 #include "ops/cuda/kernel_util.cuh"
 #include "ops/cuda/launch_scope.h"
@@ -74,38 +75,7 @@ struct WParams {
   int K, N, S, KC, col_tiles;
 };
 
-template <class OutT>
-__device__ __forceinline__ float bias_at(const void* b, int n) {
-  if constexpr (sizeof(OutT) == 4) return static_cast<const float*>(b)[n];
-  else return __bfloat162float(static_cast<const __nv_bfloat16*>(b)[n]);
-}
-
-/// (row, col), (row, col + 1) with the bias, rounded once: the decode GEMM's store_pair.
-template <class OutT>
-__device__ __forceinline__ void store_pair(const WParams& p, int64_t row, int col, float v0, float v1) {
-  if (col >= p.N) return;
-  const bool two = col + 1 < p.N;
-  if (p.bias) {
-    v0 += bias_at<OutT>(p.bias, col);
-    if (two) v1 += bias_at<OutT>(p.bias, col + 1);
-  }
-  OutT* out = static_cast<OutT*>(p.y) + row * p.y_stride + col;
-  if constexpr (sizeof(OutT) == 4) {
-    if (two && p.pair_stores) {
-      *reinterpret_cast<float2*>(out) = make_float2(v0, v1);
-    } else {
-      out[0] = v0;
-      if (two) out[1] = v1;
-    }
-  } else {
-    if (two && p.pair_stores) {
-      *reinterpret_cast<__nv_bfloat162*>(out) = __floats2bfloat162_rn(v0, v1);
-    } else {
-      out[0] = __float2bfloat16_rn(v0);
-      if (two) out[1] = __float2bfloat16_rn(v1);
-    }
-  }
-}
+using gemm_epilogue::store_pair;
 
 template <int BN, class OutT>
 __global__ void __launch_bounds__(kThreads, 1)
