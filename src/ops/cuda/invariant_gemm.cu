@@ -318,7 +318,7 @@ InvariantGemmPath invariant_gemm_path() {
 int64_t invariant_gemm_wgmma_min_rows() {
   static const int64_t rows = [] {
     const char* v = std::getenv("MOEFOLD_WGMMA_MIN_ROWS");
-    if (!v || !*v) return kDecodeGemmMaxRows + 1;
+    if (!v || !*v) return int64_t(0);
     char* end = nullptr;
     const long long r = std::strtoll(v, &end, 10);
     if (end == v || *end != '\0' || r < 1)
@@ -332,7 +332,10 @@ namespace {
 /// Whether a call of max_rows rows takes the decode-range kernel (else the prefill-range one).
 bool decode_range(int64_t max_rows, InvariantGemmPath path) {
   if (max_rows > kDecodeGemmMaxRows) return false;
-  return path != InvariantGemmPath::Wgmma || max_rows < invariant_gemm_wgmma_min_rows();
+  if (path != InvariantGemmPath::Wgmma) return true;
+  const int64_t min_rows = invariant_gemm_wgmma_min_rows();
+  if (min_rows > 0) return max_rows < min_rows;
+  return max_rows % kWgmmaTileRows != 0;  // the default: whole 128-row tiles on wgmma
 }
 }  // namespace
 
