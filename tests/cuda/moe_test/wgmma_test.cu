@@ -1,5 +1,5 @@
-// moe_test: the wgmma version of the 128-row expert GEMMs (src/ops/cuda/moe_gemm_wgmma.h, selected by
-// MOEFOLD_MOE_GEMM=wgmma; here by moe_detail::set_expert_gemm_wgmma).
+// moe_test: the wgmma version of the 128-row expert GEMMs (src/ops/cuda/moe_gemm_wgmma.h, the default;
+// MOEFOLD_MOE_GEMM=mma selects the tiles; here moe_detail::set_expert_gemm_wgmma chooses).
 //
 // MoeWgmma.* run the plan and the two expert GEMMs (moe_plan, moe_expert_gate_up, moe_expert_down at
 // expert_tiles 2, the 128-row tiles) on ids built for a given expert load (empty experts, 1 row,
