@@ -334,8 +334,7 @@ bool decode_range(int64_t max_rows, InvariantGemmPath path) {
   if (max_rows > kDecodeGemmMaxRows) return false;
   if (path != InvariantGemmPath::Wgmma) return true;
   const int64_t min_rows = invariant_gemm_wgmma_min_rows();
-  if (min_rows > 0) return max_rows < min_rows;
-  return max_rows % kWgmmaTileRows != 0;  // the default: whole 128-row tiles on wgmma
+  return max_rows < (min_rows > 0 ? min_rows : kWgmmaDefaultMinRows);
 }
 }  // namespace
 

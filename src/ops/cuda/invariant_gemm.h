@@ -71,8 +71,8 @@ void prefill_gemm_wgmma_bf16_f32out(const __nv_bfloat16* x, const __nv_bfloat16*
                                     cudaStream_t stream, int64_t x_stride = 0, int64_t y_stride = 0, int tile_n = 0);
 
 /// The kernels invariant_gemm_bf16(_f32out) run, from MOEFOLD_INVARIANT_GEMM (read once):
-///   unset or "wgmma": prefill_gemm_wgmma_bf16 above 256 rows and at 128 / 256 rows, decode_gemm_bf16
-///                   at the other row counts (the default; invariant_gemm_wgmma_min_rows below);
+///   unset or "wgmma": prefill_gemm_wgmma_bf16 from 128 rows on, decode_gemm_bf16 below (the default;
+///                   invariant_gemm_wgmma_min_rows below);
 ///   "mma":          decode_gemm_bf16 up to 256 rows, prefill_gemm_bf16 above;
 ///   "wgmma_all":    decode_gemm_wgmma_bf16 (decode_gemm_wgmma.h) up to 256 rows,
 ///                   prefill_gemm_wgmma_bf16 above (plan B: decode and prefill both on wgmma).
@@ -82,12 +82,11 @@ InvariantGemmPath invariant_gemm_path();
 
 /// Inside the decode GEMM's range (<= 256 rows) on the default path (wgmma), which kernel a call takes:
 /// both give the same bits for every row, so the choice is made for speed only. By default calls of
-/// 128 or 256 rows (whole 128-row tiles: there the wgmma GEMM is 2-3x faster on the large projections,
-/// while a partial tile makes it slower than the decode GEMM) take prefill_gemm_wgmma_bf16, others the
-/// decode GEMM. MOEFOLD_WGMMA_MIN_ROWS=N (read once) sends every call of N rows or more to wgmma
-/// instead (tests and A/B runs); the function returns N, or 0 when unset. Throws moefold::Error for a
-/// value that is not a row count >= 1.
-inline constexpr int64_t kWgmmaTileRows = 128;
+/// 128 rows or more take prefill_gemm_wgmma_bf16 (there it is 1.5-2.5x faster than the decode GEMM on
+/// the large projections and the lm_head), fewer rows the decode GEMM. MOEFOLD_WGMMA_MIN_ROWS=N (read
+/// once) moves that bound to N (tests and A/B runs); the function returns N, or 0 when unset. Throws
+/// moefold::Error for a value that is not a row count >= 1.
+inline constexpr int64_t kWgmmaDefaultMinRows = 128;
 int64_t invariant_gemm_wgmma_min_rows();
 
 /// The batch-invariant projection for any row count: decode_gemm_bf16 for max_rows <= 256 (with its

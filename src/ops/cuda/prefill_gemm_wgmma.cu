@@ -52,6 +52,7 @@ using namespace ptx;
 
 constexpr int kBM = 128, kBK = 64, kThreads = 384, kGroupM = 16;
 constexpr int kProducerRegs = 40, kConsumerRegs = 232;  // 128 * 40 + 256 * 232 <= 65536
+constexpr int kProducerThreads = 128;                    // warpgroup 0
 
 template <int BN_>
 struct WCfg {
@@ -100,7 +101,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (tid == 0) {
 #pragma unroll 1
     for (int st = 0; st < STAGES; ++st) {
-      mbar_init(full(st), 33);  // the producer warp's lanes + lane 0's byte count
+      mbar_init(full(st), kProducerThreads + 1);  // the producer threads + thread 0's byte count
       mbar_init(empty(st), 8);  // one arrival per consumer warp
     }
     fence_mbar_init();
@@ -109,10 +110,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (wgi == 0) {  // ---- producer ----
     setmaxnreg_dec<kProducerRegs>();
-    if (warp != 0) return;
-    // A boundary tile's x chunks go by cp.async (zero fill, no read, for rows >= live and k >= K), kLag
-    // chunks in flight per lane: once a lane's copies of chunk c - kLag have landed it fences them for
-    // the async proxy and arrives on that chunk's full barrier (32 lane arrivals + lane 0's byte count).
+    // A boundary tile's x chunks go by cp.async (zero fill, no read, for rows >= live and k >= K), 8 a
+    // thread, kLag chunks in flight per thread: once a thread's copies of chunk c - kLag have landed it
+    // fences them for the async proxy and arrives on that chunk's full barrier (128 thread arrivals +
+    // thread 0's byte count; a TMA chunk gets the same 128 arrivals at once).
     constexpr int kLag = STAGES - 2;
     int st = 0, lag_st = 0, pending = 0;
     uint32_t ph = 0;
@@ -134,7 +135,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int c = 0; c < p.KC; ++c) {
         mbar_wait(empty(st), ph ^ 1);
         const int k0 = c * kBK;
-        if (lane == 0) {
+        if (tid == 0) {
           mbar_arrive_expect_tx(full(st), C::B_BYTES + (tma_x ? C::A_BYTES : 0u));
           if (tma_x) tma::tma_2d(stage_a(st), &tmx, full(st), k0, int(m0));
           tma::tma_2d(stage_b(st), &tmw, full(st), k0, n0);
@@ -143,8 +144,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           mbar_arrive(full(st));
         } else {  // the boundary row tile
           const uint32_t dst = stage_a(st);
-#pragma unroll 4
-          for (int idx = lane; idx < kBM * 8; idx += 32) {
+#pragma unroll
+          for (int idx = tid; idx < kBM * 8; idx += kProducerThreads) {
             const int r = idx >> 3, ch = idx & 7, k = k0 + ch * 8;
             const bool valid = r < rows_here && k < p.K;
             tma::cp_async16_zfill(dst + uint32_t(r * 128 + ((ch ^ (r & 7)) << 4)),
