@@ -342,7 +342,9 @@ TEST_P(PrefixCacheFixture, ConcurrentRequestsSharingAPrefixInOneStep) {
         got[o.id].logprobs.push_back(o.logprob);
         got[o.id].cached = o.cached_tokens;
       }
-      if (step == 0) EXPECT_EQ(e.sched->last_step().size(), size_t(n)) << "all prefills share the first step";
+      if (step == 0) {
+        EXPECT_EQ(e.sched->last_step().size(), size_t(n)) << "all prefills share the first step";
+      }
     }
     std::vector<Reply> warm;
     for (RequestId id : ids) warm.push_back(got[id]);
@@ -487,7 +489,9 @@ TEST_P(PrefixCacheFixture, LongMultiTurnLoadStaysWithinBudgets) {
     ASSERT_FALSE(e.sched->has_work());
     for (size_t c = 0; c < convs.size(); ++c) {
       ASSERT_EQ(got[c].tokens.size(), 3u) << "turn " << turn << " conversation " << c;
-      if (turn == 7 || c == 0) EXPECT_EQ(got[c], fresh(convs[c], greedy(3))) << "turn " << turn << " conversation " << c;
+      if (turn == 7 || c == 0) {
+        EXPECT_EQ(got[c], fresh(convs[c], greedy(3))) << "turn " << turn << " conversation " << c;
+      }
       if (turn > 0) hits += got[c].cached;
       convs[c].insert(convs[c].end(), got[c].tokens.begin(), got[c].tokens.end());
       const std::vector<int32_t> user = make_prompt(6 + 3 * turn, 600 + 10 * turn + int(c), V_);
@@ -497,7 +501,9 @@ TEST_P(PrefixCacheFixture, LongMultiTurnLoadStaysWithinBudgets) {
   EXPECT_GT(hits, 0);
   const PrefixCacheStats st = e.runner->prefix_cache_stats();
   EXPECT_GT(st.evicted_pages, 0);  // the pool was too small to keep everything
-  if (hybrid_) EXPECT_GT(st.evicted_snapshots, 0);
+  if (hybrid_) {
+    EXPECT_GT(st.evicted_snapshots, 0);
+  }
   EXPECT_EQ(e.sched->stats().kv_blocks_used, 0);
 }
 

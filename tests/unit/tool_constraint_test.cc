@@ -86,19 +86,28 @@ void check_format(const std::string& parser, const ToolRequest& base, bool close
     EXPECT_EQ(msg.content, "");
     EXPECT_FALSE(msg.has_reasoning);
     ASSERT_GE(msg.tool_calls.size(), 1u);
-    if (!req.parallel_tool_calls || req.choice == ToolChoice::kNamed) EXPECT_EQ(msg.tool_calls.size(), 1u);
+    if (!req.parallel_tool_calls || req.choice == ToolChoice::kNamed) {
+      EXPECT_EQ(msg.tool_calls.size(), 1u);
+    }
     for (const ToolCall& call : msg.tool_calls) {
-      if (req.choice == ToolChoice::kNamed) EXPECT_EQ(call.name, req.named);
+      if (req.choice == ToolChoice::kNamed) {
+        EXPECT_EQ(call.name, req.named);
+      }
       const Json args = Json::parse(call.arguments, nullptr, false);
       ASSERT_TRUE(args.is_object()) << call.arguments;
-      for (const ToolSpec& t : req.tools)
-        if (t.name == call.name)
-          for (const Json& r : t.parameters["required"]) EXPECT_TRUE(args.contains(r.get<std::string>())) << call.arguments;
+      for (const ToolSpec& t : req.tools) {
+        if (t.name != call.name) continue;
+        for (const Json& r : t.parameters["required"]) {
+          EXPECT_TRUE(args.contains(r.get<std::string>())) << call.arguments;
+        }
+      }
       if (call.name == "get_weather") {
         EXPECT_TRUE(args["days"].is_number_integer()) << call.arguments;
         EXPECT_TRUE(args["city"].is_string() && args["city"].get<std::string>().size() <= 8 * 4) << call.arguments;
       }
-      if (call.name == "get_time") EXPECT_TRUE(args["verbose"].is_boolean()) << call.arguments;
+      if (call.name == "get_time") {
+        EXPECT_TRUE(args["verbose"].is_boolean()) << call.arguments;
+      }
     }
   }
 }
