@@ -316,6 +316,18 @@ void check_decode(const Heads& h, const std::vector<int>& kv_lens, int bs, int64
   if (size_t(live) < S) {
     EXPECT_TRUE(contract_exact("attn_decode_padding", shape, pad_touched));
   }
+  if (std::getenv("MOEFOLD_ATTN_DECODE_STAGE") == nullptr) {  // the tiles staged through registers: same bits
+    dout.fill_bytes(0xFF);
+    setenv("MOEFOLD_ATTN_DECODE_STAGE", "sync", 1);
+    cu::attention_decode(dq.data(), dkc.data(), dvc.data(), dbt.data(), c.max_blocks, dctx.data(), int(S), max_kv_len,
+                         dout.data(), sh, dws.data(), ws, nullptr);
+    sync();
+    unsetenv("MOEFOLD_ATTN_DECODE_STAGE");
+    const auto sync_bits = host_bits(dout);
+    size_t differ = 0;
+    for (size_t i = 0; i < bits.size(); ++i) differ += sync_bits[i] != bits[i] ? 1 : 0;
+    EXPECT_TRUE(contract_exact("attn_decode_stage_sync_bits", shape, differ));
+  }
 
   if (also_prefill) {  // the prefill kernel on the same batch (one row per sequence, long contexts)
     std::vector<int32_t> cu_seq(S + 1, 0);
@@ -487,18 +499,27 @@ TEST(AttentionPerf, DISABLED_Timings) {
                 fmt::format("qwen3.5,gated,seqs={},n={}", seqs, n), us, fmt::format("TFLOP/s={:.1f}", flops / us * 1e-6));
     }
   }
-  for (auto [B, L] : {std::pair{1, 32768}, std::pair{64, 16384}, std::pair{64, 4096}, std::pair{1, 4096}}) {
+  // Decode, cp.async staging (the default) and MOEFOLD_ATTN_DECODE_STAGE=sync in the order A B B A.
+  for (auto [B, L] : {std::pair{1, 513}, std::pair{1, 4096}, std::pair{1, 32768}, std::pair{8, 4096}, std::pair{64, 4096},
+                      std::pair{64, 16384}}) {
     PerfSetup p(B, L, B, h.Hq, h.Hkv, h.D);
     auto dctx = cuda::to_device(std::vector<int32_t>(size_t(B), L - 1));
     const cu::AttentionShape sh = shape_of(h, p.bs, p.q.data());
     const size_t ws = cu::attention_decode_workspace_bytes(B, sh, L);
     DeviceBuffer<unsigned char> dws(ws);
-    const double us = time_us([&] {
-      cu::attention_decode(p.q.data(), p.kc.data(), p.vc.data(), p.bt.data(), p.max_blocks, dctx.data(), B, L,
-                           p.out.data(), sh, dws.data(), ws, nullptr);
-    });
     const double bytes = double(B) * double(L) * h.Hkv * h.D * 2 * 2;
-    perf_line("attn_decode", fmt::format("qwen3.5,gated,B={},kv={}", B, L), us, fmt::format("TB/s={:.2f}", bytes / us * 1e-6));
+    double us[2] = {0, 0};
+    for (int variant : {0, 1, 1, 0}) {
+      if (variant == 1) setenv("MOEFOLD_ATTN_DECODE_STAGE", "sync", 1);
+      us[variant] += 0.5 * time_us([&] {
+        cu::attention_decode(p.q.data(), p.kc.data(), p.vc.data(), p.bt.data(), p.max_blocks, dctx.data(), B, L,
+                             p.out.data(), sh, dws.data(), ws, nullptr);
+      });
+      unsetenv("MOEFOLD_ATTN_DECODE_STAGE");
+    }
+    for (int variant : {0, 1})
+      perf_line(variant ? "attn_decode_sync_stage" : "attn_decode", fmt::format("qwen3.5,gated,B={},kv={}", B, L),
+                us[variant], fmt::format("TB/s={:.2f}", bytes / us[variant] * 1e-6));
   }
 }
 

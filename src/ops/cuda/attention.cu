@@ -9,7 +9,8 @@
 // fp32, pre-scaled by scale * log2(e)), the warp does the online-softmax update with shuffles, then
 // each lane accumulates head_dim/32 output dims over the tile's keys. Prefill uses the tensor-core
 // kernel further below by default (AttnKernel::Auto); this CUDA-core kernel serves decode and the
-// AttnKernel::Simt prefill variant.
+// AttnKernel::Simt prefill variant. K/V tiles arrive by cp.async, double-buffered: the next tile's copies
+// run under the current tile's math.
 #include "ops/cuda/cuda_check.h"
 // (cuda_check.h first: see its note on fmt under nvcc)
 #include <cuda_fp8.h>
@@ -76,6 +77,7 @@ struct Args {
   int max_splits, split_size;  // split_size 0: no split, direct output; kDecodeSplit: per sequence
   int Hq, Hkv, G, HB, TB, head_chunks, block_size, qtiles;
   float scale_log2;
+  bool sync_stage;  // K/V tiles staged through registers instead of cp.async (A/B runs only)
 };
 
 /// Query rows [row0, row0 + n) of sequence s: from cu_seqlens (prefill), or row s alone (decode).
@@ -97,9 +99,11 @@ using KvElem = std::conditional_t<FP8, uint8_t, bf16>;
 template <int D, bool FP8 = false>
 constexpr int kv_stride() { return D + 16 / int(sizeof(KvElem<FP8>)); }
 
+/// Two buffers of a K and a V tile (the next tile's copies run under the current tile's math), then the
+/// warps' q rows in fp32.
 template <int D, bool FP8 = false>
 size_t smem_bytes(int nwarps) {
-  return size_t(2 * kBN * kv_stride<D, FP8>()) * sizeof(KvElem<FP8>) + size_t(nwarps * kR * D) * sizeof(float);
+  return size_t(4 * kBN * kv_stride<D, FP8>()) * sizeof(KvElem<FP8>) + size_t(nwarps * kR * D) * sizeof(float);
 }
 
 /// n e4m3 bytes at p as fp32 values times `scale` (exact conversion, one fp32 multiply: the CPU's
@@ -134,9 +138,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32) attn_kernel(const Args a) {
   constexpr int EPC = 16 / int(sizeof(KvT));  // elements per 16-byte load
   constexpr int LCH = D / EPC;               // 16-byte loads per row
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  KvT* Ks = reinterpret_cast<KvT*>(smem_raw);
-  KvT* Vs = Ks + kBN * KS;
-  float* Qs = reinterpret_cast<float*>(Vs + kBN * KS);
+  KvT* const kv_smem = reinterpret_cast<KvT*>(smem_raw);  // buffer b: K tile at 2b, V tile at 2b + 1
+  float* Qs = reinterpret_cast<float*>(kv_smem + 4 * kBN * KS);
   const KvT* kc;
   const KvT* vc;
   if constexpr (FP8) {
@@ -205,21 +208,44 @@ __global__ void __launch_bounds__(kMaxWarps * 32) attn_kernel(const Args a) {
   // FP8 pages: one scale per KV head, so one per block (dequantised in registers as the tile is read).
   const float ksc = FP8 ? a.k_scale[kvh] : 1.0f, vsc = FP8 ? a.v_scale[kvh] : 1.0f;
 
-  for (int kb = kv_lo; kb < kv_hi; kb += kBN) {
-    __syncthreads();  // the previous tile is consumed
+  // The tile of keys [kb, kb + kBN) into buffer b by cp.async, keys >= kv_hi zero-filled: every copy of
+  // a tile in flight at once (a register round trip per 16 bytes left a decode block of two warps
+  // waiting on ~16 serial loads), and the next tile's copies under the current tile's math.
+  const auto stage = [&](int kb, int b) {
+    KvT* Kb = kv_smem + (2 * b) * kBN * KS;
+    KvT* Vb = Kb + kBN * KS;
     for (int idx = threadIdx.x; idx < kBN * LCH; idx += blockDim.x) {
       const int rr = idx / LCH, c = idx % LCH, key = kb + rr;
-      uint4 kv4 = make_uint4(0, 0, 0, 0), vv4 = kv4;
-      if (key < kv_hi) {
+      const bool ok = key < kv_hi;
+      int64_t off = 0;
+      if (ok) {
         const int64_t page = bt[key / a.block_size];
-        const int64_t off = ((page * a.block_size + key % a.block_size) * a.Hkv + kvh) * D + c * EPC;
-        kv4 = *reinterpret_cast<const uint4*>(kc + off);
-        vv4 = *reinterpret_cast<const uint4*>(vc + off);
+        off = ((page * a.block_size + key % a.block_size) * a.Hkv + kvh) * D + c * EPC;
       }
-      *reinterpret_cast<uint4*>(Ks + rr * KS + c * EPC) = kv4;
-      *reinterpret_cast<uint4*>(Vs + rr * KS + c * EPC) = vv4;
+      if (a.sync_stage) {  // MOEFOLD_ATTN_DECODE_STAGE=sync: through registers (the A/B reference)
+        const uint4 z = make_uint4(0, 0, 0, 0);
+        *reinterpret_cast<uint4*>(Kb + rr * KS + c * EPC) = ok ? *reinterpret_cast<const uint4*>(kc + off) : z;
+        *reinterpret_cast<uint4*>(Vb + rr * KS + c * EPC) = ok ? *reinterpret_cast<const uint4*>(vc + off) : z;
+      } else {
+        cp_async16(Kb + rr * KS + c * EPC, kc + off, ok);
+        cp_async16(Vb + rr * KS + c * EPC, vc + off, ok);
+      }
     }
-    __syncthreads();
+    cp_async_commit();
+  };
+  if (kv_lo < kv_hi) stage(kv_lo, 0);
+  int buf = 0;
+  for (int kb = kv_lo; kb < kv_hi; kb += kBN, buf ^= 1) {
+    __syncthreads();  // the previous tile (buffer buf ^ 1) is consumed
+    if (kb + kBN < kv_hi) {
+      stage(kb + kBN, buf ^ 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();  // tile kb is in buffer buf for every thread
+    const KvT* Ks = kv_smem + (2 * buf) * kBN * KS;
+    const KvT* Vs = Ks + kBN * KS;
 
     // Scores: lane = key.
     float sc[kR];
@@ -348,6 +374,16 @@ void dispatch_head_dim(int D, F&& f) {
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+/// MOEFOLD_ATTN_DECODE_STAGE: unset or `async` (cp.async, double-buffered), `sync` (attn_kernel stages its K/V
+/// tiles through registers, one at a time: same bits, for A/B runs and the bitwise test); anything else is an
+/// error. Read at every call, so that a test can switch it.
+bool decode_sync_stage() {
+  const char* e = std::getenv("MOEFOLD_ATTN_DECODE_STAGE");
+  if (!e || std::string(e) == "async") return false;
+  MOEFOLD_CHECK(std::string(e) == "sync", "MOEFOLD_ATTN_DECODE_STAGE={}: expected async or sync", e);
+  return true;
+}
+
 /// AttnKernel::Auto may take the warp-specialised prefill kernel unless MOEFOLD_ATTN_PREFILL=wgmma (read once;
 /// for A/B runs).
 bool prefill_ws_enabled() {
@@ -412,6 +448,7 @@ Args make_args(const bf16* q, const bf16* k_cache, const bf16* v_cache, const in
   MOEFOLD_CHECK(sh.block_size > 0 && max_blocks_per_seq > 0, "attention: bad block_size {} / max_blocks {}",
                 sh.block_size, max_blocks_per_seq);
   Args a{};
+  a.sync_stage = decode_sync_stage();
   a.q = q;
   a.q_hs = sh.q_head_stride ? sh.q_head_stride : D;
   a.q_ts = sh.q_token_stride ? sh.q_token_stride : sh.num_heads * a.q_hs;
