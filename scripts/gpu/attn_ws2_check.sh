@@ -3,7 +3,7 @@
 # attention_ws_persist.cu) beside the default ws: batch invariance + fp32 reference + bits equal to ws
 # (attention_invariance_test), the prefill contracts (attention_test), compute-sanitizer memcheck of
 # AttentionSmall, the benchmark shapes beside torch SDPA (attention_vs_sdpa.py: every variant per shape in
-# one process, then the default again), and one ncu capture of the default at qwen3.5 1x32768 d256 with
+# one process, then the default again), and one ncu capture of ws2 (NCU_K) at qwen3.5 1x32768 d256 with
 # source-level stall sampling (top SASS lines printed). Each step under its own time limit; table last.
 # Usage (repository root, after `source scripts/gpu/env.sh BUILD`): scripts/gpu/attn_ws2_check.sh [BUILD]
 # Env: KERNELS (default ws,ws2,ws_persist), INV_S / ATTN_S / MEM_S / SDPA_S / NCU_S seconds per step
@@ -37,8 +37,9 @@ echo "sdpa rc=$?" >>"$out/table.txt"
 
 if [ "${SKIP_NCU:-0}" != 1 ]; then
   ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-  # The first attn_ws_kernel launch of DISABLED_Perf with only ws selected: qwen3.5 1x32768 (a warm-up run).
-  MOEFOLD_TEST_KERNELS=ws timeout "${NCU_S:-25}" "$ncu" --clock-control none -k regex:attn_ws_kernel -c 1 \
+  # The first attn_ws_kernel launch of DISABLED_Perf with only $NCU_K (default ws2) selected: qwen3.5
+  # 1x32768 (a warm-up run).
+  MOEFOLD_TEST_KERNELS=${NCU_K:-ws2} timeout "${NCU_S:-25}" "$ncu" --clock-control none -k regex:attn_ws_kernel -c 1 \
     --section LaunchStats --section WarpStateStats --section SourceCounters --section SpeedOfLight \
     --import-source no -f -o "$out/ws32k" "$t/attention_invariance_test" --gtest_also_run_disabled_tests \
     --gtest_filter='*DISABLED_Perf' >"$out/ncu_run.log" 2>&1
