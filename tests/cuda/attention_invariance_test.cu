@@ -21,13 +21,14 @@
 // DISABLED_Perf times the warp-specialised and wgmma kernels at the 35B and Qwen3-30B shapes (PERF
 // lines), so that the same run shows what the invariance fix costs (a binary with the old kernels beside).
 //
-// MOEFOLD_TEST_KERNELS (comma-separated: ws, ws_nopp, ws_noiw, ws_plain, ws_s3, ws_bn64, ws_pp,
+// MOEFOLD_TEST_KERNELS (comma-separated: ws, ws2, ws_persist, ws_nopp, ws_noiw, ws_plain, ws_s3, ws_bn64, ws_pp,
 // wgmma, wgmma_vt, wgmma_pipe, auto, flash) narrows or widens the set; unset: all but flash.
 #include "ops/cuda/cuda_check.h"
 // (cuda_check.h first: see its note on fmt under nvcc)
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <map>
@@ -85,6 +86,8 @@ std::vector<Kernel> kernels_for(int D) {
   }
   const int ws_bn = D == 192 ? 64 : D == 256 ? 80 : 128, wg_bn = D <= 128 ? 128 : 64;
   std::vector<Kernel> all{{K::Ws, "ws", ws_bn}};
+  if (D == 128 || D == 256)  // Ws's bits, other data movement
+    all.insert(all.end(), {{K::WsV2, "ws2", ws_bn}, {K::WsPersist, "ws_persist", ws_bn}});
   if (D == 128)
     all.insert(all.end(), {{K::WsNoPingPong, "ws_nopp", 128},
                            {K::WsNoOverlap, "ws_noiw", 128},
@@ -298,12 +301,25 @@ void check_shape(const Heads& h, uint64_t seed) {
                                  {65, 200, 0}, {899, 1, 1}}});
   std::map<std::pair<std::string, std::string>, Diff> total;  // (kernel, group)
   std::map<std::string, size_t> pad;  // per kernel
+  // ws2 and ws_persist against ws, element by element, over every launch (whole prompt included).
+  const char* kSameAsWs[] = {"ws2", "ws_persist"};
+  const auto mismatches = [](const std::vector<uint16_t>& a, const std::vector<uint16_t>& b) {
+    size_t m = a.size() != b.size() ? a.size() + b.size() : 0;
+    for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) m += a[i] != b[i];
+    return m;
+  };
+  std::map<std::string, size_t> cross_mis;  // variant -> elements differing from ws
+  for (const char* v : kSameAsWs)
+    if (whole_bits.count("ws") && whole_bits.count(v)) cross_mis[v] = mismatches(whole_bits["ws"], whole_bits[v]);
   uint64_t lseed = seed + 1000;
   for (const Case& c : cases) {
     const Launch L = build(h, c.seqs, src, lseed += 17);
     DeviceLaunch dl(L, h);
+    std::vector<uint16_t> ws_bits;
     for (const Kernel& k : kernels) {
       const std::vector<uint16_t> got = dl.run(L, h, k.k);
+      if (k.name == "ws") ws_bits = got;
+      if (cross_mis.count(k.name)) cross_mis[k.name] += mismatches(ws_bits, got);
       Diff d;
       for (size_t i = 0; i < L.seqs.size(); ++i)
         if (L.seqs[i].src == 0) d += compare(L, i, got, whole_bits[k.name], h, k.bn);
@@ -315,6 +331,8 @@ void check_shape(const Heads& h, uint64_t seed) {
                     k.name.c_str(), shape.c_str(), c.group.c_str(), c.offset, d.elems, d.rows, d.rows_other_tiles);
     }
   }
+  for (const auto& [v, mis] : cross_mis)
+    EXPECT_TRUE(contract_exact("attn_" + v + "_bits_vs_ws", shape + ",whole+cont+chunk+varlen", mis));
   for (const Kernel& k : kernels) {
     for (const char* g : {"cont", "chunk", "varlen"}) {
       const std::string sh = shape + "," + g + (std::string(g) == "varlen" ? "" : ",offsets=1+17+63+64+65+96+127+1000");
@@ -404,7 +422,7 @@ TEST(AttentionInvariance, DISABLED_Perf) {
          dctx = cuda::to_device(std::vector<int32_t>{c.ctx});
     const double flops = 4.0 * h.D * h.Hq * (double(c.n) * c.ctx + double(c.n) * (c.n + 1) / 2);
     for (const Kernel& k : kernels_for(h.D)) {
-      if (k.name != "ws" && k.name != "wgmma") continue;
+      if (k.name != "ws" && k.name != "ws2" && k.name != "ws_persist" && k.name != "wgmma") continue;
       cu::AttentionShape sh;
       sh.num_heads = h.Hq;
       sh.num_kv_heads = h.Hkv;

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <numeric>
@@ -151,7 +152,7 @@ void run_all(std::vector<std::function<void()>>& work) {
 
 // ---- prefill -----------------------------------------------------------------------------------
 /// MOEFOLD_TEST_KERNELS: comma-separated prefill variants to check or time (flash, wgmma, wgmma_vt,
-/// wgmma_pipe, ws, ws_nopp, ws_noiw, ws_plain, ws_s3, ws_bn64, ws_pp, ws_qr, tc, simt, auto); unset = all. Lets a GPU run check new variants in their own process.
+/// wgmma_pipe, ws, ws_nopp, ws_noiw, ws_plain, ws_s3, ws_bn64, ws_pp, ws_qr, ws2, ws_persist, tc, simt, auto); unset = all. Lets a GPU run check new variants in their own process.
 bool kernel_selected(const std::string& name) {
   const char* v = std::getenv("MOEFOLD_TEST_KERNELS");
   if (!v || !*v) return true;
@@ -202,7 +203,9 @@ void check_prefill(const Heads& h, std::vector<int> ctx, std::vector<int> n, int
                                    {cu::AttnKernel::WsStages3, "_ws_s3"},
                                    {cu::AttnKernel::WsBn64, "_ws_bn64"},
                                    {cu::AttnKernel::WsPingPong, "_ws_pp"},
-                                   {cu::AttnKernel::WsQRegs, "_ws_qr"}});
+                                   {cu::AttnKernel::WsQRegs, "_ws_qr"},
+                                   {cu::AttnKernel::WsV2, "_ws2"},
+                                   {cu::AttnKernel::WsPersist, "_ws_persist"}});
   kernels.push_back({cu::AttnKernel::Auto, "_auto"});
   if (old_kernels) kernels.insert(kernels.end(), {{cu::AttnKernel::TensorCore, "_tc"}, {cu::AttnKernel::Simt, "_simt"}});
   std::erase_if(kernels, [](const auto& k) { return !kernel_selected(k.second.substr(1)); });
@@ -257,6 +260,19 @@ void check_prefill(const Heads& h, std::vector<int> ctx, std::vector<int> n, int
     pad_touched += touched(host_bits(douts[i]), ref.size(), out.size());
   }
   EXPECT_TRUE(contract_exact("attn_prefill_padding", shape, pad_touched));
+  // ws2 and ws_persist (attention_flash.h WsVariant::V2 / Persist) only move data differently: Ws's
+  // bits, every element (padding included).
+  const auto at = [&](const char* name) {
+    return size_t(std::find_if(kernels.begin(), kernels.end(), [&](const auto& k) { return k.second == name; }) -
+                  kernels.begin());
+  };
+  for (const char* v : {"_ws2", "_ws_persist"})
+    if (const size_t iw = at("_ws"), iv = at(v); iw < kernels.size() && iv < kernels.size()) {
+      const auto a = host_bits(douts[iw]), b = host_bits(douts[iv]);
+      size_t mis = 0;
+      for (size_t i = 0; i < a.size(); ++i) mis += a[i] != b[i];
+      EXPECT_TRUE(contract_exact(std::string("attn_prefill") + v + "_bits_vs_ws", shape, mis));
+    }
 }
 
 // ---- decode ------------------------------------------------------------------------------------
@@ -533,7 +549,7 @@ TEST(AttentionPerf, DISABLED_Flash) {
   perf_cases({cu::AttnKernel::Auto, cu::AttnKernel::Flash, cu::AttnKernel::Wgmma, cu::AttnKernel::WgmmaVt,
               cu::AttnKernel::WgmmaPipe, cu::AttnKernel::Ws, cu::AttnKernel::WsNoPingPong, cu::AttnKernel::WsNoOverlap,
               cu::AttnKernel::WsPlain, cu::AttnKernel::WsStages3, cu::AttnKernel::WsBn64, cu::AttnKernel::WsPingPong,
-              cu::AttnKernel::WsQRegs});
+              cu::AttnKernel::WsQRegs, cu::AttnKernel::WsV2, cu::AttnKernel::WsPersist});
 }
 
 void perf_cases(std::initializer_list<cu::AttnKernel> kerns) {
@@ -555,9 +571,9 @@ void perf_cases(std::initializer_list<cu::AttnKernel> kerns) {
         if (kern == cu::AttnKernel::TensorCore && c.n > 4096) continue;
         const char* names[] = {"auto",     "fa",       "wgmma", "wgmma_vt", "tc_old",  "simt",
                                "wgmma_pipe", "ws",    "ws_nopp", "ws_noiw", "ws_plain", "ws_s3",
-                               "ws_bn64",    "ws_pp", "ws_qr"};
+                               "ws_bn64",    "ws_pp", "ws_qr", "ws2", "ws_persist"};
         const char* sel[] = {"auto",       "flash", "wgmma",   "wgmma_vt", "tc",       "simt",  "wgmma_pipe", "ws",
-                             "ws_nopp",    "ws_noiw", "ws_plain", "ws_s3", "ws_bn64", "ws_pp", "ws_qr"};
+                             "ws_nopp",    "ws_noiw", "ws_plain", "ws_s3", "ws_bn64", "ws_pp", "ws_qr", "ws2", "ws_persist"};
         if (!kernel_selected(sel[int(kern)])) continue;
         sh.kernel = kern;
         const double us = time_us([&] {

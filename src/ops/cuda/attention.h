@@ -56,7 +56,9 @@ using bf16 = __nv_bfloat16;
 /// previous tile's P V. Ws: the warp-specialised kernel (attention_ws.cu: a TMA producer warp, K/V
 /// rings on mbarriers, two consumer warpgroups ping-ponging with the softmax overlapped with P V;
 /// head_dim 64/128/192/256 on pages of a multiple of 16 tokens; Auto's choice there); WsNoPingPong,
-/// WsNoOverlap, WsPlain, WsStages3, WsBn64, WsPingPong, WsQRegs: its A/B variants (attention_flash.h, WsVariant). TensorCore: the
+/// WsNoOverlap, WsPlain, WsStages3, WsBn64, WsPingPong, WsQRegs, WsV2: its A/B variants (attention_flash.h,
+/// WsVariant; WsV2 gives Ws's bits with a reordered producer and a faster gated epilogue, WsPersist the
+/// same as a persistent grid). TensorCore: the
 /// older 64-row mma.sync kernel. Simt keeps the CUDA-core kernel (fp32 P, the reference-like variant).
 enum class AttnKernel {
   Auto,
@@ -73,7 +75,9 @@ enum class AttnKernel {
   WsStages3,
   WsBn64,
   WsPingPong,
-  WsQRegs
+  WsQRegs,
+  WsV2,
+  WsPersist
 };
 
 /// Whether a model of this head size runs on the GPU: attention_prefill (Auto / Flash) takes every

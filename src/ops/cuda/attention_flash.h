@@ -54,8 +54,13 @@ void launch_attention_wgmma(FlashArgs a, int num_seqs, int max_q_len, int varian
 /// NoPingPong / NoOverlap / Plain: without ping-pong / without the overlap / without both (Q in
 /// shared memory); Stages3 (128): both with 3 stages; Bn64 (256): both on 64-key tiles; PingPong
 /// (128): both; QRegs (128): the same as Default. A variant that does not apply to the head size
-/// runs Default.
-enum class WsVariant { Default, NoPingPong, NoOverlap, Plain, Stages3, Bn64, PingPong, QRegs };
+/// runs Default. V2 (128 and 256; elsewhere Default): Default's tiling and arithmetic (the same output
+/// bits) with the producer issuing K(j) before V(j - 1) and each tile's block-table reads a tile
+/// ahead, K pieces wholly past the block's last key left unwritten (masked anyway), the gate rows
+/// prefetched into L2 and loaded all at once in the epilogue. Persist (128 and 256): V2 as a persistent
+/// grid (a block per multiprocessor walking the query tiles, longest first, the K/V rings running on
+/// from one tile to the next); the same bits.
+enum class WsVariant { Default, NoPingPong, NoOverlap, Plain, Stages3, Bn64, PingPong, QRegs, V2, Persist };
 
 /// Whether the warp-specialised kernel takes this head size and page size (64/128/192/256; pages of
 /// a multiple of 16 tokens, so each 16-key piece of a tile is one TMA box).
@@ -64,5 +69,9 @@ bool ws_supports(int head_dim, int block_size);
 /// Fills the tile fields of `a` and launches the warp-specialised kernel. Throws moefold::Error for
 /// an unsupported head / page size, unaligned caches or too many query tiles.
 void launch_attention_ws(FlashArgs a, int num_seqs, int max_q_len, WsVariant v, cudaStream_t stream);
+
+/// WsVariant::Persist (attention_ws_persist.cu), called by launch_attention_ws with the tile fields of
+/// `a` filled; head_dim 128 or 256 (Error otherwise).
+void launch_attention_ws_persist(const FlashArgs& a, int num_seqs, cudaStream_t stream);
 
 }  // namespace moefold::cuda::detail

@@ -25,16 +25,24 @@
 // query tiles are scheduled first, across the sequences of a batch. The sigmoid output gate is
 // fused into the store. KV: the cache element type (bf16 today; a
 // template parameter so that FP8 KV can convert on the way into the products).
+// kV2 (WsVariant::V2; the same bits): the producer issues K(j) before V(j - 1) (S(j) and P V(j - 1)
+// are issued together, and K's stage frees half a tile before V's), reads each tile's block-table
+// entries a tile ahead, leaves K pieces wholly past the block's last key unwritten (masked anyway),
+// and prefetches the gate rows into L2; the epilogue issues a row's gate loads before its stores (the
+// plain loop serialised 64 gate loads per thread behind the stores: ~20 us per block, fitted from the
+// H200 timings). The persistent form of the same is attention_ws_persist.cu; helpers attention_ws.cuh.
 #include "ops/cuda/cuda_check.h"
 // (cuda_check.h first: see its note on fmt under nvcc)
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
+#include <algorithm>
 #include <mutex>
 #include <type_traits>
 
 #include "core/error.h"
 #include "ops/cuda/attention_flash.h"
+#include "ops/cuda/attention_ws.cuh"
 #include "ops/cuda/kernel_util.cuh"
 #include "ops/cuda/pdl.cuh"
 #include "ops/cuda/ptx.cuh"
@@ -44,158 +52,7 @@ namespace moefold::cuda::detail {
 using namespace ptx;
 namespace {
 
-constexpr int kBM = 128, kThreads = 384;
-constexpr int kProducerRegs = 24, kConsumerRegs = 240;  // 128 * 24 + 256 * 240 <= 65536
-
-/// BN keys per tile (a multiple of 16: whole 16-key pieces).
-template <int D, int BN_, int STAGES>
-struct WsCfg {
-  static constexpr int BN = BN_;
-  static constexpr uint32_t q_bytes = kBM * D * 2, kv_bytes = BN * D * 2;
-  // Q | K[STAGES] | V[STAGES] | mbarriers; each tile region 1024-byte aligned (the swizzle follows
-  // address bits).
-  static constexpr uint32_t k_off = q_bytes, v_off = k_off + STAGES * kv_bytes, bar_off = v_off + STAGES * kv_bytes;
-  static constexpr size_t smem = size_t(bar_off) + 4 * STAGES * 8 + 1024;
-};
-
-/// Byte offset of the 16-byte chunk holding elements (r, c .. c + 7) of an R-row, K-major matrix
-/// stored as column tiles of 64 elements in the 128-byte swizzle layout (the TMA SWIZZLE_128B layout).
-__device__ __forceinline__ uint32_t sw_off(int r, int c, int R) {
-  return uint32_t((c >> 6) * R * 128 + r * 128 + ((((c >> 3) & 7) ^ (r & 7)) << 4));
-}
-
-__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
-  __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&h);
-}
-
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
-template <int D>
-__device__ __forceinline__ void mma_pv(float (&o)[D / 2], const uint32_t (&a)[4], uint64_t db) {
-  if constexpr (D == 64) wg::mma_rs_n64_mn(o, a, db);
-  else if constexpr (D == 128) wg::mma_rs_n128_mn(o, a, db);
-  else if constexpr (D == 192) wg::mma_rs_n192_mn(o, a, db);
-  else wg::mma_rs_n256_mn(o, a, db);
-}
-
-/// Online-softmax state of one consumer thread: rows g and g + 8 of its warp's 16.
-template <int D, int BN>
-struct Softmax {
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, alpha[2] = {1.0f, 1.0f};
-
-  /// Masks S (keys > lim[i] of row i, when `mask`), updates m and l, stores the rescale factor of O
-  /// in alpha and overwrites S with the probabilities (fp32; pack() rounds them for P V).
-  __device__ __forceinline__ void step(float (&sc)[BN / 2], bool mask, int kb, int tig, const int (&lim)[2], float sl2) {
-    constexpr int NT = BN / 8;
-    if (mask) {
-#pragma unroll
-      for (int j = 0; j < NT; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          if (kb + 8 * j + 2 * tig + (e & 1) > lim[e >> 1]) sc[4 * j + e] = -INFINITY;
-    }
-    float mx[2] = {m[0], m[1]}, msc[2];
-#pragma unroll
-    for (int j = 0; j < NT; ++j) {
-      mx[0] = fmaxf(mx[0], fmaxf(sc[4 * j], sc[4 * j + 1]));
-      mx[1] = fmaxf(mx[1], fmaxf(sc[4 * j + 2], sc[4 * j + 3]));
-    }
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
-      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
-      msc[i] = mx[i] == -INFINITY ? 0.0f : mx[i] * sl2;
-      // An unchanged max rescales by exactly 1, so that a tile wholly past this row's last key (the
-      // block visits key tiles up to its LAST row's key) leaves m, l and O bit for bit as they were:
-      // a row's bits then do not depend on how many such tiles its query tile makes it visit. (Without
-      // the select the compiler contracts m * sl2 - msc into fma(m, sl2, -msc): the rounding error of
-      // m * sl2, whose exp2 can be 1 -/+ an ulp, so O and l drifted with each masked tile.)
-      alpha[i] = mx[i] == m[i] ? 1.0f : fast_exp2(m[i] * sl2 - msc[i]);
-      m[i] = mx[i];
-      l[i] *= alpha[i];
-    }
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        sc[4 * j + e] = fast_exp2(fmaf(sc[4 * j + e], sl2, -msc[e >> 1]));
-        l[e >> 1] += sc[4 * j + e];
-      }
-  }
-
-  /// The bf16 probabilities in the m16n8k16 A-fragment layout (one fragment per 16 keys). Kept apart
-  /// from step() so that the registers P V reads are written only after that product completed.
-  __device__ __forceinline__ static void pack(const float (&sc)[BN / 2], uint32_t (&p)[BN / 16][4]) {
-#pragma unroll
-    for (int j = 0; j < BN / 8; ++j) {
-      p[j / 2][(j & 1) * 2 + 0] = pack2(sc[4 * j], sc[4 * j + 1]);
-      p[j / 2][(j & 1) * 2 + 1] = pack2(sc[4 * j + 2], sc[4 * j + 3]);
-    }
-  }
-
-  __device__ __forceinline__ void rescale(float (&o)[D / 2]) const {
-#pragma unroll
-    for (int j = 0; j < D / 8; ++j) {
-      o[4 * j] *= alpha[0];
-      o[4 * j + 1] *= alpha[0];
-      o[4 * j + 2] *= alpha[1];
-      o[4 * j + 3] *= alpha[1];
-    }
-  }
-};
-
-/// Producer warp: K or V of keys [kb, kb + BN) into the swizzled tile at shared address `dst`,
-/// completing on mbarrier `full` (32 arrivals: every lane; lane 0 also expects the TMA bytes).
-/// Pieces of 16 keys wholly before kv_end (a prefix of the tile) are TMA boxes; the rest the lanes copy.
-template <typename KV, int D, int BN>
-__device__ __forceinline__ void load_tile(const CUtensorMap* map, const KV* cache, const FlashArgs& a,
-                                          const int32_t* bt, int kvh, int kb, int kv_end, uint32_t dst,
-                                          uint32_t full, int lane) {
-  constexpr int CH = D * int(sizeof(KV)) / 16;  // 16-byte chunks per row
-  const int nfull = min(BN / 16, (kv_end - kb) >> 4);
-  int my_slot = 0;  // lane i < nfull: the first cache slot of piece i
-  if (lane < nfull) {
-    const int key0 = kb + 16 * lane;
-    const int pi = a.bs_shift >= 0 ? key0 >> a.bs_shift : key0 / a.block_size;
-    my_slot = bt[pi] * a.block_size + (key0 - pi * a.block_size);
-  }
-#pragma unroll 1
-  for (int c16 = nfull; c16 < BN / 16; ++c16) {  // the sequence's last piece and any past it: zeros past the end
-    const int key0 = kb + 16 * c16;
-#pragma unroll 1
-    for (int idx = lane; idx < 16 * CH; idx += 32) {
-      const int r = idx / CH, c = idx % CH, key = key0 + r;
-      uint4 v = make_uint4(0, 0, 0, 0);
-      if (key < kv_end) {
-        const int pi = a.bs_shift >= 0 ? key >> a.bs_shift : key / a.block_size;
-        const int64_t slot = int64_t(bt[pi]) * a.block_size + (key - pi * a.block_size);
-        v = *reinterpret_cast<const uint4*>(cache + (slot * a.Hkv + kvh) * D + c * (16 / int(sizeof(KV))));
-      }
-      asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst + sw_off(16 * c16 + r, c * 8, BN)), "r"(v.x),
-                   "r"(v.y), "r"(v.z), "r"(v.w)
-                   : "memory");
-    }
-  }
-  if (nfull < BN / 16) wg::fence_proxy_async();  // the lanes' stores, before the tensor cores read them
-  if (lane == 0) mbar_arrive_expect_tx(full, uint32_t(nfull) * 16u * uint32_t(D) * uint32_t(sizeof(KV)));
-#pragma unroll 1
-  for (int c16 = 0; c16 < nfull; ++c16) {
-    const int slot0 = __shfl_sync(0xffffffffu, my_slot, c16);
-    if (lane == 0) {
-#pragma unroll
-      for (int ct = 0; ct < D / 64; ++ct)
-        tma_load_3d(dst + uint32_t(ct * BN * 128 + c16 * 16 * 128), map, full, ct * 64, kvh, slot0);
-    }
-  }
-  if (lane != 0) mbar_arrive(full);
-}
-
-template <typename KV, int D, int BN_, int STAGES, bool kPP, bool kIW, bool kQR>
+template <typename KV, int D, int BN_, int STAGES, bool kPP, bool kIW, bool kQR, bool kV2>
 __global__ void __launch_bounds__(kThreads, 1)
     attn_ws_kernel(const __grid_constant__ CUtensorMap tmk, const __grid_constant__ CUtensorMap tmv, const FlashArgs a) {
   static_assert(std::is_same_v<KV, bf16>, "the products read bf16 K/V (FP8 KV: convert in the consumers)");
@@ -238,15 +95,48 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (wgi == 0) {  // ---- producer ----
     setmaxnreg_dec<kProducerRegs>();
     if (warp != 0) return;
+    if constexpr (kV2) {
+      // K(jt) is issued before V(jt - 1): the consumers need them together (S(jt) beside P V(jt - 1)),
+      // and K's stage is free half a tile before V's. Each tile's block-table reads are issued a tile
+      // ahead (before the empty waits) and serve both K and V.
+      if (lane == 0) {
+        asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tmk)) : "memory");
+        asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tmv)) : "memory");
+      }
+      int slot = piece_slot<BN>(a, bt, 0, kv_end, lane), slot_prev = 0;
+      int st = 0, st_prev = 0;
+      uint32_t ph = 0, ph_prev = 0;
+#pragma unroll 1
+      for (int jt = 0; jt <= ntiles; ++jt) {
+        const int kb = jt * BN;
+        const int slot_next = jt + 1 < ntiles ? piece_slot<BN>(a, bt, kb + BN, kv_end, lane) : 0;
+        if (jt < ntiles) {
+          mbar_wait(empty_k(st), ph ^ 1);
+          load_tile<KV, D, BN, true>(&tmk, a.kc, a, bt, kvh, kb, kv_end, k_addr + uint32_t(st) * C::kv_bytes, full_k(st),
+                                     lane, slot);
+        }
+        if (jt > 0) {
+          mbar_wait(empty_v(st_prev), ph_prev ^ 1);
+          load_tile<KV, D, BN>(&tmv, a.vc, a, bt, kvh, kb - BN, kv_end, v_addr + uint32_t(st_prev) * C::kv_bytes,
+                               full_v(st_prev), lane, slot_prev);
+        }
+        slot_prev = slot, slot = slot_next, st_prev = st, ph_prev = ph;
+        if (++st == STAGES) st = 0, ph ^= 1;
+      }
+      if (a.gate) prefetch_rows<D>(a, a.gate, a.g_ts, a.g_hs, row0, n, t0, kvh, hchunk, lane);  // for the epilogue
+      return;
+    }
     int st = 0;
     uint32_t ph = 0;
 #pragma unroll 1
     for (int jt = 0; jt < ntiles; ++jt) {
       const int kb = jt * BN;
       mbar_wait(empty_k(st), ph ^ 1);
-      load_tile<KV, D, BN>(&tmk, a.kc, a, bt, kvh, kb, kv_end, k_addr + uint32_t(st) * C::kv_bytes, full_k(st), lane);
+      load_tile<KV, D, BN>(&tmk, a.kc, a, bt, kvh, kb, kv_end, k_addr + uint32_t(st) * C::kv_bytes, full_k(st), lane,
+                           piece_slot<BN>(a, bt, kb, kv_end, lane));
       mbar_wait(empty_v(st), ph ^ 1);
-      load_tile<KV, D, BN>(&tmv, a.vc, a, bt, kvh, kb, kv_end, v_addr + uint32_t(st) * C::kv_bytes, full_v(st), lane);
+      load_tile<KV, D, BN>(&tmv, a.vc, a, bt, kvh, kb, kv_end, v_addr + uint32_t(st) * C::kv_bytes, full_v(st), lane,
+                           piece_slot<BN>(a, bt, kb, kv_end, lane));
       if (++st == STAGES) st = 0, ph ^= 1;
     }
     return;
@@ -398,6 +288,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   }
 
+  if constexpr (kV2) {
+    const int64_t grow[2] = {row0 + tok[0], row0 + tok[1]};
+    store_rows_v2<D>(a, o, sm.l, valid, grow, head, tig);
+    return;
+  }
   float l[2] = {sm.l[0], sm.l[1]};
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
@@ -425,38 +320,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
-  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    MOEFOLD_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q));
-    MOEFOLD_CHECK(q == cudaDriverEntryPointSuccess && p != nullptr, "attention (ws): cuTensorMapEncodeTiled unavailable");
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
-  }();
-  return fn;
-}
-
-/// The 3-D map [slots, Hkv, D] of one cache (slot count unbounded: only slots of the block tables
-/// are addressed), boxes of 16 slots x 1 head x 64 elements, 128-byte swizzle.
-template <typename KV>
-CUtensorMap kv_map(const KV* cache, int Hkv, int D) {
-  static_assert(sizeof(KV) == 2, "bf16 cache");
-  CUtensorMap m;
-  const cuuint64_t dims[3] = {cuuint64_t(D), cuuint64_t(Hkv), cuuint64_t(1) << 31};
-  const cuuint64_t strides[2] = {cuuint64_t(D) * sizeof(KV), cuuint64_t(Hkv) * D * sizeof(KV)};
-  const cuuint32_t box[3] = {64, 1, 16}, elem[3] = {1, 1, 1};
-  const CUresult r = encode_fn()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<KV*>(cache), dims, strides, box, elem,
-                                 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  MOEFOLD_CHECK(r == CUDA_SUCCESS, "attention (ws): cuTensorMapEncodeTiled failed ({})", int(r));
-  return m;
-}
-
-template <int D, int BN, int STAGES, bool kPP, bool kIW, bool kQR = false>
+template <int D, int BN, int STAGES, bool kPP, bool kIW, bool kQR = false, bool kV2 = false>
 void launch_cfg(const FlashArgs& a, dim3 grid, cudaStream_t stream) {
   using C = WsCfg<D, BN, STAGES>;
   static_assert(C::smem <= 227 * 1024, "shared memory");
-  auto* k = attn_ws_kernel<bf16, D, BN, STAGES, kPP, kIW, kQR>;
+  auto* k = attn_ws_kernel<bf16, D, BN, STAGES, kPP, kIW, kQR, kV2>;
   static std::once_flag once;
   std::call_once(once, [k] {
     MOEFOLD_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(C::smem)));
@@ -485,6 +353,10 @@ void launch_attention_ws(FlashArgs a, int num_seqs, int max_q_len, WsVariant v, 
   a.qtiles = (max_q_len + a.TB - 1) / a.TB;
   MOEFOLD_CHECK(a.qtiles <= 65535, "attention_prefill: {} query rows per sequence exceed the grid ({} tiles)",
                 max_q_len, a.qtiles);
+  if (v == WsVariant::Persist && (a.dh == 128 || a.dh == 256)) {
+    launch_attention_ws_persist(a, num_seqs, stream);
+    return;
+  }
   const dim3 grid(unsigned(a.Hkv * a.head_chunks), unsigned(num_seqs), unsigned(a.qtiles));
   switch (a.dh) {
     case 64: launch_cfg<64, 128, 2, true, true>(a, grid, stream); break;
@@ -496,6 +368,7 @@ void launch_attention_ws(FlashArgs a, int num_seqs, int max_q_len, WsVariant v, 
         case WsVariant::Plain: launch_cfg<128, 128, 2, false, false>(a, grid, stream); break;
         case WsVariant::Stages3: launch_cfg<128, 128, 3, true, true>(a, grid, stream); break;
         case WsVariant::NoPingPong: launch_cfg<128, 128, 2, false, true>(a, grid, stream); break;  // Q in smem
+        case WsVariant::V2: launch_cfg<128, 128, 2, false, true, true, true>(a, grid, stream); break;
         default: launch_cfg<128, 128, 2, false, true, true>(a, grid, stream); break;  // also QRegs
       }
       break;
@@ -505,6 +378,7 @@ void launch_attention_ws(FlashArgs a, int num_seqs, int max_q_len, WsVariant v, 
         case WsVariant::NoOverlap: launch_cfg<256, 80, 2, true, false>(a, grid, stream); break;
         case WsVariant::Plain: launch_cfg<256, 80, 2, false, false>(a, grid, stream); break;
         case WsVariant::Bn64: launch_cfg<256, 64, 2, true, true>(a, grid, stream); break;
+        case WsVariant::V2: launch_cfg<256, 80, 2, true, true, false, true>(a, grid, stream); break;
         default: launch_cfg<256, 80, 2, true, true>(a, grid, stream); break;
       }
       break;
