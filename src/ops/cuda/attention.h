@@ -48,14 +48,15 @@ namespace moefold::cuda {
 using bf16 = __nv_bfloat16;
 
 /// Kernel choice for attention_prefill (decode always uses the split CUDA-core kernel).
-/// Auto: Ws for head_dim 64/128/192/256 on pages of a multiple of 16 tokens, else Wgmma for those
+/// Auto: on pages of a multiple of 16 tokens WsPersist for head_dim 256, WsV2 for 128, Ws for 64/192
+/// (the same bits as Ws everywhere), else Wgmma for those
 /// head sizes, Flash for the other multiples of 16. Flash: the mma.sync
 /// kernel of attention_flash.cu (128-row tiles, double-buffered K/V, every multiple of 16 up to 256).
 /// Wgmma / WgmmaVt: the same tiling on Hopper warpgroup MMA (attention_wgmma.cu; V read MN-major /
 /// transposed through shared memory); WgmmaPipe: Wgmma with each tile's softmax overlapped with the
 /// previous tile's P V. Ws: the warp-specialised kernel (attention_ws.cu: a TMA producer warp, K/V
 /// rings on mbarriers, two consumer warpgroups ping-ponging with the softmax overlapped with P V;
-/// head_dim 64/128/192/256 on pages of a multiple of 16 tokens; Auto's choice there); WsNoPingPong,
+/// head_dim 64/128/192/256 on pages of a multiple of 16 tokens); WsNoPingPong,
 /// WsNoOverlap, WsPlain, WsStages3, WsBn64, WsPingPong, WsQRegs, WsV2: its A/B variants (attention_flash.h,
 /// WsVariant; WsV2 gives Ws's bits with a reordered producer and a faster gated epilogue, WsPersist the
 /// same as a persistent grid). TensorCore: the
