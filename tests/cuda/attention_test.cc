@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <numeric>
+#include <tuple>
 
 #include "core/error.h"
 #include "cuda/contract.h"
@@ -332,17 +333,24 @@ void check_decode(const Heads& h, const std::vector<int>& kv_lens, int bs, int64
   if (size_t(live) < S) {
     EXPECT_TRUE(contract_exact("attn_decode_padding", shape, pad_touched));
   }
-  if (std::getenv("MOEFOLD_ATTN_DECODE_STAGE") == nullptr) {  // the tiles staged through registers: same bits
+  // The A/B forms of the decode kernel give the default's bits: the tiles staged through registers, one or
+  // four q heads a warp.
+  const std::tuple<const char*, const char*, const char*> forms[] = {
+      {"MOEFOLD_ATTN_DECODE_STAGE", "sync", "attn_decode_stage_sync_bits"},
+      {"MOEFOLD_ATTN_DECODE_ROWS", "1", "attn_decode_rows1_bits"},
+      {"MOEFOLD_ATTN_DECODE_ROWS", "4", "attn_decode_rows4_bits"}};
+  for (const auto& [var, value, name] : forms) {
+    if (std::getenv(var) != nullptr) continue;
     dout.fill_bytes(0xFF);
-    setenv("MOEFOLD_ATTN_DECODE_STAGE", "sync", 1);
+    setenv(var, value, 1);
     cu::attention_decode(dq.data(), dkc.data(), dvc.data(), dbt.data(), c.max_blocks, dctx.data(), int(S), max_kv_len,
                          dout.data(), sh, dws.data(), ws, nullptr);
     sync();
-    unsetenv("MOEFOLD_ATTN_DECODE_STAGE");
-    const auto sync_bits = host_bits(dout);
+    unsetenv(var);
+    const auto form_bits = host_bits(dout);
     size_t differ = 0;
-    for (size_t i = 0; i < bits.size(); ++i) differ += sync_bits[i] != bits[i] ? 1 : 0;
-    EXPECT_TRUE(contract_exact("attn_decode_stage_sync_bits", shape, differ));
+    for (size_t i = 0; i < bits.size(); ++i) differ += form_bits[i] != bits[i] ? 1 : 0;
+    EXPECT_TRUE(contract_exact(name, shape, differ));
   }
 
   if (also_prefill) {  // the prefill kernel on the same batch (one row per sequence, long contexts)
@@ -515,7 +523,7 @@ TEST(AttentionPerf, DISABLED_Timings) {
                 fmt::format("qwen3.5,gated,seqs={},n={}", seqs, n), us, fmt::format("TFLOP/s={:.1f}", flops / us * 1e-6));
     }
   }
-  // Decode, cp.async staging (the default) and MOEFOLD_ATTN_DECODE_STAGE=sync in the order A B B A.
+  // Decode: the default, four and one q heads a warp, the register staging; in the order A B C D D C B A.
   for (auto [B, L] : {std::pair{1, 513}, std::pair{1, 4096}, std::pair{1, 32768}, std::pair{8, 4096}, std::pair{64, 4096},
                       std::pair{64, 16384}}) {
     PerfSetup p(B, L, B, h.Hq, h.Hkv, h.D);
@@ -524,18 +532,23 @@ TEST(AttentionPerf, DISABLED_Timings) {
     const size_t ws = cu::attention_decode_workspace_bytes(B, sh, L);
     DeviceBuffer<unsigned char> dws(ws);
     const double bytes = double(B) * double(L) * h.Hkv * h.D * 2 * 2;
-    double us[2] = {0, 0};
-    for (int variant : {0, 1, 1, 0}) {
-      if (variant == 1) setenv("MOEFOLD_ATTN_DECODE_STAGE", "sync", 1);
-      us[variant] += 0.5 * time_us([&] {
+    const std::tuple<const char*, const char*, const char*> forms[] = {{nullptr, nullptr, "attn_decode"},
+                                                                       {"MOEFOLD_ATTN_DECODE_ROWS", "4", "attn_decode_rows4"},
+                                                                       {"MOEFOLD_ATTN_DECODE_ROWS", "1", "attn_decode_rows1"},
+                                                                       {"MOEFOLD_ATTN_DECODE_STAGE", "sync", "attn_decode_sync_stage"}};
+    double us[4] = {0, 0, 0, 0};
+    for (int f : {0, 1, 2, 3, 3, 2, 1, 0}) {
+      const auto& [var, value, name] = forms[f];
+      if (var) setenv(var, value, 1);
+      us[f] += 0.5 * time_us([&] {
         cu::attention_decode(p.q.data(), p.kc.data(), p.vc.data(), p.bt.data(), p.max_blocks, dctx.data(), B, L,
                              p.out.data(), sh, dws.data(), ws, nullptr);
       });
-      unsetenv("MOEFOLD_ATTN_DECODE_STAGE");
+      if (var) unsetenv(var);
     }
-    for (int variant : {0, 1})
-      perf_line(variant ? "attn_decode_sync_stage" : "attn_decode", fmt::format("qwen3.5,gated,B={},kv={}", B, L),
-                us[variant], fmt::format("TB/s={:.2f}", bytes / us[variant] * 1e-6));
+    for (int f = 0; f < 4; ++f)
+      perf_line(std::get<2>(forms[f]), fmt::format("qwen3.5,gated,B={},kv={}", B, L), us[f],
+                fmt::format("TB/s={:.2f}", bytes / us[f] * 1e-6));
   }
 }
 

@@ -101,9 +101,9 @@ constexpr int kv_stride() { return D + 16 / int(sizeof(KvElem<FP8>)); }
 
 /// Two buffers of a K and a V tile (the next tile's copies run under the current tile's math), then the
 /// warps' q rows in fp32.
-template <int D, bool FP8 = false>
+template <int D, bool FP8 = false, int R = kR>
 size_t smem_bytes(int nwarps) {
-  return size_t(4 * kBN * kv_stride<D, FP8>()) * sizeof(KvElem<FP8>) + size_t(nwarps * kR * D) * sizeof(float);
+  return size_t(4 * kBN * kv_stride<D, FP8>()) * sizeof(KvElem<FP8>) + size_t(nwarps * R * D) * sizeof(float);
 }
 
 /// n e4m3 bytes at p as fp32 values times `scale` (exact conversion, one fp32 multiply: the CPU's
@@ -128,7 +128,7 @@ __device__ __forceinline__ void load_kv(const KvElem<FP8>* p, float scale, float
   }
 }
 
-template <int D, bool FP8 = false>
+template <int D, bool FP8 = false, int R = kR>
 __global__ void __launch_bounds__(kMaxWarps * 32) attn_kernel(const Args a) {
   pdl_begin();
   using KvT = KvElem<FP8>;
@@ -171,12 +171,12 @@ __global__ void __launch_bounds__(kMaxWarps * 32) attn_kernel(const Args a) {
   }
 
   // This warp's rows: (token, q head) pairs; q rows staged in shared memory as scaled fp32.
-  int lim[kR], tok[kR], head[kR];
-  bool valid[kR];
-  float* Qw = Qs + warp * kR * D;
+  int lim[R], tok[R], head[R];
+  bool valid[R];
+  float* Qw = Qs + warp * R * D;
 #pragma unroll
-  for (int r = 0; r < kR; ++r) {
-    const int rb = warp * kR + r, tb = rb / a.HB, hh = rb % a.HB, hg = hchunk * a.HB + hh;
+  for (int r = 0; r < R; ++r) {
+    const int rb = warp * R + r, tb = rb / a.HB, hh = rb % a.HB, hg = hchunk * a.HB + hh;
     valid[r] = tb < a.TB && t0 + tb < n && hg < a.G;
     tok[r] = t0 + tb;
     head[r] = kvh * a.G + hg;
@@ -196,9 +196,9 @@ __global__ void __launch_bounds__(kMaxWarps * 32) attn_kernel(const Args a) {
   }
   __syncwarp();
 
-  float m[kR], l[kR], o[kR][DPL];
+  float m[R], l[R], o[R][DPL];
 #pragma unroll
-  for (int r = 0; r < kR; ++r) {
+  for (int r = 0; r < R; ++r) {
     m[r] = -INFINITY;
     l[r] = 0.0f;
 #pragma unroll
@@ -248,16 +248,16 @@ __global__ void __launch_bounds__(kMaxWarps * 32) attn_kernel(const Args a) {
     const KvT* Vs = Ks + kBN * KS;
 
     // Scores: lane = key.
-    float sc[kR];
+    float sc[R];
 #pragma unroll
-    for (int r = 0; r < kR; ++r) sc[r] = 0.0f;
+    for (int r = 0; r < R; ++r) sc[r] = 0.0f;
     const KvT* krow = Ks + lane * KS;
 #pragma unroll 4
     for (int c = 0; c < CH; ++c) {
       float kf[8];
       load_kv<8, FP8>(krow + c * 8, ksc, kf);
 #pragma unroll
-      for (int r = 0; r < kR; ++r) {
+      for (int r = 0; r < R; ++r) {
         const float4 qa = *reinterpret_cast<const float4*>(Qw + r * D + c * 8);
         const float4 qb = *reinterpret_cast<const float4*>(Qw + r * D + c * 8 + 4);
         sc[r] += qa.x * kf[0] + qa.y * kf[1] + qa.z * kf[2] + qa.w * kf[3] + qb.x * kf[4] + qb.y * kf[5] +
@@ -265,9 +265,9 @@ __global__ void __launch_bounds__(kMaxWarps * 32) attn_kernel(const Args a) {
       }
     }
     const int key = kb + lane;
-    float p[kR];
+    float p[R];
 #pragma unroll
-    for (int r = 0; r < kR; ++r) {
+    for (int r = 0; r < R; ++r) {
       const float sr = (key < kv_hi && key <= lim[r]) ? sc[r] : -INFINITY;
       const float mn = fmaxf(m[r], warp_max(sr));
       const float mu = mn == -INFINITY ? 0.0f : mn;
@@ -284,7 +284,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32) attn_kernel(const Args a) {
       float vf[DPL];
       load_kv<DPL, FP8>(Vs + j * KS + lane * DPL, vsc, vf);
 #pragma unroll
-      for (int r = 0; r < kR; ++r) {
+      for (int r = 0; r < R; ++r) {
         const float pj = __shfl_sync(0xffffffffu, p[r], j);
 #pragma unroll
         for (int d = 0; d < DPL; ++d) o[r][d] = fmaf(pj, vf[d], o[r][d]);
@@ -293,7 +293,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32) attn_kernel(const Args a) {
   }
 
 #pragma unroll
-  for (int r = 0; r < kR; ++r) {
+  for (int r = 0; r < R; ++r) {
     if (!valid[r]) continue;
     const int64_t grow = row0 + tok[r];
     if (nsp == 1) {
@@ -348,14 +348,14 @@ __global__ void combine_kernel(const Args a) {
   a.out[(grow * a.Hq + h) * D + d] = __float2bfloat16_rn(ov);
 }
 
-template <int D, bool FP8 = false>
+template <int D, bool FP8 = false, int R = kR>
 void launch_attn(const Args& a, dim3 grid, int nwarps, cudaStream_t stream) {
   static std::once_flag once;
   std::call_once(once, [] {
-    MOEFOLD_CUDA_CHECK(cudaFuncSetAttribute(attn_kernel<D, FP8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            int(smem_bytes<D, FP8>(kMaxWarps))));
+    MOEFOLD_CUDA_CHECK(cudaFuncSetAttribute(attn_kernel<D, FP8, R>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            int(smem_bytes<D, FP8, R>(kMaxWarps))));
   });
-  launch_pdl(attn_kernel<D, FP8>, dim3(grid), dim3(nwarps * 32), smem_bytes<D, FP8>(nwarps), stream, a);
+  launch_pdl(attn_kernel<D, FP8, R>, dim3(grid), dim3(nwarps * 32), smem_bytes<D, FP8, R>(nwarps), stream, a);
   MOEFOLD_CUDA_CHECK_LAUNCH();
 }
 
@@ -373,6 +373,19 @@ void dispatch_head_dim(int D, F&& f) {
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+/// Query rows per warp of a decode launch: one q head a warp (a block of a one-token step holds G q heads
+/// of one KV head, so G warps instead of G / 4 shorten its chain; measured faster on the H200 from batch 1
+/// to 64 at every context, docs/benchmarks.md). A row's arithmetic does not depend on it: the same bits
+/// either way. MOEFOLD_ATTN_DECODE_ROWS=1|4 sets it (A/B runs; read at every call).
+int decode_rows_per_warp() {
+  if (const char* e = std::getenv("MOEFOLD_ATTN_DECODE_ROWS")) {
+    const std::string v(e);
+    MOEFOLD_CHECK(v == "1" || v == "4", "MOEFOLD_ATTN_DECODE_ROWS={}: expected 1 or 4", v);
+    return v == "1" ? 1 : kR;
+  }
+  return 1;
+}
 
 /// MOEFOLD_ATTN_DECODE_STAGE: unset or `async` (cp.async, double-buffered), `sync` (attn_kernel stages its K/V
 /// tiles through registers, one at a time: same bits, for A/B runs and the bitwise test); anything else is an
@@ -481,11 +494,12 @@ struct DecodePlan {
   int nwarps, head_chunks, split_size, max_splits;
 };
 
-DecodePlan plan_decode(const AttentionShape& sh, int64_t max_kv_len) {
+DecodePlan plan_decode(const AttentionShape& sh, int64_t max_kv_len, int rows_per_warp = kR) {
   DecodePlan p{};
   const int G = sh.num_kv_heads > 0 ? sh.num_heads / sh.num_kv_heads : 1;
-  p.nwarps = std::max(1, (std::min(G, kMaxWarps * kR) + kR - 1) / kR);
-  const int HB = std::min(G, p.nwarps * kR);
+  const int R = rows_per_warp;
+  p.nwarps = std::max(1, (std::min(G, kMaxWarps * R) + R - 1) / R);
+  const int HB = std::min(G, p.nwarps * R);
   p.head_chunks = (G + HB - 1) / HB;
   MOEFOLD_CHECK(max_kv_len < (int64_t(1) << 30), "attention_decode: max_kv_len {} too large", max_kv_len);
   // The grid covers the most chunks any sequence of up to max_kv_len keys can have (decode_num_splits
@@ -860,8 +874,9 @@ void decode_impl(const bf16* q, const bf16* k_cache, const bf16* v_cache, const 
                  int64_t max_kv_len, bf16* out, const AttentionShape& shape, void* workspace, size_t workspace_bytes,
                  cudaStream_t stream) {
   MOEFOLD_CHECK(num_seqs >= 0 && num_seqs < 65536, "attention_decode: bad num_seqs {}", num_seqs);
-  const DecodePlan p = plan_decode(shape, max_kv_len);
-  Args a = make_args(q, k_cache, v_cache, block_tables, max_blocks_per_seq, context_lens, out, shape, p.nwarps * kR);
+  const int R = decode_rows_per_warp();
+  const DecodePlan p = plan_decode(shape, max_kv_len, R);
+  Args a = make_args(q, k_cache, v_cache, block_tables, max_blocks_per_seq, context_lens, out, shape, p.nwarps * R);
   if (fp8) set_fp8(a, *fp8);
   if (num_seqs == 0) return;
   MOEFOLD_CHECK(a.head_chunks == p.head_chunks, "attention_decode: inconsistent plan");
@@ -885,8 +900,13 @@ void decode_impl(const bf16* q, const bf16* k_cache, const bf16* v_cache, const 
         w.bytes += decode_partial_bytes(shape, p.max_splits);
         return w;
       });
-      if (fp8) launch_attn<D, true>(a, grid, p.nwarps, stream);
-      else launch_attn<D>(a, grid, p.nwarps, stream);
+      if (R == 1) {
+        if (fp8) launch_attn<D, true, 1>(a, grid, p.nwarps, stream);
+        else launch_attn<D, false, 1>(a, grid, p.nwarps, stream);
+      } else {
+        if (fp8) launch_attn<D, true>(a, grid, p.nwarps, stream);
+        else launch_attn<D>(a, grid, p.nwarps, stream);
+      }
     }
     if (p.max_splits > 1) {
       LaunchScope launch(kAttnDecodeCombine, stream, [&] {  // partials read, out written (and the gate read)
