@@ -15,13 +15,13 @@ summary() {  # test binary log -> one line
   grep -E 'verdict=FAIL|Failure$|FAILED  \] [A-Z]' "$3" | head -4 | cut -c1-220
 }
 export MOEFOLD_MOE_SHARED_STREAM=1
-timeout 20 "$T/moe_test" --gtest_filter='MoeSharedStream.*:MoeStream.SanitizeSmall:MoeStream.GraphReplayFixtureShapes:MoeChain.TileConfigsBitIdentical' >"$L/moe.log" 2>&1
+timeout 30 "$T/moe_test" --gtest_filter='MoeSharedStream.*:MoeStream.SanitizeSmall:MoeStream.GraphReplayFixtureShapes:MoeChain.TileConfigsBitIdentical' >"$L/moe.log" 2>&1
 summary moe_test $? "$L/moe.log"
 MOEFOLD_MOE_STREAM_WIDE=1 timeout 10 "$T/moe_test" --gtest_filter='MoeStream.GraphReplayFixtureShapes:MoeChain.TileConfigsBitIdentical' >"$L/moe_wide.log" 2>&1
 summary moe_test:wide_routed $? "$L/moe_wide.log"
-timeout 25 compute-sanitizer --tool memcheck "$T/moe_test" --gtest_filter='MoeSharedStream.SanitizeSmall' >"$L/memcheck.log" 2>&1
+timeout 20 compute-sanitizer --tool memcheck "$T/moe_test" --gtest_filter='MoeSharedStream.SanitizeSmall' >"$L/memcheck.log" 2>&1
 echo "memcheck rc=$? $(grep -E 'ERROR SUMMARY' "$L/memcheck.log" | head -1)"
-for t in mixed_step_cuda_test:20 cuda_graph_test:15 cuda_executor_test:15 prefix_cache_cuda_test:15; do
+for t in mixed_step_cuda_test:15 cuda_graph_test:10 cuda_executor_test:10 prefix_cache_cuda_test:10; do
   timeout "${t#*:}" "$T/${t%:*}" >"$L/${t%:*}.log" 2>&1
   summary "${t%:*}" $? "$L/${t%:*}.log"
 done
