@@ -11,6 +11,7 @@
 #include "core/kernel_registry.h"
 #include "cuda/contract.h"
 #include "models/cuda/cuda_executor.h"
+#include "ops/cuda/moe.h"
 #include "runtime/model_runner.h"
 #include "fixture_util.h"
 
@@ -202,6 +203,45 @@ TEST(DecodeGraphsSmall, ReplayCountsTheEagerLaunches) {
       ++mismatches;
     }
   EXPECT_TRUE(test::contract_exact("decode_graph_launch_counts", fam, mismatches));
+}
+
+// With MOEFOLD_MOE_SHARED_STREAM=1 a one-sequence decode step (bucket 1, graph and eager) runs the
+// shared expert inside the streaming expert kernels: one moe_stream_kernel:gate_up+shared and one
+// :down+shared launch per MoE layer, swiglu_kernel only for dense MLP layers and no plain streaming
+// launch (qwen3_5_moe: a shared expert of the routed I). The bits are mixed_step_cuda_test's check. Skips
+// when the switch is off.
+TEST(DecodeGraphsSmall, SharedExpertFusedAtBucket1) {
+  MOEFOLD_REQUIRE_GPU();
+  if (!cuda::moe_shared_stream_enabled()) GTEST_SKIP() << "runs with MOEFOLD_MOE_SHARED_STREAM=1";
+  const std::string fam = "qwen3_5_moe";
+  for (bool eager : {false, true}) {
+    auto r = runner(fam, 1, eager, {1});
+    const int64_t V = r->config().vocab_size;
+    int64_t moe_layers = 0;
+    for (bool m : r->config().layer_is_moe) moe_layers += m ? 1 : 0;
+    const int64_t dense_layers = int64_t(r->config().layer_is_moe.size()) - moe_layers;  // their MLP's swiglu
+    auto counts = [] {
+      std::map<std::string, int64_t> m;
+      for (auto& k : prof::registered_kernels()) m[k.name] = k.launches;
+      return m;
+    };
+    const int32_t id = r->add_sequence(prompt_of(0, V));
+    r->step({{id, int32_t(prompt_of(0, V).size()), false}});
+    r->append_token(id, token_of(0, 0, V));
+    const auto before = counts();
+    r->step({{id, 1, false}});
+    const auto after = counts();
+    auto diff = [&](const std::string& name) {
+      return (after.count(name) ? after.at(name) : 0) - (before.count(name) ? before.at(name) : 0);
+    };
+    const size_t bad = size_t(diff("moe_stream_kernel:gate_up+shared") != moe_layers) +
+                       size_t(diff("moe_stream_kernel:down+shared") != moe_layers) + size_t(diff("swiglu_kernel") != dense_layers) +
+                       size_t(diff("moe_stream_kernel:gate_up") != 0);
+    EXPECT_GT(moe_layers, 0);
+    EXPECT_TRUE(test::contract_exact("decode_shared_expert_fused_launches", fam + (eager ? ",eager" : ",graph"), bad))
+        << "gate_up+shared " << diff("moe_stream_kernel:gate_up+shared") << ", swiglu " << diff("swiglu_kernel")
+        << ", moe layers " << moe_layers;
+  }
 }
 
 }  // namespace

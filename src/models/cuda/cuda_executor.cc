@@ -496,6 +496,19 @@ class CudaExecutor : public Executor {
       cuda::gemm_bf16(x, w, b, y, T, in, out, stream_, false, x_stride, y_stride);
   }
   static constexpr int64_t kGemvRows = 16;
+  /// Whether this MoE layer's shared expert runs inside the streaming expert kernels at `step`
+  /// (moe_forward_shared, switched by cuda::moe_shared_stream_enabled()): only where the separate chain
+  /// would be batch-invariant dense GEMMs of bf16 weights without bias beside the bf16 routed experts
+  /// on one GPU, so both give the same bits.
+  bool shared_expert_fusable(const MoeWeights& m, const cuda::MoeShape& step) const {
+    const int64_t Is = cfg_.shared_expert_intermediate_size;
+    const Linear &gu = m.shared_gate_up, &dn = m.shared_down;
+    return cuda::moe_shared_stream_enabled() && Is > 0 && !tp_ && opt_.batch_invariant && !m.gate_up.device_scale &&
+           !gu.w.device_scale && !dn.w.device_scale && gu.b.empty() && dn.b.empty() && gu.out == 2 * Is &&
+           gu.in == cfg_.hidden_size && dn.in == Is && dn.out == cfg_.hidden_size &&
+           decode_gemm_fits(x_.data(), dev(gu.w), gu.in, 0) && decode_gemm_fits(ffn_act_.data(), dev(dn.w), dn.in, 0) &&
+           cuda::moe_shared_fusable(step, int(Is));
+  }
   /// The decode GEMM's preconditions (decode_gemm.h): K a multiple of 8, 16-byte rows of x and w.
   static bool decode_gemm_fits(const void* x, const void* w, int64_t in, int64_t x_stride) {
     auto al = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
@@ -1103,14 +1116,6 @@ void CudaExecutor::ffn(size_t l, int64_t T, size_t moe_index) {
   const int32_t* num_rows = counts_.data();
   if (c.layer_is_moe[l]) {
     const MoeWeights& m = L.moe;
-    const bf16* shared_out = nullptr;
-    if (c.shared_expert_intermediate_size > 0) {
-      const int64_t Is = c.shared_expert_intermediate_size;
-      gemm(m.shared_gate_up, x_.data(), gu_.data(), T);
-      cuda::swiglu(gu_.data(), ffn_act_.data(), T, Is, num_rows, stream_);
-      gemm(m.shared_down, ffn_act_.data(), y_.data(), T);
-      shared_out = y_.data();
-    }
     const size_t pairs = size_t(T * c.num_experts_per_tok);
     // The step's shape: grids and expert-GEMM tiles for this step's T rows (the workspace is bound for
     // max_rows; a decode step runs the decode tiles).
@@ -1118,8 +1123,26 @@ void CudaExecutor::ffn(size_t l, int64_t T, size_t moe_index) {
     step_shape.capacity = int(T);
     step_shape.batch_invariant = opt_.batch_invariant;
     const int32_t* replay = routing_.replay ? replay_ids_.data() + moe_index * pairs : nullptr;
+    const bf16* shared_out = nullptr;
+    // The shared expert inside the streaming expert kernels (moe_forward_shared: the same bits as the
+    // dense chain below) where this step runs them, else decode GEMM + swiglu + decode GEMM.
+    const bool fused_shared = shared_expert_fusable(m, step_shape);
+    if (c.shared_expert_intermediate_size > 0) {
+      shared_out = y_.data();
+      if (!fused_shared) {
+        const int64_t Is = c.shared_expert_intermediate_size;
+        gemm(m.shared_gate_up, x_.data(), gu_.data(), T);
+        cuda::swiglu(gu_.data(), ffn_act_.data(), T, Is, num_rows, stream_);
+        gemm(m.shared_down, ffn_act_.data(), y_.data(), T);
+      }
+    }
     const bf16* shared_gate = shared_out ? dev(m.shared_expert_gate.w) : nullptr;
-    if (tp_) {  // this rank's experts and shared-expert part, summed over the ranks into h
+    if (fused_shared) {
+      const cuda::MoeSharedExpert shared{dev(m.shared_gate_up.w), dev(m.shared_down.w),
+                                         int(c.shared_expert_intermediate_size), ffn_act_.data(), y_.data()};
+      cuda::moe_forward_shared(x_.data(), dev(m.router.w), dev(m.gate_up), dev(m.down), shared, shared_gate, h_.data(),
+                               num_rows, step_shape, c.norm_topk_prob, moe_ws_, h_.data(), stream_, replay);
+    } else if (tp_) {  // this rank's experts and shared-expert part, summed over the ranks into h
       tp_->moe(x_.data(), dev(m.router.w), dev(m.gate_up), dev(m.down), shared_out, shared_gate, h_.data(), T, num_rows,
                c.norm_topk_prob, opt_.batch_invariant, replay);
     } else if (m.gate_up.device_scale && T <= cuda::kMoeFp8MaxRows) {  // FP8 experts, decode sizes

@@ -18,7 +18,9 @@
 // plan tile of <= 16 pairs x 16 weight rows at a time, a private cp.async ring over all K steps of its
 // items); the other capacities run the tensor-core tiles (16 / 64 / 128 rows, moe_gemm.cuh). All
 // compute the same function with fp32 accumulation, silu(g) * u from the fp32 gate and up sums rounded
-// once to bf16 (act), and y rounded once to bf16; the combine is the same kernel.
+// once to bf16 (act), and y rounded once to bf16; the combine is the same kernel. Where the streaming
+// kernels run, moe_forward_shared also computes a dense shared expert inside them (extra work items,
+// reproducing the invariant dense GEMM -> swiglu -> dense GEMM chain bit for bit).
 //
 // Batch invariance (bitwise): the router logits (K split by H only), top-k and combine are per row and
 // independent of the capacity. The expert results of a pair depend only on its row's input, its
@@ -178,5 +180,39 @@ void moe_forward(const __nv_bfloat16* x, const __nv_bfloat16* w_router, const __
                  const __nv_bfloat16* down, const __nv_bfloat16* shared_out, const __nv_bfloat16* shared_gate_w,
                  const __nv_bfloat16* residual, const int32_t* num_rows, const MoeShape& shape, bool renormalize,
                  const MoeWorkspace& ws, __nv_bfloat16* out, cudaStream_t stream, const int32_t* replay = nullptr);
+
+/// A dense shared expert for moe_forward_shared: the weights as the dense path stores them and its
+/// buffers. Rows t < *num_rows of act and out are written, no others.
+struct MoeSharedExpert {
+  const __nv_bfloat16* gate_up = nullptr;  // [2 I, H]: gate rows 0..I-1, then up rows I..2I-1 (no bias)
+  const __nv_bfloat16* down = nullptr;     // [H, I] (no bias)
+  int I = 0;                               // the shared expert's intermediate size
+  __nv_bfloat16* act = nullptr;            // [capacity, I] scratch: swiglu of gate / up
+  __nv_bfloat16* out = nullptr;            // [capacity, H]: the shared expert's output (combine's shared_out)
+};
+
+/// Whether the CUDA executor runs the shared expert through moe_forward_shared where it can:
+/// MOEFOLD_MOE_SHARED_STREAM (read once) = 1 on, unset or 0 off (the default until measured on the H200).
+/// Throws moefold::Error naming the variable for any other value.
+bool moe_shared_stream_enabled();
+
+/// Whether moe_forward_shared can run `shape` with a shared expert of intermediate `shared_I`: the step
+/// runs the streaming expert kernels (moe_expert_config == kMoeExpertStream: batch invariant, capacity
+/// <= kMoeStreamMaxRows, or forced) and shared_I == shape.I. Throws moefold::Error for a bad shape.
+bool moe_shared_fusable(const MoeShape& shape, int shared_I);
+
+/// moe_forward with the shared expert computed inside the two streaming expert launches (extra work
+/// items over the token rows: 5 launches a layer instead of 8): shared.out[t] = the dense chain's
+/// result, bit for bit: bf16(invariant GEMM (decode_gemm_bf16's S(2I, H) splits) gate and up),
+/// swiglu_kernel's act, bf16(invariant GEMM down with S(H, I) splits); then the combine with shared_out
+/// = shared.out (sigmoid-gated by shared_gate_w when given), the same result as moe_forward after that
+/// chain. Preconditions (moefold::Error, nothing launched): moe_shared_fusable(shape, shared.I), all
+/// shared pointers non-null and 16-byte aligned, num_rows non-null; otherwise those of moe_forward.
+/// Asynchronous.
+void moe_forward_shared(const __nv_bfloat16* x, const __nv_bfloat16* w_router, const __nv_bfloat16* gate_up,
+                        const __nv_bfloat16* down, const MoeSharedExpert& shared, const __nv_bfloat16* shared_gate_w,
+                        const __nv_bfloat16* residual, const int32_t* num_rows, const MoeShape& shape,
+                        bool renormalize, const MoeWorkspace& ws, __nv_bfloat16* out, cudaStream_t stream,
+                        const int32_t* replay = nullptr);
 
 }  // namespace moefold::cuda

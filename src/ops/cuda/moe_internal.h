@@ -61,17 +61,36 @@ void launch_gemv_down(const __nv_bfloat16* act, const __nv_bfloat16* down, const
 
 struct GemmParams;  // moe_gemm.cuh
 
+/// The shared expert as extra items of the streaming kernels (moe_stream.cu's header): B == nullptr
+/// means none. Its intermediate size must equal the routed experts' I (the items share K and groups).
+struct StreamShared {
+  const __nv_bfloat16* A = nullptr;  // gate_up: x [capacity, H]; down: the shared act [capacity, I]
+  const __nv_bfloat16* B = nullptr;  // gate_up: [2I, H] (gate rows, then up rows); down: [H, I]
+  __nv_bfloat16* C = nullptr;        // gate_up: the shared act [capacity, I]; down: shared_out [capacity, H]
+  const int32_t* live = nullptr;     // device: live token rows (clamped to [0, capacity])
+  int capacity = 0;                  // token rows the buffers hold
+  int splits = 1;                    // S = decode_gemm_splits(N, K) of this projection (N = 2I or H)
+  int up_offset = 0;                 // gate_up: the first up row (I)
+};
+
 /// Decode-size gate_up + SwiGLU on tensor cores (moe_stream.cu): the tile kernels' function and bits
 /// (GemmParams of GemmMode::kExpertGateUp), work items of 16 weight rows per plan tile of <= 16 pairs.
-/// max_tiles: the worst case of plan tiles at the step's capacity. Asynchronous.
-void launch_stream_gate_up(const GemmParams& p, int max_tiles, cudaStream_t stream);
-/// The same for down (GemmParams of GemmMode::kExpertDown). Asynchronous.
-void launch_stream_down(const GemmParams& p, int max_tiles, cudaStream_t stream);
+/// max_tiles: the worst case of plan tiles at the step's capacity. With `shared` (B non-null) the
+/// shared expert's gate_up items too (act = swiglu of the dense chain's bf16 gate / up). Asynchronous.
+void launch_stream_gate_up(const GemmParams& p, int max_tiles, cudaStream_t stream, const StreamShared& shared = {});
+/// The same for down (GemmParams of GemmMode::kExpertDown; `shared`: the shared expert's down items,
+/// shared_out = bf16 of the dense chain). Asynchronous.
+void launch_stream_down(const GemmParams& p, int max_tiles, cudaStream_t stream, const StreamShared& shared = {});
 /// Whether the streaming down kernel issues its first weight loads before waiting for the previous
 /// kernel (PDL; default on, MOEFOLD_MOE_EARLY_DOWN=0 turns it off). The setter is for A/B timing in
 /// tests; the bits do not change.
 void set_stream_early_down(bool on);
 bool stream_early_down();
+/// Whether the streaming kernels run the wide configuration (5 warps a CTA, shallower rings: moe_stream.cu;
+/// default off, MOEFOLD_MOE_STREAM_WIDE=1 turns it on). The setter is for A/B timing in tests; the bits
+/// do not change.
+void set_stream_wide(bool on);
+bool stream_wide();
 
 }  // namespace moefold::cuda::moe_detail
 

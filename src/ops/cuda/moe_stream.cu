@@ -22,11 +22,23 @@
 // sequence of moe_gemm_kernel (every tile size); gate_up rounds silu(g) * u once to bf16 (silu_f32), down
 // rounds the sum once. So this kernel, the 16/64/128-row tiles and any capacity give a pair the same bits
 // (batch invariance across all capacities, MoeChain.TileConfigsBitIdentical).
+//
+// The shared expert as extra items (StreamShared, moe_forward_shared in moe_shared_stream.cu): when
+// given, ceil(live / 16) tiles of the live token rows x the same 16-row groups follow the routed items
+// (A = x rows / the shared act rows directly, B = the dense shared weights), so one launch of each
+// kernel also runs the shared expert. Its items reproduce the dense chain of the other capacities
+// (invariant GEMM gate_up, swiglu_kernel, invariant GEMM down) bit for bit: the K steps are cut into
+// the invariant GEMM's S = decode_gemm_splits(N, K) contiguous splits (chunks [s KT / S, (s+1) KT / S)),
+// each an mma.sync chain from 0 in ascending k (the same per-element sequence as decode_gemm_kernel's
+// split), the partials folded in split order (total = p0, then total + p1, ...), no bias; gate_up rounds
+// the gate and the up sums to bf16 each, then act = bf16(siluf_(g) * u) with swiglu_kernel's fp32
+// formula (detail::siluf_); down rounds the folded sum once.
 #include <algorithm>
 #include <cstdlib>
 
 #include "core/error.h"
 #include "ops/cuda/cuda_check.h"
+#include "ops/cuda/kernel_util.cuh"
 #include "ops/cuda/moe_gemm.cuh"
 #include "ops/cuda/moe_internal.h"
 #include "ops/cuda/pdl.cuh"
@@ -38,37 +50,45 @@ namespace {
 using bf16 = __nv_bfloat16;
 using namespace ptx;
 
-constexpr int kWarps = 4, kThreads = kWarps * 32;
 constexpr int kRows = 16;                  // A rows (pairs of a plan tile) and B rows (weights) of an item
 constexpr int kBK = 64;                    // K columns of a step (128 bytes a row)
 constexpr int kTileElems = kRows * kBK;    // one operand of one stage
-// Ring depth per warp: gate_up 8 stages (7 K steps = 14 KB of weights in flight; 128 KB a CTA), down 6
-// (96 KB a CTA), so that one CTA of each fits on an SM at once (228 KB): the down kernel, launched
-// early by PDL, then streams its first weights while gate_up still runs (see kEarly below).
-template <GemmMode MODE>
+// Warps a CTA (kW) and ring depth per warp. Default (kW = 4): gate_up 8 stages (7 K steps = 14 KB of
+// weights in flight; 128 KB a CTA), down 6 (96 KB a CTA), so that one CTA of each fits on an SM at once
+// (228 KB): the down kernel, launched early by PDL, then streams its first weights while gate_up still
+// runs (see kEarly below). Wide (kW = 5, MOEFOLD_MOE_STREAM_WIDE=1): gate_up 6 stages (120 KB), down 5
+// (100 KB): 660 gate_up and 1320 down warps on 132 SMs, so the 35B shape's batch-1 items with the shared
+// expert (576 gate_up, 1152 down) are one item a warp instead of two for some warps.
+template <GemmMode MODE, int kW>
 constexpr int stages() {
-  return MODE == GemmMode::kExpertGateUp ? 8 : 6;
+  if constexpr (kW == 4) return MODE == GemmMode::kExpertGateUp ? 8 : 6;
+  return MODE == GemmMode::kExpertGateUp ? 6 : 5;
 }
-template <GemmMode MODE>
+template <GemmMode MODE, int kW>
 constexpr size_t smem_bytes() {
-  return size_t(kWarps) * stages<MODE>() * 2 * kTileElems * sizeof(bf16);
+  return size_t(kW) * stages<MODE, kW>() * 2 * kTileElems * sizeof(bf16);
 }
-static_assert(smem_bytes<GemmMode::kExpertGateUp>() + smem_bytes<GemmMode::kExpertDown>() + 2048 <= 228 * 1024);
+static_assert(smem_bytes<GemmMode::kExpertGateUp, 4>() + smem_bytes<GemmMode::kExpertDown, 4>() + 2048 <= 228 * 1024);
+static_assert(smem_bytes<GemmMode::kExpertGateUp, 5>() + smem_bytes<GemmMode::kExpertDown, 5>() + 2048 <= 228 * 1024);
 static_assert(kRows == expert_tile_rows(kMoeExpertStream), "the plan's tiles are the stream kernel's");
 
 bool g_early_down = [] {
   const char* v = std::getenv("MOEFOLD_MOE_EARLY_DOWN");
   return !(v && v[0] == '0' && v[1] == '\0');
 }();
+bool g_wide = [] {
+  const char* v = std::getenv("MOEFOLD_MOE_STREAM_WIDE");
+  return v && v[0] == '1' && v[1] == '\0';
+}();
 
 // kEarly (down only): the weights do not depend on the previous kernel (gate_up) and the plan was
 // written by the kernel before it (complete once gate_up's blocks passed their own griddepcontrol.wait,
 // which precedes the launch of this grid), so the first item's weight steps are issued (plan read
 // through L2 with ld.cg) BEFORE waiting for gate_up; its act rows after.
-template <GemmMode MODE, bool kEarly>
-__global__ void __launch_bounds__(kThreads, 1) moe_stream_kernel(const GemmParams p, int groups) {
+template <GemmMode MODE, bool kEarly, int kW>
+__global__ void __launch_bounds__(kW * 32, 1) moe_stream_kernel(const GemmParams p, const StreamShared sh, int groups) {
   static_assert(!kEarly || MODE == GemmMode::kExpertDown, "only down may start before its predecessor ends");
-  constexpr int kStages = stages<MODE>();
+  constexpr int kStages = stages<MODE, kW>();
   if constexpr (!kEarly) pdl_begin();
   constexpr bool kSwiglu = MODE == GemmMode::kExpertGateUp;
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -76,9 +96,13 @@ __global__ void __launch_bounds__(kThreads, 1) moe_stream_kernel(const GemmParam
   bf16* sA = reinterpret_cast<bf16*>(smem_raw) + size_t(warp) * kStages * 2 * kTileElems;
   bf16* sB = sA + kStages * kTileElems;
 
-  const int total = __ldcg(p.num_tiles) * groups;
+  // Routed plan tiles, then (with the shared expert) ceil(live / 16) tiles of the live token rows.
+  const int nt = __ldcg(p.num_tiles);
+  int s_live = 0;
+  if (sh.B != nullptr) s_live = min(max(__ldcg(sh.live), 0), sh.capacity);
+  const int total = (nt + (s_live + kRows - 1) / kRows) * groups;
   // Items go round the CTAs first (item i to CTA i % grid), so a few items still spread over all SMs.
-  const int w0 = warp * gridDim.x + blockIdx.x, nw = gridDim.x * kWarps;
+  const int w0 = warp * gridDim.x + blockIdx.x, nw = gridDim.x * kW;
   if (w0 >= total) return;  // warps are independent: no block-wide barrier below
   const int K = p.K, KT = K / kBK;
   const int steps = ((total - w0 + nw - 1) / nw) * KT;
@@ -92,19 +116,31 @@ __global__ void __launch_bounds__(kThreads, 1) moe_stream_kernel(const GemmParam
   const bf16* b_src[4];
   auto producer_item = [&](int item) {
     const int t = item / groups, g = item - t * groups;
-    const int2 tile = __ldcg(p.tiles + t);
-    const int j0 = __ldcg(p.offsets + tile.x) + tile.y;
-    const int n = min(kRows, __ldcg(p.offsets + tile.x + 1) - j0);
     int arow = -1;
-    if (lane < n) arow = kSwiglu ? p.pairs[j0 + lane] / p.topk : j0 + lane;
-    const bf16* bexp = p.B + int64_t(tile.x) * p.b_expert_stride;
+    const bf16 *abase, *bexp;
+    int up_offset;
+    if (t < nt) {  // routed: a plan tile of one expert
+      const int2 tile = __ldcg(p.tiles + t);
+      const int j0 = __ldcg(p.offsets + tile.x) + tile.y;
+      const int n = min(kRows, __ldcg(p.offsets + tile.x + 1) - j0);
+      if (lane < n) arow = kSwiglu ? p.pairs[j0 + lane] / p.topk : j0 + lane;
+      abase = p.A;
+      bexp = p.B + int64_t(tile.x) * p.b_expert_stride;
+      up_offset = p.b_up_offset;
+    } else {  // shared expert: token rows 16 (t - nt) ..
+      const int r0 = kRows * (t - nt);
+      if (r0 + lane < s_live) arow = r0 + lane;
+      abase = sh.A;
+      bexp = sh.B;
+      up_offset = sh.up_offset;
+    }
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
       const int r = (lane >> 3) + 4 * q;
       const int ar = __shfl_sync(0xffffffffu, arow, r);
       a_ok[q] = ar >= 0;
-      a_src[q] = p.A + (ar >= 0 ? int64_t(ar) * K : 0) + ch * 8;
-      const int grow = kSwiglu ? (r < 8 ? 8 * g + r : p.b_up_offset + 8 * g + (r - 8)) : kRows * g + r;
+      a_src[q] = abase + (ar >= 0 ? int64_t(ar) * K : 0) + ch * 8;
+      const int grow = kSwiglu ? (r < 8 ? 8 * g + r : up_offset + 8 * g + (r - 8)) : kRows * g + r;
       b_src[q] = bexp + int64_t(grow) * K + ch * 8;
     }
   };
@@ -133,9 +169,13 @@ __global__ void __launch_bounds__(kThreads, 1) moe_stream_kernel(const GemmParam
   };
 
   // ---- consumer: the item being computed ----
-  int c_item = w0, c_kt = 0, c_j0 = 0, c_n = 0, c_g = 0;
+  int c_item = w0, c_kt = 0, c_g = 0;
   int c_orow[2] = {-1, -1};  // output rows of tile rows (lane >> 2) and (lane >> 2) + 8
   float acc[2][4];
+  // Shared-expert items: the split being accumulated, its end (K steps), the folded partials.
+  bool c_shared = false;
+  int c_split = 0, c_split_end = KT;
+  float tot[2][4];
 
   producer_item(w0);
   // Steps issued so far. Invariant: at the top of iteration `step`, issued <= step + kStages - 1 and the
@@ -170,13 +210,24 @@ __global__ void __launch_bounds__(kThreads, 1) moe_stream_kernel(const GemmParam
     if (c_kt == 0) {  // a new item: its rows for the epilogue (used only at its end)
       const int t = c_item / groups;
       c_g = c_item - t * groups;
-      const int2 tile = p.tiles[t];
-      c_j0 = p.offsets[tile.x] + tile.y;
-      c_n = min(kRows, p.offsets[tile.x + 1] - c_j0);
+      c_shared = t >= nt;
+      if (!c_shared) {
+        const int2 tile = p.tiles[t];
+        const int c_j0 = p.offsets[tile.x] + tile.y;
+        const int c_n = min(kRows, p.offsets[tile.x + 1] - c_j0);
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = (lane >> 2) + 8 * h;
-        c_orow[h] = r < c_n ? (kSwiglu ? c_j0 + r : p.pairs[c_j0 + r]) : -1;
+        for (int h = 0; h < 2; ++h) {
+          const int r = (lane >> 2) + 8 * h;
+          c_orow[h] = r < c_n ? (kSwiglu ? c_j0 + r : p.pairs[c_j0 + r]) : -1;
+        }
+      } else {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int r = kRows * (t - nt) + (lane >> 2) + 8 * h;
+          c_orow[h] = r < s_live ? r : -1;
+        }
+        c_split = 0;
+        c_split_end = KT / sh.splits;
       }
 #pragma unroll
       for (int f = 0; f < 2; ++f)
@@ -193,13 +244,40 @@ __global__ void __launch_bounds__(kThreads, 1) moe_stream_kernel(const GemmParam
       mma_bf16_16816(acc[0], af, t[0], t[1]);
       mma_bf16_16816(acc[1], af, t[2], t[3]);
     }
+    if (c_shared && c_kt + 1 == c_split_end) {  // the end of one of the invariant GEMM's K splits
+#pragma unroll
+      for (int f = 0; f < 2; ++f)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          tot[f][q] = c_split == 0 ? acc[f][q] : tot[f][q] + acc[f][q];
+          acc[f][q] = 0.0f;
+        }
+      ++c_split;
+      c_split_end = int((int64_t(c_split + 1) * KT) / sh.splits);
+    }
     if (++c_kt == KT) {  // epilogue of the item
       const int lc = (lane & 3) * 2;
-      auto* C = static_cast<bf16*>(p.C);
+      auto* C = static_cast<bf16*>(c_shared ? static_cast<void*>(sh.C) : p.C);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int orow = c_orow[h];
         if (orow < 0) continue;
+        if (c_shared) {  // the dense chain: the invariant GEMM's bf16 outputs (then swiglu_kernel's formula)
+          if constexpr (kSwiglu) {
+            const float g0 = __bfloat162float(__float2bfloat16_rn(tot[0][2 * h]));
+            const float g1 = __bfloat162float(__float2bfloat16_rn(tot[0][2 * h + 1]));
+            const float u0 = __bfloat162float(__float2bfloat16_rn(tot[1][2 * h]));
+            const float u1 = __bfloat162float(__float2bfloat16_rn(tot[1][2 * h + 1]));
+            *reinterpret_cast<__nv_bfloat162*>(C + int64_t(orow) * p.ldc + 8 * c_g + lc) =
+                __floats2bfloat162_rn(detail::siluf_(g0) * u0, detail::siluf_(g1) * u1);
+          } else {
+#pragma unroll
+            for (int f = 0; f < 2; ++f)
+              *reinterpret_cast<__nv_bfloat162*>(C + int64_t(orow) * p.ldc + kRows * c_g + 8 * f + lc) =
+                  __floats2bfloat162_rn(tot[f][2 * h], tot[f][2 * h + 1]);
+          }
+          continue;
+        }
         if constexpr (kSwiglu) {
           const int col = 8 * c_g + lc;
           const float v0 = silu_f32(acc[0][2 * h]) * acc[1][2 * h];
@@ -221,10 +299,11 @@ __global__ void __launch_bounds__(kThreads, 1) moe_stream_kernel(const GemmParam
   cp_async_wait<0>();
 }
 
-template <GemmMode MODE, bool kEarly>
-void launch(const GemmParams& p, int groups, int max_tiles, cudaStream_t stream) {
-  auto kernel = moe_stream_kernel<MODE, kEarly>;
-  constexpr size_t smem = smem_bytes<MODE>();
+template <GemmMode MODE, bool kEarly, int kW>
+void launch_cfg(const GemmParams& p, const StreamShared& sh, int groups, int max_tiles, cudaStream_t stream) {
+  auto kernel = moe_stream_kernel<MODE, kEarly, kW>;
+  constexpr int kThreads = kW * 32;
+  constexpr size_t smem = smem_bytes<MODE, kW>();
   static const int resident = [&] {
     MOEFOLD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     int dev = 0, sms = 0, per_sm = 0;
@@ -233,29 +312,52 @@ void launch(const GemmParams& p, int groups, int max_tiles, cudaStream_t stream)
     MOEFOLD_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem));
     return std::max(1, sms * std::max(1, per_sm));
   }();
-  const int64_t items = int64_t(max_tiles) * groups;
+  const int64_t shared_tiles = sh.B != nullptr ? (int64_t(sh.capacity) + kRows - 1) / kRows : 0;
+  const int64_t items = (int64_t(max_tiles) + shared_tiles) * groups;
   if (items <= 0) return;
-  const int grid = int(std::min<int64_t>((items + kWarps - 1) / kWarps, resident));
-  launch_pdl(kernel, dim3(grid), dim3(kThreads), smem, stream, p, groups);
+  const int grid = int(std::min<int64_t>((items + kW - 1) / kW, resident));
+  launch_pdl(kernel, dim3(grid), dim3(kThreads), smem, stream, p, sh, groups);
   MOEFOLD_CUDA_CHECK_LAUNCH();
+}
+
+template <GemmMode MODE, bool kEarly>
+void launch(const GemmParams& p, const StreamShared& sh, int groups, int max_tiles, cudaStream_t stream) {
+  if (g_wide)
+    launch_cfg<MODE, kEarly, 5>(p, sh, groups, max_tiles, stream);
+  else
+    launch_cfg<MODE, kEarly, 4>(p, sh, groups, max_tiles, stream);
 }
 
 }  // namespace
 
-void launch_stream_gate_up(const GemmParams& p, int max_tiles, cudaStream_t stream) {
+namespace {
+void check_shared(const StreamShared& sh, int KT) {
+  if (sh.B == nullptr) return;
+  MOEFOLD_CHECK(sh.A != nullptr && sh.C != nullptr && sh.live != nullptr && sh.capacity >= 1 && sh.splits >= 1 &&
+                    sh.splits <= KT,
+                fmt::runtime("moe stream: bad shared-expert items (capacity={} splits={} of {} K steps)"), sh.capacity,
+                sh.splits, KT);
+}
+}  // namespace
+
+void launch_stream_gate_up(const GemmParams& p, int max_tiles, cudaStream_t stream, const StreamShared& shared) {
   MOEFOLD_CHECK(p.N % 8 == 0 && p.K % kBK == 0, fmt::runtime("moe stream gate_up: unsupported I={} H={}"), p.N, p.K);
-  launch<GemmMode::kExpertGateUp, false>(p, p.N / 8, max_tiles, stream);
+  check_shared(shared, p.K / kBK);
+  launch<GemmMode::kExpertGateUp, false>(p, shared, p.N / 8, max_tiles, stream);
 }
 
-void launch_stream_down(const GemmParams& p, int max_tiles, cudaStream_t stream) {
+void launch_stream_down(const GemmParams& p, int max_tiles, cudaStream_t stream, const StreamShared& shared) {
   MOEFOLD_CHECK(p.N % kRows == 0 && p.K % kBK == 0, fmt::runtime("moe stream down: unsupported H={} I={}"), p.N, p.K);
+  check_shared(shared, p.K / kBK);
   if (g_early_down)
-    launch<GemmMode::kExpertDown, true>(p, p.N / kRows, max_tiles, stream);
+    launch<GemmMode::kExpertDown, true>(p, shared, p.N / kRows, max_tiles, stream);
   else
-    launch<GemmMode::kExpertDown, false>(p, p.N / kRows, max_tiles, stream);
+    launch<GemmMode::kExpertDown, false>(p, shared, p.N / kRows, max_tiles, stream);
 }
 
 void set_stream_early_down(bool on) { g_early_down = on; }
+void set_stream_wide(bool on) { g_wide = on; }
+bool stream_wide() { return g_wide; }
 bool stream_early_down() { return g_early_down; }
 
 }  // namespace moefold::cuda::moe_detail

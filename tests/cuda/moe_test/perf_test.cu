@@ -1,5 +1,9 @@
-// moe_test: MoeBench.RealShape (MOEFOLD_MOE_BENCH=1) and MoePerf.DISABLED_DecodeExperts.
+// moe_test: MoeBench.RealShape (MOEFOLD_MOE_BENCH=1), MoePerf.DISABLED_DecodeExperts and
+// MoePerf.DISABLED_SharedExpertBatch1.
 #include "cuda/moe_test/moe_test_util.h"
+#include "ops/cuda/decode_gemm.h"
+#include "ops/cuda/elementwise.h"
+#include "ops/cuda/invariant_gemm.h"
 
 namespace moefold::cuda::moe_test {
 namespace {
@@ -62,6 +66,34 @@ double mean_touched_experts(const std::vector<MoeWorkspace>& ws, int E) {
     experts += double(std::count_if(c.begin(), c.end(), [](int32_t v) { return v > 0; }));
   }
   return experts / double(ws.size());
+}
+
+/// The device-to-device copy rate on `st` (GB/s, bytes read + written; one PERF line): cudaMemcpyAsync
+/// of 1 GiB timed with events, median of 10 after 2 warm-ups (the profiler's roofline method; a memcpy
+/// node in a graph runs on the copy engines at ~2.7 TB/s on the H200, below what kernels reach).
+double measure_copy_gbs(cudaStream_t st) {
+  const size_t copy_bytes = size_t(1) << 30;
+  DevBuf ca(copy_bytes), cb(copy_bytes);
+  std::vector<float> cms;
+  cudaEvent_t a, b;
+  MOEFOLD_CUDA_CHECK(cudaEventCreate(&a));
+  MOEFOLD_CUDA_CHECK(cudaEventCreate(&b));
+  for (int i = 0; i < 12; ++i) {
+    MOEFOLD_CUDA_CHECK(cudaEventRecord(a, st));
+    MOEFOLD_CUDA_CHECK(cudaMemcpyAsync(cb.p, ca.p, copy_bytes, cudaMemcpyDeviceToDevice, st));
+    MOEFOLD_CUDA_CHECK(cudaEventRecord(b, st));
+    MOEFOLD_CUDA_CHECK(cudaEventSynchronize(b));
+    float t = 0;
+    MOEFOLD_CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
+    if (i >= 2) cms.push_back(t);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(cms.begin(), cms.end());
+  const double t_copy = double(cms[cms.size() / 2]);
+  const double copy_gbs = 2.0 * double(copy_bytes) / (t_copy * 1e-3) / 1e9;  // read + write
+  test::perf_line("device_copy", "bytes=1GiB", t_copy * 1e3, fmt::format("GB/s={:.0f}", copy_gbs));
+  return copy_gbs;
 }
 
 TEST(MoeBench, RealShape) {
@@ -154,31 +186,7 @@ TEST(MoePerf, DISABLED_DecodeExperts) {
   cudaStream_t st;
   MOEFOLD_CUDA_CHECK(cudaStreamCreate(&st));
 
-  // The copy on the stream with events (the profiler's roofline method; a memcpy node in a graph runs on
-  // the copy engines at ~2.7 TB/s on the H200, below what kernels reach), bytes read + written.
-  const size_t copy_bytes = size_t(1) << 30;
-  DevBuf ca(copy_bytes), cb(copy_bytes);
-  std::vector<float> cms;
-  {
-    cudaEvent_t a, b;
-    MOEFOLD_CUDA_CHECK(cudaEventCreate(&a));
-    MOEFOLD_CUDA_CHECK(cudaEventCreate(&b));
-    for (int i = 0; i < 12; ++i) {
-      MOEFOLD_CUDA_CHECK(cudaEventRecord(a, st));
-      MOEFOLD_CUDA_CHECK(cudaMemcpyAsync(cb.p, ca.p, copy_bytes, cudaMemcpyDeviceToDevice, st));
-      MOEFOLD_CUDA_CHECK(cudaEventRecord(b, st));
-      MOEFOLD_CUDA_CHECK(cudaEventSynchronize(b));
-      float t = 0;
-      MOEFOLD_CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
-      if (i >= 2) cms.push_back(t);
-    }
-    cudaEventDestroy(a);
-    cudaEventDestroy(b);
-  }
-  std::sort(cms.begin(), cms.end());
-  const double t_copy = double(cms[cms.size() / 2]);
-  const double copy_gbs = 2.0 * double(copy_bytes) / (t_copy * 1e-3) / 1e9;  // read + write
-  test::perf_line("device_copy", "bytes=1GiB", t_copy * 1e3, fmt::format("GB/s={:.0f}", copy_gbs));
+  const double copy_gbs = measure_copy_gbs(st);
 
   const char* env = std::getenv("MOEFOLD_MOE_PERF_T");  // e.g. "1,64": a subset of the capacities
   std::vector<int> Ts = {1, 2, 8, 16, 64, 256};
@@ -248,6 +256,116 @@ TEST(MoePerf, DISABLED_DecodeExperts) {
       moe_detail::set_stream_early_down(true);
     }
   }
+  MOEFOLD_CUDA_CHECK(cudaStreamDestroy(st));
+}
+
+// The batch-1 MoE layer of the 35B shape with its shared expert (Is = I = 512, sigmoid gate, residual):
+// A = the separate chain (invariant GEMM gate_up, swiglu_kernel, invariant GEMM down, moe_forward:
+// 8 launches), B = moe_forward_shared (5 launches), C = B on the wide streaming configuration (5 warps
+// a CTA), in the order A B C C B A; then N = the layer without a shared expert (moe_forward only: the
+// floor the fused layer approaches) and Nw = N wide. Each CUDA graph runs 8 layers, each with its own x
+// and its own copy of the shared weights (4 graphs rotated: 32 copies, 200 MB, so no L2 reuse), median
+// of 100 replays / 8 = us per layer; GB/s of the weights read (the touched experts, the shared expert,
+// the router) against the copy measured in this binary. Prints one table last.
+TEST(MoePerf, DISABLED_SharedExpertBatch1) {
+  MOEFOLD_REQUIRE_GPU();
+  const int E = 256, k = 8, H = 2048, I = 512, Is = 512, layers = 8, ngraphs = 4, nl = layers * ngraphs;
+  DevBuf wr(size_t(E) * H * 2), gu(size_t(E) * 2 * I * H * 2), dn(size_t(E) * H * I * 2), sg(size_t(H) * 2);
+  fill_device(wr, 1, 0.08f), fill_device(gu, 2, 0.04f), fill_device(dn, 3, 0.08f), fill_device(sg, 4, 0.04f);
+  cudaStream_t st;
+  MOEFOLD_CUDA_CHECK(cudaStreamCreate(&st));
+  const double copy_gbs = measure_copy_gbs(st);
+  const MoeShape shape{1, E, k, H, I, -1, true};
+  ASSERT_TRUE(moe_shared_fusable(shape, Is));
+  const size_t ws_bytes = moe_workspace_bytes(shape);
+  std::vector<std::unique_ptr<DevBuf>> xs, sgu, sdn, wsb;
+  std::vector<MoeWorkspace> ws;
+  for (int l = 0; l < nl; ++l) {
+    xs.push_back(std::make_unique<DevBuf>(size_t(H) * 2));
+    fill_device(*xs.back(), 100 + l, 1.7f);
+    sgu.push_back(std::make_unique<DevBuf>(size_t(2) * Is * H * 2));
+    fill_device(*sgu.back(), 500 + l, 0.04f);
+    sdn.push_back(std::make_unique<DevBuf>(size_t(H) * Is * 2));
+    fill_device(*sdn.back(), 900 + l, 0.08f);
+    wsb.push_back(std::make_unique<DevBuf>(ws_bytes));
+    ws.push_back(moe_workspace_bind(wsb.back()->p, ws_bytes, shape));
+  }
+  DevBuf h(size_t(H) * 2), gub(size_t(2) * Is * 2), act(size_t(Is) * 2), sout(size_t(H) * 2), rows(4),
+      dg_ws(std::max(decode_gemm_workspace_bytes(kDecodeGemmMaxRows, 2 * Is, H),
+                     decode_gemm_workspace_bytes(kDecodeGemmMaxRows, H, Is)));
+  fill_device(h, 7, 1.0f);
+  MOEFOLD_CUDA_CHECK(cudaMemset(dg_ws.p, 0, dg_ws.bytes));
+  upload(rows.p, std::vector<int32_t>{1});
+  using bf = __nv_bfloat16;
+  const int32_t* live = rows.as<int32_t>();
+  // One layer l of variant v (0 = A separate, 1 = B fused, 2 = N no shared expert); h += MoE(x).
+  auto layer = [&](int v, int l) {
+    const bf* x = xs[size_t(l)]->as<bf>();
+    if (v == 0) {
+      invariant_gemm_bf16(x, sgu[size_t(l)]->as<bf>(), nullptr, gub.as<bf>(), 1, H, 2 * Is, live, dg_ws.p, st);
+      swiglu(gub.as<bf>(), act.as<bf>(), 1, Is, live, st);
+      invariant_gemm_bf16(act.as<bf>(), sdn[size_t(l)]->as<bf>(), nullptr, sout.as<bf>(), 1, Is, H, live, dg_ws.p, st);
+      moe_forward(x, wr.as<bf>(), gu.as<bf>(), dn.as<bf>(), sout.as<bf>(), sg.as<bf>(), h.as<bf>(), live, shape, true,
+                  ws[size_t(l)], h.as<bf>(), st);
+    } else if (v == 1) {
+      const MoeSharedExpert shared{sgu[size_t(l)]->as<bf>(), sdn[size_t(l)]->as<bf>(), Is, act.as<bf>(), sout.as<bf>()};
+      moe_forward_shared(x, wr.as<bf>(), gu.as<bf>(), dn.as<bf>(), shared, sg.as<bf>(), h.as<bf>(), live, shape, true,
+                         ws[size_t(l)], h.as<bf>(), st);
+    } else {
+      moe_forward(x, wr.as<bf>(), gu.as<bf>(), dn.as<bf>(), nullptr, nullptr, h.as<bf>(), live, shape, true,
+                  ws[size_t(l)], h.as<bf>(), st);
+    }
+  };
+  // Variants: {layer kind, wide streaming configuration}.
+  const int kinds[5] = {0, 1, 1, 2, 2};
+  const bool wides[5] = {false, false, true, false, true};
+  const char* vnames[5] = {"separate", "fused_shared", "fused_shared_wide", "no_shared", "no_shared_wide"};
+  std::vector<cudaGraphExec_t> graphs[5];
+  for (int v = 0; v < 5; ++v) {
+    moe_detail::set_stream_wide(wides[v]);
+    layer(kinds[v], 0);  // eager warm-up (kernel attributes) before any capture
+    MOEFOLD_CUDA_CHECK(cudaStreamSynchronize(st));
+    for (int g = 0; g < ngraphs; ++g)
+      graphs[v].push_back(capture_graph(st, [&] {
+        for (int l = 0; l < layers; ++l) layer(kinds[v], g * layers + l);
+      }));
+  }
+  moe_detail::set_stream_wide(false);
+  for (auto& g : graphs[0]) MOEFOLD_CUDA_CHECK(cudaGraphLaunch(g, st));  // every layer's plan, for the count
+  MOEFOLD_CUDA_CHECK(cudaStreamSynchronize(st));
+  const double experts = mean_touched_experts(ws, E);
+  const double routed = experts * 3.0 * I * H * 2, shared_bytes = 3.0 * Is * H * 2, router = double(E) * H * 2;
+  struct Row {
+    std::string name;
+    double us, bytes;
+  };
+  std::vector<Row> table;
+  const int order[8] = {0, 1, 2, 2, 1, 0, 3, 4};
+  const char* tags[8] = {"A1", "B1", "C1", "C2", "B2", "A2", "N", "Nw"};
+  double sum[5] = {0, 0, 0, 0, 0};
+  for (int i = 0; i < 8; ++i) {
+    const int v = order[i];
+    const double us = median_graph_ms(graphs[v], st, 100) * 1e3 / layers;
+    sum[v] += us;
+    const double bytes = routed + router + (kinds[v] == 2 ? 0.0 : shared_bytes);
+    table.push_back({std::string(tags[i]) + " " + vnames[v], us, bytes});
+    const double gbs = bytes / (us * 1e-6) / 1e9;
+    test::perf_line(std::string("moe_layer_b1:") + vnames[v],
+                    fmt::format("E={},k={},H={},I={},Is={},experts={:.1f},{}", E, k, H, I, Is, experts, tags[i]), us,
+                    fmt::format("GB/s={:.0f} copy_frac={:.2f}", gbs, gbs / copy_gbs));
+  }
+  for (int v = 0; v < 5; ++v)
+    for (auto& g : graphs[v]) cudaGraphExecDestroy(g);
+  std::printf("\nbatch-1 MoE layer, 35B shape + shared expert (us per layer, graphs of %d layers; copy %.0f GB/s)\n",
+              layers, copy_gbs);
+  std::printf("| variant | us/layer | GB/s | of copy |\n|---|---|---|---|\n");
+  for (const Row& r : table) {
+    const double gbs = r.bytes / (r.us * 1e-6) / 1e9;
+    std::printf("| %s | %.2f | %.0f | %.2f |\n", r.name.c_str(), r.us, gbs, gbs / copy_gbs);
+  }
+  std::printf("fused saves %.2f us a layer (A - B means), wide fused %.2f (A - C); wide routed-only %+.2f (N - Nw)\n",
+              (sum[0] - sum[1]) / 2, (sum[0] - sum[2]) / 2, sum[3] - sum[4]);
+  std::fflush(stdout);
   MOEFOLD_CUDA_CHECK(cudaStreamDestroy(st));
 }
 
