@@ -192,7 +192,7 @@ struct MoeSharedExpert {
 };
 
 /// Whether the CUDA executor runs the shared expert through moe_forward_shared where it can:
-/// MOEFOLD_MOE_SHARED_STREAM (read once) = 1 on, unset or 0 off (the default until measured on the H200).
+/// MOEFOLD_MOE_SHARED_STREAM (read once): unset or 1 on (the default), 0 off.
 /// Throws moefold::Error naming the variable for any other value.
 bool moe_shared_stream_enabled();
 

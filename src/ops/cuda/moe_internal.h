@@ -90,6 +90,8 @@ bool stream_early_down();
 /// default off, MOEFOLD_MOE_STREAM_WIDE=1 turns it on). The setter is for A/B timing in tests; the bits
 /// do not change.
 void set_stream_wide(bool on);
+/// Back to MOEFOLD_MOE_STREAM_WIDE's setting (unset: 5 warps for launches with shared-expert items only).
+void reset_stream_wide();
 bool stream_wide();
 
 }  // namespace moefold::cuda::moe_detail

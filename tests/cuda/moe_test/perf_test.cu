@@ -330,7 +330,7 @@ TEST(MoePerf, DISABLED_SharedExpertBatch1) {
         for (int l = 0; l < layers; ++l) layer(kinds[v], g * layers + l);
       }));
   }
-  moe_detail::set_stream_wide(false);
+  moe_detail::reset_stream_wide();
   for (auto& g : graphs[0]) MOEFOLD_CUDA_CHECK(cudaGraphLaunch(g, st));  // every layer's plan, for the count
   MOEFOLD_CUDA_CHECK(cudaStreamSynchronize(st));
   const double experts = mean_touched_experts(ws, E);

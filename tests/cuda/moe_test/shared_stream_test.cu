@@ -210,7 +210,7 @@ TEST(MoeSharedStream, BitwiseVsSeparate) {
     check_eager(uneven_weights(), *suneven, 1, -1, {1}, Route::kTopk, ++seed);
     check_eager(uneven_weights(), *suneven, 5, kMoeExpertStream, {5, 2}, Route::kMixed, ++seed);
   }
-  moe_detail::set_stream_wide(false);
+  moe_detail::reset_stream_wide();
 }
 
 // The fused layer captured once in a graph at capacity 1 and replayed at live 1 (two input sets) and 0:
@@ -334,7 +334,7 @@ TEST(MoeSharedStream, SanitizeSmall) {
       check_eager(w, *s, 20, kMoeExpertStream, {17}, Route::kMixed, 6320);
     }
   moe_detail::set_stream_early_down(true);
-  moe_detail::set_stream_wide(false);
+  moe_detail::reset_stream_wide();
 }
 
 }  // namespace
