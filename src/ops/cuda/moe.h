@@ -157,7 +157,8 @@ void moe_router_route(const __nv_bfloat16* x, const __nv_bfloat16* w_router, con
                       const MoeShape& shape, bool renormalize, const MoeWorkspace& ws, cudaStream_t stream,
                       const int32_t* replay = nullptr);
 /// Whether moe_router_route tries the cluster-fused kernel for `shape`: switched on
-/// (MOEFOLD_MOE_ROUTER_CLUSTER=1), moe_route_fused(shape), E <= 256, H % 512 == 0.
+/// (MOEFOLD_MOE_ROUTER_CLUSTER=1), moe_route_fused(shape), E <= 256 (16 CTAs), the live rows' logits fit
+/// the logits kernel's shared memory (capacity * E * 4 <= 12 / 24 / 48 KB at H % 128 / 256 / 512 == 0).
 bool moe_router_cluster_fused(const MoeShape& shape);
 
 /// First grouped expert GEMM with fused SwiGLU: for each planned pair at position j of ws.pairs (row t,

@@ -132,30 +132,33 @@ void launch_router_logits(const __nv_bfloat16* x, const __nv_bfloat16* w, const 
 
 // ---- router logits + top-k + plan of a small step in one launch (a thread-block cluster) ----------------
 // One cluster of ceil(E / 16) CTAs (<= 16: E <= 256; capacity <= 16, one row tile): CTA i computes the
-// logits of experts [16 i, 16 i + 16) exactly as router_logits_kernel does (logits_tile, KSPLIT 8), the
+// logits of experts [16 i, 16 i + 16) exactly as router_logits_kernel does (logits_tile, the same KSPLIT
+// by H), the
 // cluster barrier (release / acquire at cluster scope) makes every CTA's logits visible, and CTA 0 copies
 // the live rows' logits to shared memory (ld.global.cg), runs topk_row_fast per row (a warp a row) and
 // the plan of moe_plan_small.cuh. Same bytes as moe_router_logits + moe_route; one launch and one kernel
 // boundary fewer.
-constexpr int kClusterKsplit = 8;
 constexpr int kClusterMaxCtas = 16;
-constexpr int kClusterSmem = kClusterKsplit * kRouterStages * 2 * kRouterBM * kRouterBK * 2;
+template <int KSPLIT>
+constexpr int cluster_smem() {
+  return KSPLIT * kRouterStages * 2 * kRouterBM * kRouterBK * 2;  // router_logits_kernel's pipeline buffers
+}
 
-template <int VPT>
-__global__ void __launch_bounds__(kClusterKsplit * 32)
+template <int KSPLIT, int VPT>
+__global__ void __launch_bounds__(KSPLIT * 32)
     router_route_cluster_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ w,
                                 const int32_t* __restrict__ num_rows, int capacity, int H, int E, int k,
                                 bool renormalize, const int32_t* __restrict__ replay, int bm, float* logits,
                                 int32_t* ids, float* weights, int32_t* counts, int32_t* offsets, int32_t* pairs,
                                 int2* tiles, int32_t* num_tiles, int32_t* status) {
-  constexpr int NT = kClusterKsplit * 32;
+  constexpr int NT = KSPLIT * 32;
   pdl_begin();
   extern __shared__ __align__(128) unsigned char smem_raw[];
   __shared__ moe_detail::SmallPlanSmem<NT> sm;
   __shared__ int s_ids[kRouterBM * 32];  // capacity <= 16 rows, k <= 32 (P <= 512)
   int live = *num_rows;
   live = live < 0 ? 0 : (live > capacity ? capacity : live);
-  if (live > 0) logits_tile<kClusterKsplit>(x, w, 0, blockIdx.x * kRouterBN, live, H, E, logits, smem_raw);
+  if (live > 0) logits_tile<KSPLIT>(x, w, 0, blockIdx.x * kRouterBN, live, H, E, logits, smem_raw);
   asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
   asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
   if (blockIdx.x != 0) return;  // the cluster is the grid: CTA 0 is cluster rank 0
@@ -164,7 +167,7 @@ __global__ void __launch_bounds__(kClusterKsplit * 32)
   for (int e = threadIdx.x; e < E; e += NT) sm.counts[e] = 0;
   if (threadIdx.x == 0) sm.bad = 0;
   __syncthreads();
-  for (int t = threadIdx.x >> 5; t < live; t += kClusterKsplit)
+  for (int t = threadIdx.x >> 5; t < live; t += KSPLIT)
     moe_detail::topk_row_fast<VPT>(s_l + t * E, E, k, renormalize, replay ? replay + int64_t(t) * k : nullptr,
                                    ids + int64_t(t) * k, weights + int64_t(t) * k, s_ids + t * k);
   __syncthreads();
@@ -186,11 +189,12 @@ bool g_router_cluster = [] {
 }();
 
 /// Launches the cluster kernel; false (nothing launched) when the device cannot run a cluster of its size.
-template <int VPT>
+template <int KSPLIT, int VPT>
 bool launch_router_route_cluster(const __nv_bfloat16* x, const __nv_bfloat16* w, const int32_t* num_rows,
                                  const MoeShape& s, bool renormalize, const int32_t* replay, int bm,
                                  const MoeWorkspace& ws, cudaStream_t stream) {
-  auto kernel = router_route_cluster_kernel<VPT>;
+  auto kernel = router_route_cluster_kernel<KSPLIT, VPT>;
+  constexpr int smem = cluster_smem<KSPLIT>();
   const int n = (s.E + kRouterBN - 1) / kRouterBN;
   static int fits[kClusterMaxCtas + 1] = {};  // per instantiation: 0 unknown, 1 yes, -1 no
   cudaLaunchAttribute attr[2];
@@ -202,13 +206,13 @@ bool launch_router_route_cluster(const __nv_bfloat16* x, const __nv_bfloat16* w,
   attr[1].val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(unsigned(n));
-  cfg.blockDim = dim3(kClusterKsplit * 32);
-  cfg.dynamicSmemBytes = kClusterSmem;
+  cfg.blockDim = dim3(KSPLIT * 32);
+  cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
   if (fits[n] == 0) {
-    MOEFOLD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kClusterSmem));
+    MOEFOLD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     if (n > 8) MOEFOLD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
     int clusters = 0;
     const cudaError_t e = cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg);
@@ -303,10 +307,28 @@ bool router_cluster() { return g_router_cluster; }
 int64_t router_cluster_launches() { return g_cluster_launches.load(std::memory_order_relaxed); }
 }  // namespace moe_detail
 
+namespace {
+/// KSPLIT of moe_router_logits for H (the cluster kernel must use the same one: the same bits).
+int router_ksplit(int H) { return H % (8 * kRouterBK) == 0 ? 8 : (H % (4 * kRouterBK) == 0 ? 4 : 2); }
+int cluster_smem_bytes(int ksplit) {
+  return ksplit == 8 ? cluster_smem<8>() : (ksplit == 4 ? cluster_smem<4>() : cluster_smem<2>());
+}
+template <int KSPLIT>
+bool launch_cluster_vpt(const __nv_bfloat16* x, const __nv_bfloat16* w, const int32_t* num_rows, const MoeShape& s,
+                        bool renormalize, const int32_t* replay, int bm, const MoeWorkspace& ws, cudaStream_t stream) {
+  const int vpt = (s.E + 31) / 32;
+  if (vpt <= 1) return launch_router_route_cluster<KSPLIT, 1>(x, w, num_rows, s, renormalize, replay, bm, ws, stream);
+  if (vpt <= 2) return launch_router_route_cluster<KSPLIT, 2>(x, w, num_rows, s, renormalize, replay, bm, ws, stream);
+  if (vpt <= 4) return launch_router_route_cluster<KSPLIT, 4>(x, w, num_rows, s, renormalize, replay, bm, ws, stream);
+  return launch_router_route_cluster<KSPLIT, 8>(x, w, num_rows, s, renormalize, replay, bm, ws, stream);
+}
+}  // namespace
+
 bool moe_router_cluster_fused(const MoeShape& s) {
-  return moe_detail::router_cluster() && moe_route_fused(s) && s.E <= kClusterMaxCtas * kRouterBN &&
-         s.H % (kClusterKsplit * kRouterBK) == 0 && s.capacity <= kRouterBM && s.capacity * s.k <= kRouterBM * 32 &&
-         s.capacity * s.E * 4 <= kClusterSmem;
+  return moe_detail::router_cluster() && moe_route_fused(s) && s.E >= 2 && s.E % 2 == 0 &&
+         s.E <= kClusterMaxCtas * kRouterBN &&
+         s.H % (2 * kRouterBK) == 0 && s.capacity <= kRouterBM && s.capacity * s.k <= kRouterBM * 32 &&
+         s.capacity * s.E * 4 <= cluster_smem_bytes(router_ksplit(s.H));
 }
 
 void moe_router_route(const __nv_bfloat16* x, const __nv_bfloat16* w_router, const int32_t* num_rows,
@@ -324,11 +346,10 @@ void moe_router_route(const __nv_bfloat16* x, const __nv_bfloat16* w_router, con
         return prof::Work{double(s.E) * s.H * 2 + T * s.H * 2 + T * s.E * 8 + T * s.k * 16 + double(s.E) * 16,
                           2.0 * T * s.H * s.E};
       });
-      const int vpt = (s.E + 31) / 32;
-      if (vpt <= 1) launched = launch_router_route_cluster<1>(x, w_router, num_rows, s, renormalize, replay, bm, ws, stream);
-      else if (vpt <= 2) launched = launch_router_route_cluster<2>(x, w_router, num_rows, s, renormalize, replay, bm, ws, stream);
-      else if (vpt <= 4) launched = launch_router_route_cluster<4>(x, w_router, num_rows, s, renormalize, replay, bm, ws, stream);
-      else launched = launch_router_route_cluster<8>(x, w_router, num_rows, s, renormalize, replay, bm, ws, stream);
+      const int ks = router_ksplit(s.H);
+      if (ks == 8) launched = launch_cluster_vpt<8>(x, w_router, num_rows, s, renormalize, replay, bm, ws, stream);
+      else if (ks == 4) launched = launch_cluster_vpt<4>(x, w_router, num_rows, s, renormalize, replay, bm, ws, stream);
+      else launched = launch_cluster_vpt<2>(x, w_router, num_rows, s, renormalize, replay, bm, ws, stream);
     }
     if (launched) {
       snapshot_device_ints(kCountsSnapshotRoute, ws.counts, s.E, stream);

@@ -256,7 +256,8 @@ TEST(MoeRouterCluster, BitwiseEqualsLogitsThenRoute) {
   MOEFOLD_REQUIRE_GPU();
   uint64_t seed = 8000;
   for (auto [E, k, H] : {std::tuple{256, 8, 2048}, std::tuple{16, 4, 512}, std::tuple{64, 8, 1024},
-                         std::tuple{200, 6, 512}, std::tuple{128, 32, 512}, std::tuple{2, 1, 512}})
+                         std::tuple{200, 6, 512}, std::tuple{128, 32, 512}, std::tuple{2, 1, 512},
+                         std::tuple{16, 4, 128}, std::tuple{8, 2, 128}, std::tuple{64, 8, 256}})
     for (auto [T, cap] : {std::pair{1, 1}, std::pair{0, 3}, std::pair{3, 7}, std::pair{4, 4}, std::pair{15, 16},
                           std::pair{16, 16}})
       for (int routing = 0; routing < 4; ++routing) {
@@ -362,6 +363,7 @@ TEST(MoeRouteFast, SanitizeSmall) {
   check_router_cluster(256, 8, 2048, 1, 1, 0, 6);              // cluster: 16 CTAs
   check_router_cluster(64, 8, 1024, 15, 16, 1, 7);              // cluster: block plan, replay
   check_router_cluster(16, 4, 512, 0, 3, 0, 8);                 // cluster: no live rows
+  check_router_cluster(16, 4, 128, 16, 16, 3, 9);               // cluster of 1 CTA, 2 warps (fixture shape)
   FastSwitches restore;
   for (const CombineCase& c : {CombineCase{256, 8, 2048, 1, 1, true, true, true}, CombineCase{64, 4, 1152, 3, 5, false, true, false}}) {
     const auto a = run_combine(c, false, 11, nullptr), b = run_combine(c, true, 11, nullptr);
