@@ -133,11 +133,10 @@ void launch_router_logits(const __nv_bfloat16* x, const __nv_bfloat16* w, const 
 // ---- router logits + top-k + plan of a small step in one launch (a thread-block cluster) ----------------
 // One cluster of ceil(E / 16) CTAs (<= 16: E <= 256; capacity <= 16, one row tile): CTA i computes the
 // logits of experts [16 i, 16 i + 16) exactly as router_logits_kernel does (logits_tile, the same KSPLIT
-// by H), the
-// cluster barrier (release / acquire at cluster scope) makes every CTA's logits visible, and CTA 0 copies
-// the live rows' logits to shared memory (ld.global.cg), runs topk_row_fast per row (a warp a row) and
-// the plan of moe_plan_small.cuh. Same bytes as moe_router_logits + moe_route; one launch and one kernel
-// boundary fewer.
+// by H), the cluster barrier (release / acquire at cluster scope) makes every CTA's logits visible, and
+// CTA 0 copies the live rows' logits to shared memory (ld.global.cg), runs topk_row_fast per row (a warp a
+// row) and the plan of moe_plan_small.cuh. Same bytes as moe_router_logits + moe_route; one launch and one
+// kernel boundary fewer.
 constexpr int kClusterMaxCtas = 16;
 template <int KSPLIT>
 constexpr int cluster_smem() {
