@@ -150,6 +150,19 @@ void moe_route(const float* logits, const int32_t* num_rows, const MoeShape& sha
 /// Whether moe_route runs as one fused kernel for `shape`.
 bool moe_route_fused(const MoeShape& shape);
 
+/// moe_router_logits then moe_route (the same bytes in ws.logits, ids, weights and the plan), in ONE
+/// launch when moe_router_cluster_fused(shape): a thread-block cluster of ceil(E / 16) CTAs computes the
+/// logits, then its first CTA the top-k and the plan. Otherwise (or when the device cannot run the
+/// cluster) the two calls. x, w_router as in moe_router_logits. Asynchronous; throws moefold::Error on a
+/// launch error.
+void moe_router_route(const __nv_bfloat16* x, const __nv_bfloat16* w_router, const int32_t* num_rows,
+                      const MoeShape& shape, bool renormalize, const MoeWorkspace& ws, cudaStream_t stream,
+                      const int32_t* replay = nullptr);
+/// Whether moe_router_route tries the cluster-fused kernel for `shape`: switched on
+/// (MOEFOLD_MOE_ROUTER_CLUSTER=1), moe_route_fused(shape), E <= 256 (16 CTAs), the live rows' logits fit
+/// the logits kernel's shared memory (capacity * E * 4 <= 12 / 24 / 48 KB at H % 128 / 256 / 512 == 0).
+bool moe_router_cluster_fused(const MoeShape& shape);
+
 /// First grouped expert GEMM with fused SwiGLU: for each planned pair at position j of ws.pairs (row t,
 /// expert e): ws.act[j, :] = silu(g) * u with [g | u] = x[t, :] . gate_up[e]^T (fp32 accumulate, rounded
 /// to bf16). x: [T, H]; gate_up: [E, 2I, H] (rows 0..I-1 gate, I..2I-1 up). Experts with no rows cost
@@ -172,9 +185,9 @@ void moe_combine(const float* weights, const MoeWorkspace& ws, const __nv_bfloat
                  const __nv_bfloat16* shared_gate_w, const __nv_bfloat16* x, const __nv_bfloat16* residual,
                  const int32_t* num_rows, const MoeShape& shape, __nv_bfloat16* out, cudaStream_t stream);
 
-/// The whole routed chain: router logits -> top-k -> plan (moe_route: fused at decode sizes) -> gate_up
-/// -> down -> combine, results in ws (logits, ids, weights, plan) and out: 5 launches at capacity <= 16
-/// (6 above). Same arguments and preconditions as the steps above;
+/// The whole routed chain: router logits -> top-k -> plan (moe_router_route: fused at decode sizes) ->
+/// gate_up -> down -> combine, results in ws (logits, ids, weights, plan) and out: 5 launches at capacity
+/// <= 16 (4 with the cluster-fused router, 6 above 16). Same arguments and preconditions as the steps above;
 /// `replay` as in moe_router_topk.
 void moe_forward(const __nv_bfloat16* x, const __nv_bfloat16* w_router, const __nv_bfloat16* gate_up,
                  const __nv_bfloat16* down, const __nv_bfloat16* shared_out, const __nv_bfloat16* shared_gate_w,

@@ -5,6 +5,8 @@
 // Grids are sized for the capacity's worst case (max row tiles); CTAs past the planned tile count, i.e.
 // past the live rows, return at once, so experts with no rows and padding rows cost nothing.
 #include <algorithm>
+#include <cstdlib>
+#include <string_view>
 
 #include "core/error.h"
 #include "ops/cuda/cuda_check.h"
@@ -58,6 +60,7 @@ bool wgmma_selected(const MoeShape& s, int cfg) {
   return cfg == 2 && moe_detail::expert_gemm_wgmma();
 }
 const prof::Kernel kCombine{"moe_combine_kernel", prof::Category::MoeRouting};
+const prof::Kernel kCombineOnePass{"moe_combine_onepass_kernel", prof::Category::MoeRouting};
 
 /// Work of one expert GEMM from the plan's per-expert counts (pairs = their sum, touched experts = the
 /// non-zero ones): the touched experts' weights, the live x rows (gate_up) or the pairs' activations
@@ -275,7 +278,114 @@ __global__ void __launch_bounds__(kCombineThreads)
   }
 }
 
+// moe_combine_kernel's function and bytes in one memory pass when every row is one chunk a thread
+// (H <= 8 * kCombineThreads) and k <= KMAX: the weights, the k y chunks, residual, shared_out and the
+// gate's x / w chunks are all loaded first (independent loads in flight together), then the shared gate's
+// reduction (the same per-thread fma chain, butterfly and warp-order sum), then the same fp32 sums in slot
+// order. The previous kernel waited for the reduction before its element loads and for each slot's y in
+// turn (a runtime-k loop).
+template <int KMAX>
+__global__ void __launch_bounds__(kCombineThreads)
+    moe_combine_onepass_kernel(const float* __restrict__ weights, const __nv_bfloat16* __restrict__ y,
+                               const __nv_bfloat16* __restrict__ shared_out,
+                               const __nv_bfloat16* __restrict__ shared_gate_w, const __nv_bfloat16* __restrict__ x,
+                               const __nv_bfloat16* residual, const int32_t* __restrict__ num_rows, int capacity,
+                               int k, int H, __nv_bfloat16* out) {
+  pdl_begin();
+  const int t = blockIdx.x;
+  int live = *num_rows;
+  live = live < 0 ? 0 : (live > capacity ? capacity : live);
+  if (t >= live) return;
+  const int h = threadIdx.x * 8;
+  const bool mine = h < H;
+  const bool gated = shared_out != nullptr && shared_gate_w != nullptr;
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+  float w[KMAX];
+  uint4 yv[KMAX];
+#pragma unroll
+  for (int s = 0; s < KMAX; ++s) {
+    const bool on = s < k;
+    w[s] = on ? weights[int64_t(t) * k + s] : 0.0f;
+    yv[s] = on && mine ? *reinterpret_cast<const uint4*>(y + (int64_t(t) * k + s) * H + h) : zero;
+  }
+  const uint4 rv = residual != nullptr && mine ? *reinterpret_cast<const uint4*>(residual + int64_t(t) * H + h) : zero;
+  const uint4 sv = shared_out != nullptr && mine ? *reinterpret_cast<const uint4*>(shared_out + int64_t(t) * H + h) : zero;
+  const uint4 xv = gated && mine ? *reinterpret_cast<const uint4*>(x + int64_t(t) * H + h) : zero;
+  const uint4 gv = gated && mine ? *reinterpret_cast<const uint4*>(shared_gate_w + h) : zero;
+
+  float sgate = 1.0f;
+  if (gated) {
+    __shared__ float s_part[kCombineThreads / 32];
+    float d = 0.0f;
+    if (mine) {
+      const __nv_bfloat162* xp = reinterpret_cast<const __nv_bfloat162*>(&xv);
+      const __nv_bfloat162* wp = reinterpret_cast<const __nv_bfloat162*>(&gv);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const float2 a = __bfloat1622float2(xp[q]), b = __bfloat1622float2(wp[q]);
+        d = fmaf(a.x, b.x, d);
+        d = fmaf(a.y, b.y, d);
+      }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+    if ((threadIdx.x & 31) == 0) s_part[threadIdx.x >> 5] = d;
+    __syncthreads();
+    float tot = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kCombineThreads / 32; ++i) tot += s_part[i];
+    sgate = 1.0f / (1.0f + expf(-tot));
+  }
+  if (!mine) return;
+  float acc[8];
+  {
+    const __nv_bfloat162* rp = reinterpret_cast<const __nv_bfloat162*>(&rv);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const float2 f = residual != nullptr ? __bfloat1622float2(rp[q]) : make_float2(0.0f, 0.0f);
+      acc[2 * q] = f.x;
+      acc[2 * q + 1] = f.y;
+    }
+  }
+#pragma unroll
+  for (int s = 0; s < KMAX; ++s) {
+    if (s >= k) break;
+    const __nv_bfloat162* yp = reinterpret_cast<const __nv_bfloat162*>(&yv[s]);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const float2 f = __bfloat1622float2(yp[q]);
+      acc[2 * q] += w[s] * f.x;
+      acc[2 * q + 1] += w[s] * f.y;
+    }
+  }
+  if (shared_out != nullptr) {
+    const __nv_bfloat162* sp = reinterpret_cast<const __nv_bfloat162*>(&sv);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const float2 f = __bfloat1622float2(sp[q]);
+      acc[2 * q] += sgate * f.x;
+      acc[2 * q + 1] += sgate * f.y;
+    }
+  }
+  uint4 ov;
+  __nv_bfloat162* op = reinterpret_cast<__nv_bfloat162*>(&ov);
+#pragma unroll
+  for (int q = 0; q < 4; ++q) op[q] = __floats2bfloat162_rn(acc[2 * q], acc[2 * q + 1]);
+  *reinterpret_cast<uint4*>(out + int64_t(t) * H + h) = ov;
+}
+constexpr int kCombineOnePassMaxK = 8;
+
+bool g_combine_fast = [] {
+  const char* v = std::getenv("MOEFOLD_MOE_COMBINE");
+  return !(v && std::string_view(v) == "old");
+}();
+
 }  // namespace
+
+namespace moe_detail {
+void set_combine_fast(bool on) { g_combine_fast = on; }
+bool combine_fast() { return g_combine_fast; }
+}  // namespace moe_detail
 
 size_t moe_workspace_bytes(const MoeShape& shape) {
   check_shape(shape);
@@ -370,14 +480,17 @@ void moe_combine(const float* weights, const MoeWorkspace& ws, const __nv_bfloat
                  const int32_t* num_rows, const MoeShape& s, __nv_bfloat16* out, cudaStream_t stream) {
   check_shape(s);
   MOEFOLD_CHECK(!(shared_out && shared_gate_w) || x != nullptr, fmt::runtime("moe_combine: the shared gate needs x"));
-  LaunchScope launch(kCombine, stream, [&] {  // y of k pairs, weights, shared out, x, residual read; out written
+  const bool onepass = g_combine_fast && s.k <= kCombineOnePassMaxK && s.H <= 8 * kCombineThreads;
+  // y of k pairs, weights, shared out, x, residual read; out written
+  LaunchScope launch(onepass ? kCombineOnePass : kCombine, stream, [&] {
     const double T = double(work_rows(s.capacity, num_rows)), H = s.H;
     const double rows = T * s.k * H * 2 + T * s.k * 4 + (shared_out ? T * H * 2 : 0) +
                         (shared_gate_w ? T * H * 2 + H * 2 : 0) + (residual ? T * H * 2 : 0) + T * H * 2;
     return prof::Work{rows, 0};
   });
-  launch_pdl(moe_combine_kernel, dim3(s.capacity), dim3(kCombineThreads), 0, stream, weights, ws.y, shared_out, shared_gate_w, x,
-                                                                  residual, num_rows, s.capacity, s.k, s.H, out);
+  auto kernel = onepass ? moe_combine_onepass_kernel<kCombineOnePassMaxK> : moe_combine_kernel;
+  launch_pdl(kernel, dim3(s.capacity), dim3(kCombineThreads), 0, stream, weights, ws.y, shared_out, shared_gate_w, x,
+             residual, num_rows, s.capacity, s.k, s.H, out);
   MOEFOLD_CUDA_CHECK_LAUNCH();
 }
 
@@ -387,8 +500,7 @@ void moe_forward(const __nv_bfloat16* x, const __nv_bfloat16* w_router, const __
                  const MoeWorkspace& ws, __nv_bfloat16* out, cudaStream_t stream, const int32_t* replay) {
   MOEFOLD_CHECK(shape.capacity <= ws.capacity, fmt::runtime("moe_forward: step capacity {} exceeds the workspace's {}"),
                 shape.capacity, ws.capacity);
-  moe_router_logits(x, w_router, num_rows, shape, ws.logits, stream);
-  moe_route(ws.logits, num_rows, shape, renormalize, ws, stream, replay);
+  moe_router_route(x, w_router, num_rows, shape, renormalize, ws, stream, replay);
   moe_expert_gate_up(x, gate_up, shape, ws, stream);
   moe_expert_down(down, shape, ws, stream);
   moe_combine(ws.weights, ws, shared_out, shared_gate_w, x, residual, num_rows, shape, out, stream);

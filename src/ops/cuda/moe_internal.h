@@ -94,6 +94,24 @@ void set_stream_wide(bool on);
 void reset_stream_wide();
 bool stream_wide();
 
+/// Whether the router's top-k (router_topk_kernel, moe_route's fused small-step kernel) runs the fast
+/// versions (moe_topk.cuh topk_row_fast, router_topk_plan_fast_kernel: the same bytes, shorter chains);
+/// default on, MOEFOLD_MOE_ROUTE=old selects the previous kernels. The setter is for A/B tests.
+void set_route_fast(bool on);
+bool route_fast();
+/// Whether moe_combine runs the one-pass kernel (every input of a row's chunk loaded before the shared
+/// gate's reduction; the same bytes) where it applies (k <= 8, H <= 2048); default on,
+/// MOEFOLD_MOE_COMBINE=old selects the previous kernel. The setter is for A/B tests.
+void set_combine_fast(bool on);
+bool combine_fast();
+/// Whether moe_router_route runs the cluster-fused router logits + top-k + plan kernel where it applies
+/// (moe_router_cluster_fused); default off, MOEFOLD_MOE_ROUTER_CLUSTER=1 turns it on (the same bytes).
+/// The setter is for A/B tests.
+void set_router_cluster(bool on);
+bool router_cluster();
+/// Cluster-fused router kernels launched by this process (tests: proof that the fused kernel ran).
+int64_t router_cluster_launches();
+
 }  // namespace moefold::cuda::moe_detail
 
 namespace moefold::cuda {

@@ -15,16 +15,30 @@
 #include <cub/block/block_radix_sort.cuh>
 #include <cub/block/block_scan.cuh>
 #include <cub/device/device_radix_sort.cuh>
+#include <cstdlib>
+#include <string_view>
 
 #include "core/error.h"
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/launch_scope.h"
 #include "ops/cuda/moe.h"
 #include "ops/cuda/moe_internal.h"
+#include "ops/cuda/moe_plan_small.cuh"
 #include "ops/cuda/moe_topk.cuh"
 #include "ops/cuda/pdl.cuh"
 
 namespace moefold::cuda {
+namespace moe_detail {
+namespace {
+bool g_route_fast = [] {
+  const char* v = std::getenv("MOEFOLD_MOE_ROUTE");
+  return !(v && std::string_view(v) == "old");
+}();
+}  // namespace
+void set_route_fast(bool on) { g_route_fast = on; }
+bool route_fast() { return g_route_fast; }
+}  // namespace moe_detail
+
 namespace {
 
 constexpr int kPlanThreads = 512;
@@ -38,6 +52,7 @@ const prof::Kernel kPlanKeys{"plan_keys_kernel", prof::Category::MoeRouting};
 const prof::Kernel kPlanSort{"cub::DeviceRadixSort::SortPairs", prof::Category::MoeRouting};
 const prof::Kernel kPlanFinalize{"plan_finalize_kernel", prof::Category::MoeRouting};
 const prof::Kernel kTopkPlan{"router_topk_plan_kernel", prof::Category::MoeRouting};
+const prof::Kernel kTopkPlanFast{"router_topk_plan_fast_kernel", prof::Category::MoeRouting};
 // The profiler's own copy of the per-expert counts (read by the expert GEMMs' work at flush): shown so
 // that its cost is not hidden in the idle time.
 const prof::Kernel kCountsSnapshot{"profiler:moe_counts_snapshot", prof::Category::Other};
@@ -206,6 +221,38 @@ __global__ void __launch_bounds__(kPlanThreads)
   if (threadIdx.x == 0) *status = s_bad;
 }
 
+// router_topk_plan_kernel's function and bytes (ids, weights, counts, offsets, pairs, tiles, num_tiles,
+// status), faster at few live rows: the top-k of topk_row_fast (ids also into shared memory, so the plan
+// never reads them back from global memory), then the plan of moe_plan_small.cuh: one warp for L <= 32
+// live pairs, else the block with the offsets in shared memory.
+template <int VPT>
+__global__ void __launch_bounds__(kPlanThreads)
+    router_topk_plan_fast_kernel(const float* __restrict__ logits, const int32_t* __restrict__ num_rows, int capacity,
+                                 int E, int k, bool renormalize, const int32_t* __restrict__ replay, int bm,
+                                 int32_t* ids, float* weights, int32_t* counts, int32_t* offsets, int32_t* pairs,
+                                 int2* tiles, int32_t* num_tiles, int32_t* status) {
+  pdl_begin();
+  __shared__ moe_detail::SmallPlanSmem<kPlanThreads> sm;
+  __shared__ int s_ids[kPlanThreads];
+  int live = *num_rows;
+  live = live < 0 ? 0 : (live > capacity ? capacity : live);
+  const int L = live * k;
+  for (int e = threadIdx.x; e < E; e += kPlanThreads) sm.counts[e] = 0;
+  if (threadIdx.x == 0) sm.bad = 0;
+  for (int t = threadIdx.x >> 5; t < live; t += kPlanThreads / 32)
+    moe_detail::topk_row_fast<VPT>(logits + int64_t(t) * E, E, k, renormalize,
+                                   replay ? replay + int64_t(t) * k : nullptr, ids + int64_t(t) * k,
+                                   weights + int64_t(t) * k, s_ids + t * k);
+  __syncthreads();  // s_ids of every live row; counts zeroed
+  if (L <= 32) {
+    if (threadIdx.x < 32)
+      moe_detail::plan_warp<VPT>(s_ids, L, E, bm, sm.counts, sm.offsets, counts, offsets, pairs, tiles, num_tiles,
+                                 status);
+    return;
+  }
+  moe_detail::plan_block_small<kPlanThreads>(s_ids, L, E, bm, sm, counts, offsets, pairs, tiles, num_tiles, status);
+}
+
 int sort_end_bit(int E) {
   int b = 0;
   while ((1 << b) <= E) ++b;  // keys are in [0, E]
@@ -283,7 +330,8 @@ namespace {
 template <int VPT>
 void launch_topk_plan(const float* logits, const int32_t* num_rows, const MoeShape& s, bool renormalize,
                       const int32_t* replay, int tile_rows, const MoeWorkspace& ws, cudaStream_t stream) {
-  launch_pdl(router_topk_plan_kernel<VPT>, dim3(1), dim3(kPlanThreads), 0, stream, logits, num_rows, s.capacity, s.E, s.k, renormalize,
+  auto kernel = moe_detail::route_fast() ? router_topk_plan_fast_kernel<VPT> : router_topk_plan_kernel<VPT>;
+  launch_pdl(kernel, dim3(1), dim3(kPlanThreads), 0, stream, logits, num_rows, s.capacity, s.E, s.k, renormalize,
                                                               replay, tile_rows, ws.ids, ws.weights, ws.counts,
                                                               ws.offsets, ws.pairs, ws.tiles, ws.num_tiles, ws.status);
   MOEFOLD_CUDA_CHECK_LAUNCH();
@@ -302,7 +350,7 @@ void moe_route(const float* logits, const int32_t* num_rows, const MoeShape& s, 
                 s.capacity, ws.capacity);
   const int tile_rows = moe_detail::expert_tile_rows(moe_detail::expert_config(s));
   {
-    LaunchScope launch(kTopkPlan, stream, [&] {  // logits read; ids, weights, plan written
+    LaunchScope launch(moe_detail::route_fast() ? kTopkPlanFast : kTopkPlan, stream, [&] {  // logits read; ids, weights, plan written
       const double T = double(work_rows(s.capacity, num_rows));
       return prof::Work{T * s.E * 4 + T * s.k * 16 + double(s.E) * 16, 0};
     });

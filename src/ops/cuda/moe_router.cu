@@ -4,7 +4,10 @@
 // denominator summed in fp64, p = fp32(e / sum); NaN logits rank below every number; ties go to the
 // lower expert index; k rounds of a warp max over a 64-bit key (valid, p bits, ~index) pick distinct
 // experts; the renormalising sum is taken in fp64 in slot order.
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
+#include <string_view>
 
 #include "core/error.h"
 #include "ops/cuda/cuda_check.h"
@@ -12,6 +15,7 @@
 #include "ops/cuda/moe.h"
 #include "ops/cuda/moe_gemm.cuh"
 #include "ops/cuda/moe_internal.h"
+#include "ops/cuda/moe_plan_small.cuh"
 #include "ops/cuda/moe_topk.cuh"
 #include "ops/cuda/pdl.cuh"
 
@@ -25,18 +29,13 @@ namespace {
 // Decode (1 row) is latency-bound: the K split puts KSPLIT independent load streams on each tile.
 constexpr int kRouterBM = 16, kRouterBN = 16, kRouterBK = 64, kRouterStages = 3;
 
+// The 16 x 16 logit tile at rows m0.., experts n0.. (nrows live rows of it) by the CTA's KSPLIT warps:
+// router_logits_kernel's body, shared with the cluster-fused router + route kernel (the same bits).
 template <int KSPLIT>
-__global__ void __launch_bounds__(KSPLIT * 32)
-    router_logits_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ w,
-                         const int32_t* __restrict__ num_rows, int capacity, int H, int E, float* __restrict__ logits) {
-  pdl_begin();
+__device__ __forceinline__ void logits_tile(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ w,
+                                            int m0, int n0, int nrows, int H, int E, float* __restrict__ logits,
+                                            unsigned char* smem_raw) {
   using namespace moe_detail;
-  extern __shared__ __align__(128) unsigned char smem_raw[];
-  int live = *num_rows;
-  live = live < 0 ? 0 : (live > capacity ? capacity : live);
-  const int m0 = blockIdx.y * kRouterBM, n0 = blockIdx.x * kRouterBN;
-  if (m0 >= live) return;
-  const int nrows = min(kRouterBM, live - m0);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   constexpr int kTile = kRouterBM * kRouterBK;  // elements of one 16 x 64 tile
   __nv_bfloat16* sA = reinterpret_cast<__nv_bfloat16*>(smem_raw) + warp * kRouterStages * 2 * kTile;
@@ -103,6 +102,19 @@ __global__ void __launch_bounds__(KSPLIT * 32)
 }
 
 template <int KSPLIT>
+__global__ void __launch_bounds__(KSPLIT * 32)
+    router_logits_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ w,
+                         const int32_t* __restrict__ num_rows, int capacity, int H, int E, float* __restrict__ logits) {
+  pdl_begin();
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  int live = *num_rows;
+  live = live < 0 ? 0 : (live > capacity ? capacity : live);
+  const int m0 = blockIdx.y * kRouterBM, n0 = blockIdx.x * kRouterBN;
+  if (m0 >= live) return;
+  logits_tile<KSPLIT>(x, w, m0, n0, min(kRouterBM, live - m0), H, E, logits, smem_raw);
+}
+
+template <int KSPLIT>
 void launch_router_logits(const __nv_bfloat16* x, const __nv_bfloat16* w, const int32_t* num_rows, const MoeShape& s,
                           float* logits, cudaStream_t stream) {
   auto kernel = router_logits_kernel<KSPLIT>;
@@ -118,9 +130,107 @@ void launch_router_logits(const __nv_bfloat16* x, const __nv_bfloat16* w, const 
   MOEFOLD_CUDA_CHECK_LAUNCH();
 }
 
+// ---- router logits + top-k + plan of a small step in one launch (a thread-block cluster) ----------------
+// One cluster of ceil(E / 16) CTAs (<= 16: E <= 256; capacity <= 16, one row tile): CTA i computes the
+// logits of experts [16 i, 16 i + 16) exactly as router_logits_kernel does (logits_tile, the same KSPLIT
+// by H), the cluster barrier (release / acquire at cluster scope) makes every CTA's logits visible, and
+// CTA 0 copies the live rows' logits to shared memory (ld.global.cg), runs topk_row_fast per row (a warp a
+// row) and the plan of moe_plan_small.cuh. Same bytes as moe_router_logits + moe_route; one launch and one
+// kernel boundary fewer.
+constexpr int kClusterMaxCtas = 16;
+template <int KSPLIT>
+constexpr int cluster_smem() {
+  return KSPLIT * kRouterStages * 2 * kRouterBM * kRouterBK * 2;  // router_logits_kernel's pipeline buffers
+}
+
+template <int KSPLIT, int VPT>
+__global__ void __launch_bounds__(KSPLIT * 32)
+    router_route_cluster_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ w,
+                                const int32_t* __restrict__ num_rows, int capacity, int H, int E, int k,
+                                bool renormalize, const int32_t* __restrict__ replay, int bm, float* logits,
+                                int32_t* ids, float* weights, int32_t* counts, int32_t* offsets, int32_t* pairs,
+                                int2* tiles, int32_t* num_tiles, int32_t* status) {
+  constexpr int NT = KSPLIT * 32;
+  pdl_begin();
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  __shared__ moe_detail::SmallPlanSmem<NT> sm;
+  __shared__ int s_ids[kRouterBM * 32];  // capacity <= 16 rows, k <= 32 (P <= 512)
+  int live = *num_rows;
+  live = live < 0 ? 0 : (live > capacity ? capacity : live);
+  if (live > 0) logits_tile<KSPLIT>(x, w, 0, blockIdx.x * kRouterBN, live, H, E, logits, smem_raw);
+  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+  if (blockIdx.x != 0) return;  // the cluster is the grid: CTA 0 is cluster rank 0
+  float* s_l = reinterpret_cast<float*>(smem_raw);  // [live, E] (the pipeline buffers, now free)
+  for (int i = threadIdx.x; i < live * E; i += NT) s_l[i] = __ldcg(logits + i);
+  for (int e = threadIdx.x; e < E; e += NT) sm.counts[e] = 0;
+  if (threadIdx.x == 0) sm.bad = 0;
+  __syncthreads();
+  for (int t = threadIdx.x >> 5; t < live; t += KSPLIT)
+    moe_detail::topk_row_fast<VPT>(s_l + t * E, E, k, renormalize, replay ? replay + int64_t(t) * k : nullptr,
+                                   ids + int64_t(t) * k, weights + int64_t(t) * k, s_ids + t * k);
+  __syncthreads();
+  const int L = live * k;
+  if (L <= 32) {
+    if (threadIdx.x < 32)
+      moe_detail::plan_warp<VPT>(s_ids, L, E, bm, sm.counts, sm.offsets, counts, offsets, pairs, tiles, num_tiles,
+                                 status);
+    return;
+  }
+  moe_detail::plan_block_small<NT>(s_ids, L, E, bm, sm, counts, offsets, pairs, tiles, num_tiles, status);
+}
+
+std::atomic<int64_t> g_cluster_launches{0};
+
+bool g_router_cluster = [] {
+  const char* v = std::getenv("MOEFOLD_MOE_ROUTER_CLUSTER");
+  return v && std::string_view(v) == "1";
+}();
+
+/// Launches the cluster kernel; false (nothing launched) when the device cannot run a cluster of its size.
+template <int KSPLIT, int VPT>
+bool launch_router_route_cluster(const __nv_bfloat16* x, const __nv_bfloat16* w, const int32_t* num_rows,
+                                 const MoeShape& s, bool renormalize, const int32_t* replay, int bm,
+                                 const MoeWorkspace& ws, cudaStream_t stream) {
+  auto kernel = router_route_cluster_kernel<KSPLIT, VPT>;
+  constexpr int smem = cluster_smem<KSPLIT>();
+  const int n = (s.E + kRouterBN - 1) / kRouterBN;
+  static int fits[kClusterMaxCtas + 1] = {};  // per instantiation: 0 unknown, 1 yes, -1 no
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = unsigned(n);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[1].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(unsigned(n));
+  cfg.blockDim = dim3(KSPLIT * 32);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  if (fits[n] == 0) {
+    MOEFOLD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    if (n > 8) MOEFOLD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    int clusters = 0;
+    const cudaError_t e = cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg);
+    if (e != cudaSuccess) (void)cudaGetLastError();
+    fits[n] = e == cudaSuccess && clusters >= 1 ? 1 : -1;
+  }
+  if (fits[n] < 0) return false;
+  cfg.numAttrs = pdl_enabled() ? 2 : 1;
+  MOEFOLD_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, x, w, num_rows, s.capacity, s.H, s.E, s.k, renormalize, replay,
+                                        bm, ws.logits, ws.ids, ws.weights, ws.counts, ws.offsets, ws.pairs, ws.tiles,
+                                        ws.num_tiles, ws.status));
+  MOEFOLD_CUDA_CHECK_LAUNCH();
+  g_cluster_launches.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
 constexpr int kTopkWarps = 8;
 
-template <int VPT>
+template <int VPT, bool FAST>
 __global__ void __launch_bounds__(kTopkWarps * 32)
     router_topk_kernel(const float* __restrict__ logits, const int32_t* __restrict__ num_rows, int capacity,
                        int E, int k, bool renormalize, const int32_t* __restrict__ replay,
@@ -131,21 +241,29 @@ __global__ void __launch_bounds__(kTopkWarps * 32)
   int live = *num_rows;
   live = live < 0 ? 0 : (live > capacity ? capacity : live);
   if (t >= live) return;
-  moe_detail::topk_row<VPT>(logits + int64_t(t) * E, E, k, renormalize, replay ? replay + int64_t(t) * k : nullptr,
-                            ids + int64_t(t) * k, weights + int64_t(t) * k);
+  if constexpr (FAST)
+    moe_detail::topk_row_fast<VPT>(logits + int64_t(t) * E, E, k, renormalize,
+                                   replay ? replay + int64_t(t) * k : nullptr, ids + int64_t(t) * k,
+                                   weights + int64_t(t) * k);
+  else
+    moe_detail::topk_row<VPT>(logits + int64_t(t) * E, E, k, renormalize, replay ? replay + int64_t(t) * k : nullptr,
+                              ids + int64_t(t) * k, weights + int64_t(t) * k);
 }
 
 template <int VPT>
 void launch_topk(const float* logits, const int32_t* num_rows, const MoeShape& s, bool renormalize,
                  const int32_t* replay, int32_t* ids, float* weights, cudaStream_t stream) {
   const int blocks = (s.capacity + kTopkWarps - 1) / kTopkWarps;
-  launch_pdl(router_topk_kernel<VPT>, dim3(blocks), dim3(kTopkWarps * 32), 0, stream, logits, num_rows, s.capacity, s.E, s.k,
-                                                                    renormalize, replay, ids, weights);
+  auto kernel = moe_detail::route_fast() ? router_topk_kernel<VPT, true> : router_topk_kernel<VPT, false>;
+  launch_pdl(kernel, dim3(blocks), dim3(kTopkWarps * 32), 0, stream, logits, num_rows, s.capacity, s.E, s.k,
+             renormalize, replay, ids, weights);
   MOEFOLD_CUDA_CHECK_LAUNCH();
 }
 
 const prof::Kernel kRouterLogits{"router_logits_kernel", prof::Category::MoeRouting};
 const prof::Kernel kRouterTopk{"router_topk_kernel", prof::Category::MoeRouting};
+const prof::Kernel kRouterRouteCluster{"router_route_cluster_kernel", prof::Category::MoeRouting};
+const prof::Kernel kCountsSnapshotRoute{"profiler:moe_counts_snapshot", prof::Category::Other};  // as moe_plan.cu
 
 }  // namespace
 
@@ -180,6 +298,65 @@ void moe_router_topk(const float* logits, const int32_t* num_rows, const MoeShap
   else if (vpt <= 4) launch_topk<4>(logits, num_rows, s, renormalize, replay, ids, weights, stream);
   else if (vpt <= 8) launch_topk<8>(logits, num_rows, s, renormalize, replay, ids, weights, stream);
   else launch_topk<16>(logits, num_rows, s, renormalize, replay, ids, weights, stream);
+}
+
+namespace moe_detail {
+void set_router_cluster(bool on) { g_router_cluster = on; }
+bool router_cluster() { return g_router_cluster; }
+int64_t router_cluster_launches() { return g_cluster_launches.load(std::memory_order_relaxed); }
+}  // namespace moe_detail
+
+namespace {
+/// KSPLIT of moe_router_logits for H (the cluster kernel must use the same one: the same bits).
+int router_ksplit(int H) { return H % (8 * kRouterBK) == 0 ? 8 : (H % (4 * kRouterBK) == 0 ? 4 : 2); }
+int cluster_smem_bytes(int ksplit) {
+  return ksplit == 8 ? cluster_smem<8>() : (ksplit == 4 ? cluster_smem<4>() : cluster_smem<2>());
+}
+template <int KSPLIT>
+bool launch_cluster_vpt(const __nv_bfloat16* x, const __nv_bfloat16* w, const int32_t* num_rows, const MoeShape& s,
+                        bool renormalize, const int32_t* replay, int bm, const MoeWorkspace& ws, cudaStream_t stream) {
+  const int vpt = (s.E + 31) / 32;
+  if (vpt <= 1) return launch_router_route_cluster<KSPLIT, 1>(x, w, num_rows, s, renormalize, replay, bm, ws, stream);
+  if (vpt <= 2) return launch_router_route_cluster<KSPLIT, 2>(x, w, num_rows, s, renormalize, replay, bm, ws, stream);
+  if (vpt <= 4) return launch_router_route_cluster<KSPLIT, 4>(x, w, num_rows, s, renormalize, replay, bm, ws, stream);
+  return launch_router_route_cluster<KSPLIT, 8>(x, w, num_rows, s, renormalize, replay, bm, ws, stream);
+}
+}  // namespace
+
+bool moe_router_cluster_fused(const MoeShape& s) {
+  return moe_detail::router_cluster() && moe_route_fused(s) && s.E >= 2 && s.E % 2 == 0 &&
+         s.E <= kClusterMaxCtas * kRouterBN &&
+         s.H % (2 * kRouterBK) == 0 && s.capacity <= kRouterBM && s.capacity * s.k <= kRouterBM * 32 &&
+         s.capacity * s.E * 4 <= cluster_smem_bytes(router_ksplit(s.H));
+}
+
+void moe_router_route(const __nv_bfloat16* x, const __nv_bfloat16* w_router, const int32_t* num_rows,
+                      const MoeShape& s, bool renormalize, const MoeWorkspace& ws, cudaStream_t stream,
+                      const int32_t* replay) {
+  if (moe_router_cluster_fused(s)) {
+    MOEFOLD_CHECK(ws.tile_rows > 0 && ws.pairs != nullptr, fmt::runtime("moe_router_route: workspace not bound"));
+    MOEFOLD_CHECK(s.capacity <= ws.capacity,
+                  fmt::runtime("moe_router_route: step capacity {} exceeds the workspace's {}"), s.capacity, ws.capacity);
+    const int bm = moe_detail::expert_tile_rows(moe_detail::expert_config(s));
+    bool launched = false;
+    {
+      LaunchScope launch(kRouterRouteCluster, stream, [&] {  // W, live x rows read; logits, ids, weights, plan written
+        const double T = double(work_rows(s.capacity, num_rows));
+        return prof::Work{double(s.E) * s.H * 2 + T * s.H * 2 + T * s.E * 8 + T * s.k * 16 + double(s.E) * 16,
+                          2.0 * T * s.H * s.E};
+      });
+      const int ks = router_ksplit(s.H);
+      if (ks == 8) launched = launch_cluster_vpt<8>(x, w_router, num_rows, s, renormalize, replay, bm, ws, stream);
+      else if (ks == 4) launched = launch_cluster_vpt<4>(x, w_router, num_rows, s, renormalize, replay, bm, ws, stream);
+      else launched = launch_cluster_vpt<2>(x, w_router, num_rows, s, renormalize, replay, bm, ws, stream);
+    }
+    if (launched) {
+      snapshot_device_ints(kCountsSnapshotRoute, ws.counts, s.E, stream);
+      return;
+    }
+  }
+  moe_router_logits(x, w_router, num_rows, s, ws.logits, stream);
+  moe_route(ws.logits, num_rows, s, renormalize, ws, stream, replay);
 }
 
 }  // namespace moefold::cuda

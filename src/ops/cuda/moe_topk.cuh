@@ -89,4 +89,109 @@ __device__ __forceinline__ void topk_row(const float* __restrict__ l, int E, int
   }
 }
 
+/// topk_row's ids and weights, bit for bit (same keys, same picks in the same slot order, same fp64 sums),
+/// with shorter dependency chains: each lane sorts its VPT keys once (odd-even transposition network,
+/// descending), then each of the k rounds is two warp max reductions (redux.sync) over 32-bit halves of
+/// the lanes' head keys (high word: number bit | p bits; low word: ~expert among the lanes that hold the
+/// maximal high word), and the winning lane drops its head. Lane s < 32 writes slot s (slots >= 32 by
+/// lane 0) once at the end. When `s_ids` is given, the picks are also written to s_ids[0, k) (shared
+/// memory, for the plan). Replay: topk_row itself.
+template <int VPT>
+__device__ __forceinline__ void topk_row_fast(const float* __restrict__ l, int E, int k, bool renormalize,
+                                              const int32_t* __restrict__ replay, int32_t* out_ids, float* out_w,
+                                              int* s_ids = nullptr) {
+  if (replay) {
+    topk_row<VPT>(l, E, k, renormalize, replay, out_ids, out_w);
+    if (s_ids) {
+      __syncwarp();
+      for (int s = threadIdx.x & 31; s < k; s += 32) s_ids[s] = replay[s];
+    }
+    return;
+  }
+  const int lane = threadIdx.x & 31;
+  float v[VPT];
+  uint32_t is_num = 0;  // bit i: expert i * 32 + lane exists and its logit is a number
+  float m = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    const int e = i * 32 + lane;
+    v[i] = e < E ? l[e] : NAN;
+    if (e < E && !isnan(v[i])) {
+      m = fmaxf(m, v[i]);
+      is_num |= 1u << i;
+    }
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  double part = 0.0;
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    const int e = i * 32 + lane;
+    float p = 0.0f;
+    if (e < E && !isnan(v[i]) && !isinf(m)) p = float(exp(double(v[i] - m)));
+    if (e < E) part += double(p);
+    v[i] = p;
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) part += __shfl_xor_sync(0xffffffffu, part, o);
+  const double denom = part;
+
+  uint64_t key[VPT];
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    const int e = i * 32 + lane;
+    if (e < E) {
+      const float p = denom > 0.0 ? float(double(v[i]) / denom) : 0.0f;
+      key[i] = (uint64_t((is_num >> i) & 1u) << 63) | (uint64_t(__float_as_uint(p)) << 32) | uint64_t(~uint32_t(e));
+    } else {
+      key[i] = 0;
+    }
+  }
+  // Descending sort of the lane's keys (keys are distinct or 0).
+#pragma unroll
+  for (int pass = 0; pass < VPT; ++pass)
+#pragma unroll
+    for (int i = pass & 1; i + 1 < VPT; i += 2) {
+      const uint64_t a = key[i], b = key[i + 1];
+      key[i] = a > b ? a : b;
+      key[i + 1] = a > b ? b : a;
+    }
+
+  int my_e = 0;
+  float my_p = 0.0f;
+  double sum = 0.0;
+  for (int s = 0; s < k; ++s) {
+    const uint32_t hi = uint32_t(key[0] >> 32), lo = uint32_t(key[0]);
+    const uint32_t mhi = __reduce_max_sync(0xffffffffu, hi);
+    const uint32_t mlo = __reduce_max_sync(0xffffffffu, hi == mhi ? lo : 0u);
+    if (hi == mhi && lo == mlo) {  // the winner (keys are distinct): drop its head
+#pragma unroll
+      for (int i = 0; i + 1 < VPT; ++i) key[i] = key[i + 1];
+      key[VPT - 1] = 0;
+    }
+    const int e = int(~mlo);
+    const float p = __uint_as_float(mhi & 0x7fffffffu);
+    sum += double(p);
+    if (lane == (s & 31)) {
+      if (s < 32) {
+        my_e = e;
+        my_p = p;
+      } else {  // k > 32: slots past the lanes are written at once
+        out_ids[s] = e;
+        out_w[s] = p;
+        if (s_ids) s_ids[s] = e;
+      }
+    }
+  }
+  if (renormalize && sum > 0.0) {
+    if (lane < k) my_p = float(double(my_p) / sum);
+    for (int s = 32 + lane; s < k; s += 32) out_w[s] = float(double(out_w[s]) / sum);
+  }
+  if (lane < k) {
+    out_ids[lane] = my_e;
+    out_w[lane] = my_p;
+    if (s_ids) s_ids[lane] = my_e;
+  }
+}
+
 }  // namespace moefold::cuda::moe_detail
