@@ -480,7 +480,9 @@ void moe_combine(const float* weights, const MoeWorkspace& ws, const __nv_bfloat
                  const int32_t* num_rows, const MoeShape& s, __nv_bfloat16* out, cudaStream_t stream) {
   check_shape(s);
   MOEFOLD_CHECK(!(shared_out && shared_gate_w) || x != nullptr, fmt::runtime("moe_combine: the shared gate needs x"));
-  const bool onepass = g_combine_fast && s.k <= kCombineOnePassMaxK && s.H <= 8 * kCombineThreads;
+  // One pass up to 8192 rows: at 32k rows the H200 measured it 4% slower than the two-pass kernel (same bytes).
+  const bool onepass =
+      g_combine_fast && s.k <= kCombineOnePassMaxK && s.H <= 8 * kCombineThreads && s.capacity <= 8192;
   // y of k pairs, weights, shared out, x, residual read; out written
   LaunchScope launch(onepass ? kCombineOnePass : kCombine, stream, [&] {
     const double T = double(work_rows(s.capacity, num_rows)), H = s.H;
