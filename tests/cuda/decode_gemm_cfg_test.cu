@@ -5,8 +5,8 @@
 // one's byte for byte; device live counts below max_rows (live rows equal a max_rows = live call of
 // the old config, the rest stays poisoned); accuracy against fp64 on sampled rows (so the two do not
 // agree on something wrong).
-// DISABLED_Perf: old vs new vs new_nopf per 35B shape at M = 1, 4, 16, 64, in the order
-// old new nopf nopf new old (A B B A), weights rotated over > 300 MB so each call streams from HBM;
+// DISABLED_Perf: old vs new vs new_nopf vs new_nocl per 35B shape at M = 1, 4, 16, 64, in the order
+// old new nopf nocl nocl nopf new old (A B B A), weights rotated over > 300 MB so each call streams from HBM;
 // us per call back to back (PDL on, as in a step), TB/s against a device copy measured here, and the
 // same after a one-block 6 us kernel (as a norm before a projection: the L2 prefetch overlaps it).
 #include <gtest/gtest.h>
@@ -138,7 +138,8 @@ void check(const Shape& sh, uint64_t seed) {
                             ",S=" + std::to_string(cu::decode_gemm_splits(sh.N, sh.K)) + (sh.bias ? ",bias" : "") +
                             (sh.x_pad || sh.y_pad ? ",strided" : "") + (sh.f32out ? ",f32out" : "");
   const std::pair<cu::DecodeGemmCfg, const char*> cfgs[] = {{cu::DecodeGemmCfg::New, "new"},
-                                                            {cu::DecodeGemmCfg::NewNoPrefetch, "new_nopf"}};
+                                                            {cu::DecodeGemmCfg::NewNoPrefetch, "new_nopf"},
+                                                            {cu::DecodeGemmCfg::NewNoCluster, "new_nocl"}};
   for (auto [cfg, name] : cfgs) {
     C.cnt.fill_bytes(0);
     double e = 0;
@@ -289,8 +290,10 @@ TEST(DecodeGemmCfgPerf, DISABLED_Perf) {
     int64_t N, K;
   };
   const std::vector<S> shapes{{12352, 2048}, {9216, 2048}, {2048, 4096}, {1024, 2048}, {2048, 512}};
-  const cu::DecodeGemmCfg cfg_of[3] = {cu::DecodeGemmCfg::Old, cu::DecodeGemmCfg::New, cu::DecodeGemmCfg::NewNoPrefetch};
-  const char* names[3] = {"old", "new", "new_nopf"};
+  constexpr int kV = 4;
+  const cu::DecodeGemmCfg cfg_of[kV] = {cu::DecodeGemmCfg::Old, cu::DecodeGemmCfg::New,
+                                        cu::DecodeGemmCfg::NewNoPrefetch, cu::DecodeGemmCfg::NewNoCluster};
+  const char* names[kV] = {"old", "new", "new_nopf", "new_nocl"};
   std::vector<std::string> table;
   char line[256];
   for (const S& s : shapes)
@@ -301,8 +304,8 @@ TEST(DecodeGemmCfgPerf, DISABLED_Perf) {
         cu::decode_gemm_bf16(x.data(), pool.data() + size_t(i % copies) * wel, nullptr, y.data(), M, s.K, s.N, nullptr,
                              ws.data(), nullptr, 0, 0, cfg_of[v]);
       };
-      double us[3] = {0, 0, 0}, after[3] = {0, 0, 0};
-      for (int v : {0, 1, 2, 2, 1, 0}) {  // A B C C B A
+      double us[kV] = {}, after[kV] = {};
+      for (int v : {0, 1, 2, 3, 3, 2, 1, 0}) {  // A B C D D C B A
         us[v] += 0.5 * events_us([&](int i) { gemm(v, i); }, 60);
         after[v] += 0.5 * (events_us(
                                [&](int i) {
@@ -314,18 +317,19 @@ TEST(DecodeGemmCfgPerf, DISABLED_Perf) {
       }
       const double mb = double(wel) * 2 * 1e-6;
       const std::string sh = std::to_string(s.N) + "x" + std::to_string(s.K);
-      for (int v = 0; v < 3; ++v)
+      for (int v = 0; v < kV; ++v)
         perf_line(std::string("decode_gemm:") + names[v], sh + ",M=" + std::to_string(M), us[v],
                   "TB/s=" + std::to_string(mb / us[v]) + " of_copy=" + std::to_string(mb / us[v] / copy_tbs) +
                       " after_1block_kernel_us=" + std::to_string(after[v]));
-      std::snprintf(line, sizeof line, "%-11s %3lld | %6.2f %6.2f %6.2f | %5.2f %5.2f %5.2f | %6.2f %6.2f %6.2f",
-                    sh.c_str(), (long long)M, us[0], us[1], us[2], mb / us[0], mb / us[1], mb / us[2], after[0],
-                    after[1], after[2]);
+      std::snprintf(line, sizeof line,
+                    "%-10s %2lld | %6.2f %6.2f %6.2f %6.2f | %4.2f %4.2f %4.2f %4.2f | %6.2f %6.2f %6.2f %6.2f",
+                    sh.c_str(), (long long)M, us[0], us[1], us[2], us[3], mb / us[0], mb / us[1], mb / us[2],
+                    mb / us[3], after[0], after[1], after[2], after[3]);
       table.emplace_back(line);
     }
   std::printf("\ncopy %.2f TB/s; spin kernel alone %.2f us; after = (spin + gemm) - spin\n", copy_tbs, spin_us);
-  std::printf("%-11s %3s | %6s %6s %6s | %5s %5s %5s | %6s %6s %6s\n", "shape", "M", "old", "new", "nopf", "TB/s",
-              "new", "nopf", "after", "new", "nopf");
+  std::printf("%-10s %2s | %6s %6s %6s %6s | %4s %4s %4s %4s | %6s %6s %6s %6s\n", "shape", "M", "old", "new", "nopf",
+              "nocl", "TB/s", "new", "nopf", "nocl", "after", "new", "nopf", "nocl");
   for (const std::string& l : table) std::printf("%s\n", l.c_str());
 }
 

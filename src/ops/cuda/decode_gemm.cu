@@ -36,7 +36,9 @@
 //        cluster the device cannot schedule) keeps the workspace combine.
 //   Every element's chain (its mma steps over its split, the fold p_0 + p_1 + ... + p_{S-1} in that
 //   order, `+ bias`, one rounding in store_pair) is the same in both: only where a partial waits
-//   (L2 or shared memory) and which block does the fold change. "new_nopf" is new without (a).
+//   (L2 or shared memory) and which block does the fold change. "new_nopf" is new without (a);
+//   "new16" is new up to 16 rows (the one-M-tile configuration) and old above; "new_nocl" is new with
+//   the workspace combine (A/B of (c)).
 #include <cooperative_groups.h>
 
 #include <algorithm>
@@ -472,11 +474,11 @@ bool cluster_fits(int S, cudaStream_t stream) {
 }
 
 template <class C, class OutT, bool kNew>
-void launch(Params p, cudaStream_t stream) {
+void launch(Params p, cudaStream_t stream, bool allow_cluster = true) {
   set_attrs_once<C, OutT, kNew>();
   auto* kern = decode_gemm_kernel<C, OutT, kNew>;
   const dim3 grid(unsigned(ceil_div(p.N, C::BN)), unsigned(p.S));
-  p.cluster = kNew && p.S > 1 && p.S <= kMaxClusterSplits && cluster_fits<C, OutT>(p.S, stream) ? 1 : 0;
+  p.cluster = kNew && allow_cluster && p.S > 1 && p.S <= kMaxClusterSplits && cluster_fits<C, OutT>(p.S, stream) ? 1 : 0;
   if (!p.cluster) {
     launch_pdl(kern, grid, dim3(C::THREADS), C::SMEM, stream, p);
   } else {
@@ -564,7 +566,7 @@ void run(const char* name, const __nv_bfloat16* x, const __nv_bfloat16* w, const
     return prof::Work{double(N) * K * 2 + rows * (double(K) * 2 + double(N) * sizeof(OutT)),
                       2.0 * rows * double(N) * double(K)};
   });
-  if (cfg == DecodeGemmCfg::Old) {
+  if (cfg == DecodeGemmCfg::Old || (cfg == DecodeGemmCfg::NewUpTo16 && which_cfg(max_rows) != Which::S)) {
     switch (which_cfg(max_rows)) {
       case Which::S: launch<CfgS, OutT, false>(p, stream); break;
       case Which::M: launch<CfgM, OutT, false>(p, stream); break;
@@ -572,11 +574,11 @@ void run(const char* name, const __nv_bfloat16* x, const __nv_bfloat16* w, const
     }
     return;
   }
-  p.pf_chunks = cfg == DecodeGemmCfg::New ? prefetch_chunks(N, K, p.S) : 0;
+  p.pf_chunks = cfg == DecodeGemmCfg::NewNoPrefetch ? 0 : prefetch_chunks(N, K, p.S);
   switch (which_cfg(max_rows)) {
-    case Which::S: launch<CfgS, OutT, true>(p, stream); break;
-    case Which::M: launch<CfgM, OutT, true>(p, stream); break;
-    default: launch<CfgL, OutT, true>(p, stream); break;
+    case Which::S: launch<CfgS, OutT, true>(p, stream, cfg != DecodeGemmCfg::NewNoCluster); break;
+    case Which::M: launch<CfgM, OutT, true>(p, stream, cfg != DecodeGemmCfg::NewNoCluster); break;
+    default: launch<CfgL, OutT, true>(p, stream, cfg != DecodeGemmCfg::NewNoCluster); break;
   }
 }
 
@@ -590,7 +592,9 @@ DecodeGemmCfg decode_gemm_cfg() {
     if (s == "old") return DecodeGemmCfg::Old;
     if (s == "new") return DecodeGemmCfg::New;
     if (s == "new_nopf") return DecodeGemmCfg::NewNoPrefetch;
-    throw Error("MOEFOLD_DECODE_GEMM_CFG=" + s + ": expected old, new or new_nopf");
+    if (s == "new16") return DecodeGemmCfg::NewUpTo16;
+    if (s == "new_nocl") return DecodeGemmCfg::NewNoCluster;
+    throw Error("MOEFOLD_DECODE_GEMM_CFG=" + s + ": expected old, new, new_nopf, new16 or new_nocl");
   }();
   return c;
 }

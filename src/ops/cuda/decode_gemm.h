@@ -31,12 +31,14 @@ namespace moefold::cuda {
 
 /// Launch configurations of the decode GEMM (decode_gemm.cu's header says what each does): every one
 /// gives every row the same bits, they differ in speed only. Env: the one MOEFOLD_DECODE_GEMM_CFG names
-/// ("old", "new" or "new_nopf", read once; unset: kDecodeGemmDefaultCfg); the others: that one.
+/// ("old", "new", "new_nopf", "new16" or "new_nocl", read once; unset: kDecodeGemmDefaultCfg); the others: that one.
 ///   Old: the workspace split combine (fence, counter, the last block folds from L2);
 ///   New: L2 prefetch of the weight slice before griddepcontrol.wait, the first weight copies before the
 ///        live-count read, the split combine inside a thread-block cluster (DSMEM; S <= 16);
-///   NewNoPrefetch: New without the L2 prefetch (A/B).
-enum class DecodeGemmCfg { Env, Old, New, NewNoPrefetch };
+///   NewNoPrefetch: New without the L2 prefetch (A/B);
+///   NewUpTo16: New for max_rows <= 16, Old above;
+///   NewNoCluster: New with the workspace combine (A/B).
+enum class DecodeGemmCfg { Env, Old, New, NewNoPrefetch, NewUpTo16, NewNoCluster };
 inline constexpr DecodeGemmCfg kDecodeGemmDefaultCfg = DecodeGemmCfg::Old;
 
 /// The configuration DecodeGemmCfg::Env resolves to. Throws moefold::Error for an unknown
