@@ -29,6 +29,22 @@
 
 namespace moefold::cuda {
 
+/// Launch configurations of the decode GEMM (decode_gemm.cu's header says what each does): every one
+/// gives every row the same bits, they differ in speed only. Env: the one MOEFOLD_DECODE_GEMM_CFG names
+/// ("old", "new", "new_nopf", "new16" or "new_nocl", read once; unset: kDecodeGemmDefaultCfg); the others: that one.
+///   Old: the workspace split combine (fence, counter, the last block folds from L2);
+///   New: L2 prefetch of the weight slice before griddepcontrol.wait, the first weight copies before the
+///        live-count read, the split combine inside a thread-block cluster (DSMEM; S <= 16);
+///   NewNoPrefetch: New without the L2 prefetch (A/B);
+///   NewUpTo16: New for max_rows <= 16, Old above;
+///   NewNoCluster: New with the workspace combine (A/B).
+enum class DecodeGemmCfg { Env, Old, New, NewNoPrefetch, NewUpTo16, NewNoCluster };
+inline constexpr DecodeGemmCfg kDecodeGemmDefaultCfg = DecodeGemmCfg::Old;
+
+/// The configuration DecodeGemmCfg::Env resolves to. Throws moefold::Error for an unknown
+/// MOEFOLD_DECODE_GEMM_CFG value.
+DecodeGemmCfg decode_gemm_cfg();
+
 /// The largest max_rows the decode GEMM takes.
 inline constexpr int64_t kDecodeGemmMaxRows = 256;
 
@@ -52,15 +68,17 @@ size_t decode_gemm_workspace_bytes(int64_t max_rows, int64_t N, int64_t K);
 /// (0 is a no-op), N >= 1, K >= 8 and K % 8 == 0, x and w 16-byte aligned, x_stride % 8 == 0 (y: any
 /// stride; pairs of outputs are stored together when y_stride is even and y aligned to a pair),
 /// workspace non-null and 16-byte aligned when decode_gemm_workspace_bytes() > 0.
-/// Throws moefold::Error for a launch failure as well.
+/// Throws moefold::Error for a launch failure as well. cfg: the launch configuration (same bits).
 void decode_gemm_bf16(const __nv_bfloat16* x, const __nv_bfloat16* w, const __nv_bfloat16* bias, __nv_bfloat16* y,
                       int64_t max_rows, int64_t K, int64_t N, const int32_t* live_rows, void* workspace,
-                      cudaStream_t stream, int64_t x_stride = 0, int64_t y_stride = 0);
+                      cudaStream_t stream, int64_t x_stride = 0, int64_t y_stride = 0,
+                      DecodeGemmCfg cfg = DecodeGemmCfg::Env);
 
 /// The same with fp32 output y (the lm_head's logits, N up to 248,320 and more); bias, if given, is
 /// fp32; the preconditions as decode_gemm_bf16.
 void decode_gemm_bf16_f32out(const __nv_bfloat16* x, const __nv_bfloat16* w, const float* bias, float* y,
                              int64_t max_rows, int64_t K, int64_t N, const int32_t* live_rows, void* workspace,
-                             cudaStream_t stream, int64_t x_stride = 0, int64_t y_stride = 0);
+                             cudaStream_t stream, int64_t x_stride = 0, int64_t y_stride = 0,
+                             DecodeGemmCfg cfg = DecodeGemmCfg::Env);
 
 }  // namespace moefold::cuda
