@@ -1,7 +1,7 @@
-// Row-wise and elementwise kernels (see elementwise.h). Norm-type kernels give one warp to each
-// norm row (4 rows per 128-thread block) and loop over the row with the widest aligned vector
-// access; elementwise kernels give one block row per token. Padding rows (>= *live_rows) return
-// before touching memory.
+// Row-wise and elementwise kernels (see elementwise.h). Norm-type kernels spread each norm row over
+// several threads (row_norm.cuh: up to 1024 per row, the row kept in registers, one pass, a reduction
+// order fixed by the row width alone, so batch invariant); elementwise kernels give one block row per
+// token. Padding rows (>= *live_rows) are never read or written.
 #include "ops/cuda/cuda_check.h"
 // (cuda_check.h first: see its note on fmt under nvcc)
 #include "core/error.h"
@@ -9,12 +9,11 @@
 #include "ops/cuda/kernel_util.cuh"
 #include "ops/cuda/launch_scope.h"
 #include "ops/cuda/pdl.cuh"
+#include "ops/cuda/row_norm.cuh"
 
 namespace moefold::cuda {
 using namespace detail;
 namespace {
-
-constexpr int kRowsPerBlock = 4;  // warps per norm block
 
 const prof::Kernel kEmbedding{"embedding_kernel", prof::Category::Glue};
 const prof::Kernel kRmsNorm{"rms_norm_kernel", prof::Category::NormRope};
@@ -49,69 +48,143 @@ __global__ void embedding_kernel(const bf16* __restrict__ table, int64_t vocab, 
 }
 
 // ---- RMSNorm ---------------------------------------------------------------------------------
-template <int V>
-__global__ void rms_norm_kernel(const bf16* x, const bf16* __restrict__ w, bf16* y, int64_t max_rows,
-                                int64_t heads, int64_t ts, int64_t hs, int64_t dim, float eps, bool zero_centred,
-                                const int32_t* live) {
+// Rows spread over threads as row_norm.cuh says (K vectors per thread in registers, K = 0: loop form).
+// The weights are loaded before the live count is read (they do not depend on it), the row's values
+// stay in registers between the reduction and the output, and a block whose first row is padding
+// returns at once; inside a block every thread reaches the reduction (padding rows hold zeros).
+template <int V, int K>
+__global__ void __launch_bounds__(1024) rms_norm_kernel(const bf16* x, const bf16* __restrict__ w, bf16* y,
+                                                        int64_t max_rows, int64_t heads, int64_t ts, int64_t hs,
+                                                        int dim, int tpr, float eps, bool zero_centred,
+                                                        const int32_t* live) {
   pdl_begin();
-  const int lane = threadIdx.x & 31;
-  const int64_t r = int64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
-  const int64_t t = r / heads, h = r % heads;
-  if (t >= live_count(live, max_rows)) return;
-  const int64_t off = t * ts + h * hs;
+  __shared__ float red[32];
+  constexpr int KR = K ? K : 1;
+  const int n = dim / V, j = int(threadIdx.x) % tpr;
+  const int64_t r0 = int64_t(blockIdx.x) * (blockDim.x / tpr), r = r0 + threadIdx.x / tpr;
+  float g[KR][V];
+  if constexpr (K > 0) {
+#pragma unroll
+    for (int k = 0; k < K; ++k)
+      if (j + k * tpr < n) load_bf16<V>(w + int64_t(j + k * tpr) * V, g[k]);
+  }
+  const int64_t nlive = live_count(live, max_rows) * heads;
+  if (r0 >= nlive) return;  // the whole block is padding
+  const bool ok = r < nlive;
+  const int64_t off = ok ? (r / heads) * ts + (r % heads) * hs : 0;
   const bf16* xr = x + off;
   float ss = 0.0f;
-  for (int64_t i = int64_t(lane) * V; i < dim; i += 32 * V) {
-    float f[V];
-    load_bf16<V>(xr + i, f);
+  float f[KR][V];
+  if constexpr (K > 0) {
 #pragma unroll
-    for (int j = 0; j < V; ++j) ss += f[j] * f[j];
+    for (int k = 0; k < K; ++k)
+      if (ok && j + k * tpr < n) {
+        load_bf16<V>(xr + int64_t(j + k * tpr) * V, f[k]);
+        ss = add_squares<V>(ss, f[k]);
+      }
+  } else {
+    if (ok)
+      for (int i = j; i < n; i += tpr) {
+        load_bf16<V>(xr + int64_t(i) * V, f[0]);
+        ss = add_squares<V>(ss, f[0]);
+      }
   }
-  ss = warp_sum(ss);
+  ss = row_sum(ss, tpr, red);
+  if (!ok) return;
   const float inv = rsqrtf(ss / float(dim) + eps);
   bf16* yr = y + off;
-  for (int64_t i = int64_t(lane) * V; i < dim; i += 32 * V) {
-    float f[V], g[V];
-    load_bf16<V>(xr + i, f);
-    load_bf16<V>(w + i, g);
+  if constexpr (K > 0) {
 #pragma unroll
-    for (int j = 0; j < V; ++j) f[j] = f[j] * inv * (zero_centred ? 1.0f + g[j] : g[j]);
-    store_bf16<V>(yr + i, f);
+    for (int k = 0; k < K; ++k)
+      if (j + k * tpr < n) {
+#pragma unroll
+        for (int e = 0; e < V; ++e) f[k][e] = f[k][e] * inv * (zero_centred ? 1.0f + g[k][e] : g[k][e]);
+        store_bf16<V>(yr + int64_t(j + k * tpr) * V, f[k]);
+      }
+  } else {
+    for (int i = j; i < n; i += tpr) {
+      load_bf16<V>(xr + int64_t(i) * V, f[0]);  // this thread's own elements (x and y may alias)
+      load_bf16<V>(w + int64_t(i) * V, g[0]);
+#pragma unroll
+      for (int e = 0; e < V; ++e) f[0][e] = f[0][e] * inv * (zero_centred ? 1.0f + g[0][e] : g[0][e]);
+      store_bf16<V>(yr + int64_t(i) * V, f[0]);
+    }
   }
 }
 
-template <int V>
-__global__ void add_rms_norm_kernel(bf16* h, const bf16* __restrict__ y, const bf16* __restrict__ w,
-                                    bf16* __restrict__ x, int64_t max_rows, int64_t dim, float eps, bool zero_centred,
-                                    const int32_t* live) {
+// h = bf16(h + y) stored at once (the rounded residual), its squares summed from the rounded values,
+// then x from the registers (K > 0) or from a re-read of this thread's own h elements (K = 0).
+template <int V, int K>
+__global__ void __launch_bounds__(1024) add_rms_norm_kernel(bf16* h, const bf16* __restrict__ y,
+                                                            const bf16* __restrict__ w, bf16* __restrict__ x,
+                                                            int64_t max_rows, int dim, int tpr, float eps,
+                                                            bool zero_centred, const int32_t* live) {
   pdl_begin();
-  const int lane = threadIdx.x & 31;
-  const int64_t t = int64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
-  if (t >= live_count(live, max_rows)) return;
-  bf16* hr = h + t * dim;
-  const bf16* yr = y + t * dim;
-  float ss = 0.0f;
-  for (int64_t i = int64_t(lane) * V; i < dim; i += 32 * V) {
-    float a[V], b[V];
-    load_bf16<V>(hr + i, a);
-    load_bf16<V>(yr + i, b);
+  __shared__ float red[32];
+  constexpr int KR = K ? K : 1;
+  const int n = dim / V, j = int(threadIdx.x) % tpr;
+  const int64_t r0 = int64_t(blockIdx.x) * (blockDim.x / tpr), r = r0 + threadIdx.x / tpr;
+  float g[KR][V];
+  if constexpr (K > 0) {
 #pragma unroll
-    for (int j = 0; j < V; ++j) {
-      a[j] = __bfloat162float(__float2bfloat16_rn(a[j] + b[j]));  // the rounded residual
-      ss += a[j] * a[j];
-    }
-    store_bf16<V>(hr + i, a);
+    for (int k = 0; k < K; ++k)
+      if (j + k * tpr < n) load_bf16<V>(w + int64_t(j + k * tpr) * V, g[k]);
   }
-  ss = warp_sum(ss);
-  const float inv = rsqrtf(ss / float(dim) + eps);
-  bf16* xr = x + t * dim;
-  for (int64_t i = int64_t(lane) * V; i < dim; i += 32 * V) {
-    float f[V], g[V];
-    load_bf16<V>(hr + i, f);  // this lane's own writes above
-    load_bf16<V>(w + i, g);
+  const int64_t nlive = live_count(live, max_rows);
+  if (r0 >= nlive) return;
+  const bool ok = r < nlive;
+  bf16* hr = h + (ok ? r : 0) * dim;
+  const bf16* yr = y + (ok ? r : 0) * dim;
+  float ss = 0.0f;
+  float a[KR][V];
+  if constexpr (K > 0) {
+    float b[K][V];
 #pragma unroll
-    for (int j = 0; j < V; ++j) f[j] = f[j] * inv * (zero_centred ? 1.0f + g[j] : g[j]);
-    store_bf16<V>(xr + i, f);
+    for (int k = 0; k < K; ++k)
+      if (ok && j + k * tpr < n) {
+        load_bf16<V>(hr + int64_t(j + k * tpr) * V, a[k]);
+        load_bf16<V>(yr + int64_t(j + k * tpr) * V, b[k]);
+      }
+#pragma unroll
+    for (int k = 0; k < K; ++k)
+      if (ok && j + k * tpr < n) {
+#pragma unroll
+        for (int e = 0; e < V; ++e) a[k][e] = __bfloat162float(__float2bfloat16_rn(a[k][e] + b[k][e]));
+        ss = add_squares<V>(ss, a[k]);
+        store_bf16<V>(hr + int64_t(j + k * tpr) * V, a[k]);
+      }
+  } else {
+    if (ok)
+      for (int i = j; i < n; i += tpr) {
+        float b[V];
+        load_bf16<V>(hr + int64_t(i) * V, a[0]);
+        load_bf16<V>(yr + int64_t(i) * V, b);
+#pragma unroll
+        for (int e = 0; e < V; ++e) a[0][e] = __bfloat162float(__float2bfloat16_rn(a[0][e] + b[e]));
+        ss = add_squares<V>(ss, a[0]);
+        store_bf16<V>(hr + int64_t(i) * V, a[0]);
+      }
+  }
+  ss = row_sum(ss, tpr, red);
+  if (!ok) return;
+  const float inv = rsqrtf(ss / float(dim) + eps);
+  bf16* xr = x + r * dim;
+  if constexpr (K > 0) {
+#pragma unroll
+    for (int k = 0; k < K; ++k)
+      if (j + k * tpr < n) {
+#pragma unroll
+        for (int e = 0; e < V; ++e) a[k][e] = a[k][e] * inv * (zero_centred ? 1.0f + g[k][e] : g[k][e]);
+        store_bf16<V>(xr + int64_t(j + k * tpr) * V, a[k]);
+      }
+  } else {
+    for (int i = j; i < n; i += tpr) {
+      load_bf16<V>(hr + int64_t(i) * V, a[0]);  // this thread's own writes above
+      load_bf16<V>(w + int64_t(i) * V, g[0]);
+#pragma unroll
+      for (int e = 0; e < V; ++e) a[0][e] = a[0][e] * inv * (zero_centred ? 1.0f + g[0][e] : g[0][e]);
+      store_bf16<V>(xr + int64_t(i) * V, a[0]);
+    }
   }
 }
 
@@ -166,19 +239,9 @@ __global__ void residual_kernel(bf16* h, const bf16* __restrict__ y, int64_t max
   store_bf16<V>(h + t * dim + i, a);
 }
 
-/// Calls f(std::integral_constant<int, V>) for the runtime vector width v.
-template <class F>
-void dispatch_vec(int v, F&& f) {
-  switch (v) {
-    case 8: f(std::integral_constant<int, 8>{}); break;
-    case 4: f(std::integral_constant<int, 4>{}); break;
-    case 2: f(std::integral_constant<int, 2>{}); break;
-    default: f(std::integral_constant<int, 1>{}); break;
-  }
-}
-
 void check_rows(int64_t max_rows, int64_t dim, const char* what) {
-  MOEFOLD_CHECK(max_rows >= 0 && dim > 0, "{}: bad sizes max_rows={} dim={}", what, max_rows, dim);
+  MOEFOLD_CHECK(max_rows >= 0 && dim > 0 && dim < (int64_t(1) << 30), "{}: bad sizes max_rows={} dim={}", what,
+                max_rows, dim);
   MOEFOLD_CHECK(max_rows < (int64_t(1) << 31), "{}: max_rows {} too large", what, max_rows);
 }
 
@@ -210,13 +273,19 @@ void rms_norm(const bf16* x, const bf16* w, bf16* y, int64_t max_rows, int64_t d
   MOEFOLD_CHECK(heads >= 1 && hs >= dim && ts >= (heads - 1) * hs + dim, "rms_norm: bad row layout");
   if (max_rows == 0) return;
   const int64_t nrows = max_rows * heads;
+  MOEFOLD_CHECK(nrows < (int64_t(1) << 31), "rms_norm: {} rows too many", nrows);
   LaunchScope launch(kRmsNorm, stream, [&] {
     return prof::Work{double(work_rows(max_rows, live_rows)) * double(heads * dim) * 4 + double(dim) * 2, 0};
   });
   dispatch_vec(vec_width(dim, {x, y, w}, {hs, ts}), [&](auto v) {
     constexpr int V = decltype(v)::value;
-    launch_pdl(rms_norm_kernel<V>, dim3(ceil_div_u(nrows, kRowsPerBlock)), dim3(32 * kRowsPerBlock), 0, stream, 
-        x, w, y, max_rows, heads, ts, hs, dim, eps, kind == NormKind::ZeroCentred, live_rows);
+    const RowGeom g = row_geom(dim, V);
+    dispatch_k(g.k, [&](auto kk) {
+      constexpr int K = decltype(kk)::value;
+      launch_pdl(rms_norm_kernel<V, K>, dim3(ceil_div_u(nrows, g.rows_per_block)), dim3(g.tpr * g.rows_per_block), 0,
+                 stream, x, w, y, max_rows, heads, ts, hs, int(dim), g.tpr, eps, kind == NormKind::ZeroCentred,
+                 live_rows);
+    });
   });
   MOEFOLD_CUDA_CHECK_LAUNCH();
 }
@@ -230,8 +299,13 @@ void add_rms_norm(bf16* h, const bf16* y, const bf16* w, bf16* x, int64_t max_ro
   });
   dispatch_vec(vec_width(dim, {h, y, w, x}, {}), [&](auto v) {
     constexpr int V = decltype(v)::value;
-    launch_pdl(add_rms_norm_kernel<V>, dim3(ceil_div_u(max_rows, kRowsPerBlock)), dim3(32 * kRowsPerBlock), 0, stream, 
-        h, y, w, x, max_rows, dim, eps, kind == NormKind::ZeroCentred, live_rows);
+    const RowGeom g = row_geom(dim, V);
+    dispatch_k(g.k, [&](auto kk) {
+      constexpr int K = decltype(kk)::value;
+      launch_pdl(add_rms_norm_kernel<V, K>, dim3(ceil_div_u(max_rows, g.rows_per_block)),
+                 dim3(g.tpr * g.rows_per_block), 0, stream, h, y, w, x, max_rows, int(dim), g.tpr, eps,
+                 kind == NormKind::ZeroCentred, live_rows);
+    });
   });
   MOEFOLD_CUDA_CHECK_LAUNCH();
 }
