@@ -11,6 +11,8 @@
 #include "ops/cuda/pdl.cuh"
 #include "ops/cuda/row_norm.cuh"
 
+#include <cstdlib>
+
 namespace moefold::cuda {
 using namespace detail;
 namespace {
@@ -48,20 +50,22 @@ __global__ void embedding_kernel(const bf16* __restrict__ table, int64_t vocab, 
 }
 
 // ---- RMSNorm ---------------------------------------------------------------------------------
-// Rows spread over threads as row_norm.cuh says (K vectors per thread in registers, K = 0: loop form).
+// Rows spread over threads as row_norm.cuh says (K vectors per thread in registers, K = 0: loop form);
+// with RT > 1 (K = 1 only) each thread also holds the same vector of RT rows (rows r0 + q * rows_per_block
+// + group, q < RT: more loads in flight at large row counts; each row's arithmetic is unchanged).
 // The weights are loaded before the live count is read (they do not depend on it), the row's values
 // stay in registers between the reduction and the output, and a block whose first row is padding
-// returns at once; inside a block every thread reaches the reduction (padding rows hold zeros).
-template <int V, int K>
+// returns at once; inside a block every thread reaches the reductions (padding rows hold zeros).
+template <int V, int K, int RT>
 __global__ void __launch_bounds__(1024) rms_norm_kernel(const bf16* x, const bf16* __restrict__ w, bf16* y,
                                                         int64_t max_rows, int64_t heads, int64_t ts, int64_t hs,
                                                         int dim, int tpr, float eps, bool zero_centred,
                                                         const int32_t* live) {
   pdl_begin();
-  __shared__ float red[32];
+  __shared__ float red[RT][32];
   constexpr int KR = K ? K : 1;
-  const int n = dim / V, j = int(threadIdx.x) % tpr;
-  const int64_t r0 = int64_t(blockIdx.x) * (blockDim.x / tpr), r = r0 + threadIdx.x / tpr;
+  const int n = dim / V, j = int(threadIdx.x) % tpr, rpb = int(blockDim.x) / tpr;
+  const int64_t r0 = int64_t(blockIdx.x) * rpb * RT, rg = r0 + threadIdx.x / tpr;
   float g[KR][V];
   if constexpr (K > 0) {
 #pragma unroll
@@ -70,60 +74,73 @@ __global__ void __launch_bounds__(1024) rms_norm_kernel(const bf16* x, const bf1
   }
   const int64_t nlive = live_count(live, max_rows) * heads;
   if (r0 >= nlive) return;  // the whole block is padding
-  const bool ok = r < nlive;
-  const int64_t off = ok ? (r / heads) * ts + (r % heads) * hs : 0;
-  const bf16* xr = x + off;
-  float ss = 0.0f;
-  float f[KR][V];
   if constexpr (K > 0) {
+    float f[RT][K][V], ss[RT];
+    int64_t off[RT];
 #pragma unroll
-    for (int k = 0; k < K; ++k)
-      if (ok && j + k * tpr < n) {
-        load_bf16<V>(xr + int64_t(j + k * tpr) * V, f[k]);
-        ss = add_squares<V>(ss, f[k]);
-      }
-  } else {
+    for (int q = 0; q < RT; ++q) {
+      const int64_t r = rg + int64_t(q) * rpb;
+      off[q] = r < nlive ? (r / heads) * ts + (r % heads) * hs : -1;
+      ss[q] = 0.0f;
+#pragma unroll
+      for (int k = 0; k < K; ++k)
+        if (off[q] >= 0 && j + k * tpr < n) {
+          load_bf16<V>(x + off[q] + int64_t(j + k * tpr) * V, f[q][k]);
+          ss[q] = add_squares<V>(ss[q], f[q][k]);
+        }
+    }
+#pragma unroll
+    for (int q = 0; q < RT; ++q) ss[q] = row_sum(ss[q], tpr, red[q]);
+#pragma unroll
+    for (int q = 0; q < RT; ++q) {
+      if (off[q] < 0) continue;
+      const float inv = rsqrtf(ss[q] / float(dim) + eps);
+#pragma unroll
+      for (int k = 0; k < K; ++k)
+        if (j + k * tpr < n) {
+#pragma unroll
+          for (int e = 0; e < V; ++e)
+            f[q][k][e] = f[q][k][e] * inv * (zero_centred ? 1.0f + g[k][e] : g[k][e]);
+          store_bf16<V>(y + off[q] + int64_t(j + k * tpr) * V, f[q][k]);
+        }
+    }
+  } else {  // one row per block (tpr = 1024), two passes over global memory
+    const bool ok = rg < nlive;
+    const int64_t off = ok ? (rg / heads) * ts + (rg % heads) * hs : 0;
+    const bf16* xr = x + off;
+    float ss = 0.0f, f[V];
     if (ok)
       for (int i = j; i < n; i += tpr) {
-        load_bf16<V>(xr + int64_t(i) * V, f[0]);
-        ss = add_squares<V>(ss, f[0]);
+        load_bf16<V>(xr + int64_t(i) * V, f);
+        ss = add_squares<V>(ss, f);
       }
-  }
-  ss = row_sum(ss, tpr, red);
-  if (!ok) return;
-  const float inv = rsqrtf(ss / float(dim) + eps);
-  bf16* yr = y + off;
-  if constexpr (K > 0) {
-#pragma unroll
-    for (int k = 0; k < K; ++k)
-      if (j + k * tpr < n) {
-#pragma unroll
-        for (int e = 0; e < V; ++e) f[k][e] = f[k][e] * inv * (zero_centred ? 1.0f + g[k][e] : g[k][e]);
-        store_bf16<V>(yr + int64_t(j + k * tpr) * V, f[k]);
-      }
-  } else {
+    ss = row_sum(ss, tpr, red[0]);
+    if (!ok) return;
+    const float inv = rsqrtf(ss / float(dim) + eps);
+    bf16* yr = y + off;
     for (int i = j; i < n; i += tpr) {
-      load_bf16<V>(xr + int64_t(i) * V, f[0]);  // this thread's own elements (x and y may alias)
+      load_bf16<V>(xr + int64_t(i) * V, f);  // this thread's own elements (x and y may alias)
       load_bf16<V>(w + int64_t(i) * V, g[0]);
 #pragma unroll
-      for (int e = 0; e < V; ++e) f[0][e] = f[0][e] * inv * (zero_centred ? 1.0f + g[0][e] : g[0][e]);
-      store_bf16<V>(yr + int64_t(i) * V, f[0]);
+      for (int e = 0; e < V; ++e) f[e] = f[e] * inv * (zero_centred ? 1.0f + g[0][e] : g[0][e]);
+      store_bf16<V>(yr + int64_t(i) * V, f);
     }
   }
 }
 
 // h = bf16(h + y) stored at once (the rounded residual), its squares summed from the rounded values,
-// then x from the registers (K > 0) or from a re-read of this thread's own h elements (K = 0).
-template <int V, int K>
+// then x from the registers (K > 0) or from a re-read of this thread's own h elements (K = 0). Rows per
+// thread RT as rms_norm_kernel.
+template <int V, int K, int RT>
 __global__ void __launch_bounds__(1024) add_rms_norm_kernel(bf16* h, const bf16* __restrict__ y,
                                                             const bf16* __restrict__ w, bf16* __restrict__ x,
                                                             int64_t max_rows, int dim, int tpr, float eps,
                                                             bool zero_centred, const int32_t* live) {
   pdl_begin();
-  __shared__ float red[32];
+  __shared__ float red[RT][32];
   constexpr int KR = K ? K : 1;
-  const int n = dim / V, j = int(threadIdx.x) % tpr;
-  const int64_t r0 = int64_t(blockIdx.x) * (blockDim.x / tpr), r = r0 + threadIdx.x / tpr;
+  const int n = dim / V, j = int(threadIdx.x) % tpr, rpb = int(blockDim.x) / tpr;
+  const int64_t r0 = int64_t(blockIdx.x) * rpb * RT, rg = r0 + threadIdx.x / tpr;
   float g[KR][V];
   if constexpr (K > 0) {
 #pragma unroll
@@ -132,58 +149,72 @@ __global__ void __launch_bounds__(1024) add_rms_norm_kernel(bf16* h, const bf16*
   }
   const int64_t nlive = live_count(live, max_rows);
   if (r0 >= nlive) return;
-  const bool ok = r < nlive;
-  bf16* hr = h + (ok ? r : 0) * dim;
-  const bf16* yr = y + (ok ? r : 0) * dim;
-  float ss = 0.0f;
-  float a[KR][V];
   if constexpr (K > 0) {
-    float b[K][V];
+    float a[RT][K][V], b[RT][K][V], ss[RT];
+    int64_t off[RT];
 #pragma unroll
-    for (int k = 0; k < K; ++k)
-      if (ok && j + k * tpr < n) {
-        load_bf16<V>(hr + int64_t(j + k * tpr) * V, a[k]);
-        load_bf16<V>(yr + int64_t(j + k * tpr) * V, b[k]);
-      }
+    for (int q = 0; q < RT; ++q) {  // every load before the first store to h
+      const int64_t r = rg + int64_t(q) * rpb;
+      off[q] = r < nlive ? r * dim : -1;
 #pragma unroll
-    for (int k = 0; k < K; ++k)
-      if (ok && j + k * tpr < n) {
+      for (int k = 0; k < K; ++k)
+        if (off[q] >= 0 && j + k * tpr < n) {
+          load_bf16<V>(h + off[q] + int64_t(j + k * tpr) * V, a[q][k]);
+          load_bf16<V>(y + off[q] + int64_t(j + k * tpr) * V, b[q][k]);
+        }
+    }
 #pragma unroll
-        for (int e = 0; e < V; ++e) a[k][e] = __bfloat162float(__float2bfloat16_rn(a[k][e] + b[k][e]));
-        ss = add_squares<V>(ss, a[k]);
-        store_bf16<V>(hr + int64_t(j + k * tpr) * V, a[k]);
-      }
-  } else {
+    for (int q = 0; q < RT; ++q) {
+      ss[q] = 0.0f;
+#pragma unroll
+      for (int k = 0; k < K; ++k)
+        if (off[q] >= 0 && j + k * tpr < n) {
+#pragma unroll
+          for (int e = 0; e < V; ++e) a[q][k][e] = __bfloat162float(__float2bfloat16_rn(a[q][k][e] + b[q][k][e]));
+          ss[q] = add_squares<V>(ss[q], a[q][k]);
+          store_bf16<V>(h + off[q] + int64_t(j + k * tpr) * V, a[q][k]);
+        }
+    }
+#pragma unroll
+    for (int q = 0; q < RT; ++q) ss[q] = row_sum(ss[q], tpr, red[q]);
+#pragma unroll
+    for (int q = 0; q < RT; ++q) {
+      if (off[q] < 0) continue;
+      const float inv = rsqrtf(ss[q] / float(dim) + eps);
+#pragma unroll
+      for (int k = 0; k < K; ++k)
+        if (j + k * tpr < n) {
+#pragma unroll
+          for (int e = 0; e < V; ++e)
+            a[q][k][e] = a[q][k][e] * inv * (zero_centred ? 1.0f + g[k][e] : g[k][e]);
+          store_bf16<V>(x + off[q] + int64_t(j + k * tpr) * V, a[q][k]);
+        }
+    }
+  } else {  // one row per block (tpr = 1024), two passes over global memory
+    const bool ok = rg < nlive;
+    bf16* hr = h + (ok ? rg : 0) * dim;
+    const bf16* yr = y + (ok ? rg : 0) * dim;
+    float ss = 0.0f, a[V];
     if (ok)
       for (int i = j; i < n; i += tpr) {
         float b[V];
-        load_bf16<V>(hr + int64_t(i) * V, a[0]);
+        load_bf16<V>(hr + int64_t(i) * V, a);
         load_bf16<V>(yr + int64_t(i) * V, b);
 #pragma unroll
-        for (int e = 0; e < V; ++e) a[0][e] = __bfloat162float(__float2bfloat16_rn(a[0][e] + b[e]));
-        ss = add_squares<V>(ss, a[0]);
-        store_bf16<V>(hr + int64_t(i) * V, a[0]);
+        for (int e = 0; e < V; ++e) a[e] = __bfloat162float(__float2bfloat16_rn(a[e] + b[e]));
+        ss = add_squares<V>(ss, a);
+        store_bf16<V>(hr + int64_t(i) * V, a);
       }
-  }
-  ss = row_sum(ss, tpr, red);
-  if (!ok) return;
-  const float inv = rsqrtf(ss / float(dim) + eps);
-  bf16* xr = x + r * dim;
-  if constexpr (K > 0) {
-#pragma unroll
-    for (int k = 0; k < K; ++k)
-      if (j + k * tpr < n) {
-#pragma unroll
-        for (int e = 0; e < V; ++e) a[k][e] = a[k][e] * inv * (zero_centred ? 1.0f + g[k][e] : g[k][e]);
-        store_bf16<V>(xr + int64_t(j + k * tpr) * V, a[k]);
-      }
-  } else {
+    ss = row_sum(ss, tpr, red[0]);
+    if (!ok) return;
+    const float inv = rsqrtf(ss / float(dim) + eps);
+    bf16* xr = x + rg * dim;
     for (int i = j; i < n; i += tpr) {
-      load_bf16<V>(hr + int64_t(i) * V, a[0]);  // this thread's own writes above
+      load_bf16<V>(hr + int64_t(i) * V, a);  // this thread's own writes above
       load_bf16<V>(w + int64_t(i) * V, g[0]);
 #pragma unroll
-      for (int e = 0; e < V; ++e) a[0][e] = a[0][e] * inv * (zero_centred ? 1.0f + g[0][e] : g[0][e]);
-      store_bf16<V>(xr + int64_t(i) * V, a[0]);
+      for (int e = 0; e < V; ++e) a[e] = a[e] * inv * (zero_centred ? 1.0f + g[0][e] : g[0][e]);
+      store_bf16<V>(xr + int64_t(i) * V, a);
     }
   }
 }
@@ -239,6 +270,28 @@ __global__ void residual_kernel(bf16* h, const bf16* __restrict__ y, int64_t max
   store_bf16<V>(h + t * dim + i, a);
 }
 
+/// MOEFOLD_NORM_ROWS_PER_THREAD: rows per thread of rms_norm / add_rms_norm from 1024 norm rows on
+/// (one vector per thread only): 1 (the default), 2 or 4. The same bits at every value (each row's
+/// arithmetic does not depend on it). Read at each launch.
+int rows_per_thread(int64_t nrows, int k) {
+  if (k != 1 || nrows < 1024) return 1;
+  const char* e = std::getenv("MOEFOLD_NORM_ROWS_PER_THREAD");
+  const int r = e ? std::atoi(e) : 1;
+  return r == 2 || r == 4 ? r : 1;
+}
+
+/// Calls f(integral_constant K, integral_constant RT) for k in {0, 1, 2} and rt in {1, 2, 4} (rt > 1
+/// with k == 1 only).
+template <class F>
+void dispatch_kr(int k, int rt, F&& f) {
+  using std::integral_constant;
+  if (k == 1 && rt == 4) f(integral_constant<int, 1>{}, integral_constant<int, 4>{});
+  else if (k == 1 && rt == 2) f(integral_constant<int, 1>{}, integral_constant<int, 2>{});
+  else if (k == 1) f(integral_constant<int, 1>{}, integral_constant<int, 1>{});
+  else if (k == 2) f(integral_constant<int, 2>{}, integral_constant<int, 1>{});
+  else f(integral_constant<int, 0>{}, integral_constant<int, 1>{});
+}
+
 void check_rows(int64_t max_rows, int64_t dim, const char* what) {
   MOEFOLD_CHECK(max_rows >= 0 && dim > 0 && dim < (int64_t(1) << 30), "{}: bad sizes max_rows={} dim={}", what,
                 max_rows, dim);
@@ -280,11 +333,12 @@ void rms_norm(const bf16* x, const bf16* w, bf16* y, int64_t max_rows, int64_t d
   dispatch_vec(vec_width(dim, {x, y, w}, {hs, ts}), [&](auto v) {
     constexpr int V = decltype(v)::value;
     const RowGeom g = row_geom(dim, V);
-    dispatch_k(g.k, [&](auto kk) {
-      constexpr int K = decltype(kk)::value;
-      launch_pdl(rms_norm_kernel<V, K>, dim3(ceil_div_u(nrows, g.rows_per_block)), dim3(g.tpr * g.rows_per_block), 0,
-                 stream, x, w, y, max_rows, heads, ts, hs, int(dim), g.tpr, eps, kind == NormKind::ZeroCentred,
-                 live_rows);
+    const int rt = rows_per_thread(nrows, g.k);
+    dispatch_kr(g.k, rt, [&](auto kk, auto rr) {
+      constexpr int K = decltype(kk)::value, RT = decltype(rr)::value;
+      launch_pdl(rms_norm_kernel<V, K, RT>, dim3(ceil_div_u(nrows, int64_t(g.rows_per_block) * RT)),
+                 dim3(g.tpr * g.rows_per_block), 0, stream, x, w, y, max_rows, heads, ts, hs, int(dim), g.tpr, eps,
+                 kind == NormKind::ZeroCentred, live_rows);
     });
   });
   MOEFOLD_CUDA_CHECK_LAUNCH();
@@ -300,9 +354,10 @@ void add_rms_norm(bf16* h, const bf16* y, const bf16* w, bf16* x, int64_t max_ro
   dispatch_vec(vec_width(dim, {h, y, w, x}, {}), [&](auto v) {
     constexpr int V = decltype(v)::value;
     const RowGeom g = row_geom(dim, V);
-    dispatch_k(g.k, [&](auto kk) {
-      constexpr int K = decltype(kk)::value;
-      launch_pdl(add_rms_norm_kernel<V, K>, dim3(ceil_div_u(max_rows, g.rows_per_block)),
+    const int rt = rows_per_thread(max_rows, g.k);
+    dispatch_kr(g.k, rt, [&](auto kk, auto rr) {
+      constexpr int K = decltype(kk)::value, RT = decltype(rr)::value;
+      launch_pdl(add_rms_norm_kernel<V, K, RT>, dim3(ceil_div_u(max_rows, int64_t(g.rows_per_block) * RT)),
                  dim3(g.tpr * g.rows_per_block), 0, stream, h, y, w, x, max_rows, int(dim), g.tpr, eps,
                  kind == NormKind::ZeroCentred, live_rows);
     });

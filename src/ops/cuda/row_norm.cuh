@@ -86,14 +86,4 @@ void dispatch_vec(int v, F&& f) {
   }
 }
 
-/// Calls f(std::integral_constant<int, K>{}) for the runtime register count k in {0, 1, 2}.
-template <class F>
-void dispatch_k(int k, F&& f) {
-  switch (k) {
-    case 1: f(std::integral_constant<int, 1>{}); break;
-    case 2: f(std::integral_constant<int, 2>{}); break;
-    default: f(std::integral_constant<int, 0>{}); break;
-  }
-}
-
 }  // namespace moefold::cuda::detail

@@ -1,7 +1,8 @@
 // Batch invariance of the norm and RoPE kernels: one probe token's output bits are the same when it is
 // computed alone (a 1-row launch), as row 0 of a 256-row bucket with 1 live row, inside 256 rows and
 // inside 4100 rows at other positions, among different random neighbours, with different live counts
-// (all rows live, the probe the last live row, the probe well inside the live part). A reduction order
+// (all rows live, the probe the last live row, the probe well inside the live part), and for rms_norm /
+// add_rms_norm at 1, 2 and 4 rows per thread (MOEFOLD_NORM_ROWS_PER_THREAD). A reduction order
 // that depended on the row count, the live count, the grid or the row's place in its block would show
 // here. Kernels: rms_norm at widths 2048 / 576 / 64 (rows sharing a warp) / 4100 (2 vectors per thread) /
 // 8191 (the loop form), add_rms_norm 2048 (h and x), the per-head q norm in the fused q_proj layout,
@@ -9,7 +10,9 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <functional>
+#include <string>
 
 #include "cuda/row_norm_test/row_norm_test_util.h"
 #include "ops/cpu/rope.h"
@@ -25,11 +28,19 @@ namespace {
 struct Placement {
   int64_t cap, live, pos;  // live < 0: nullptr (all cap rows live)
   uint64_t neighbours;     // seed of the other rows
+  int rows_per_thread;     // MOEFOLD_NORM_ROWS_PER_THREAD for rms_norm / add_rms_norm (from 1024 rows on)
 };
 
 const Placement kPlacements[] = {
-    {1, -1, 0, 0},         {256, 1, 0, 11},        {256, 256, 137, 12},   {256, 138, 137, 13},
-    {256, 200, 7, 14},     {4100, -1, 4000, 15},   {4100, 4001, 4000, 16}, {4100, 3000, 5, 17},
+    {1, -1, 0, 0, 1},         {256, 1, 0, 11, 1},         {256, 256, 137, 12, 1},  {256, 138, 137, 13, 2},
+    {256, 200, 7, 14, 4},     {4100, -1, 4000, 15, 1},    {4100, 4001, 4000, 16, 1}, {4100, 3000, 5, 17, 1},
+    {4100, -1, 4000, 18, 2},  {4100, 4001, 4000, 19, 4},  {4100, 3000, 5, 20, 2},  {4100, 4099, 1023, 21, 4},
+};
+
+/// Sets MOEFOLD_NORM_ROWS_PER_THREAD for its lifetime (read by each launch).
+struct RowsPerThread {
+  explicit RowsPerThread(int n) { setenv("MOEFOLD_NORM_ROWS_PER_THREAD", std::to_string(n).c_str(), 1); }
+  ~RowsPerThread() { unsetenv("MOEFOLD_NORM_ROWS_PER_THREAD"); }
 };
 
 /// Rows [cap, width] of random values (seed) with the probe's width values at row pos.
@@ -48,19 +59,24 @@ std::vector<uint16_t> row_bits(const std::vector<uint16_t>& b, int64_t pos, size
 /// first (alone) and prints one contract line.
 void expect_invariant(const std::string& kernel, const std::string& shape,
                       const std::function<std::vector<uint16_t>(const Placement&)>& f) {
-  const auto alone = f(kPlacements[0]);
+  const auto alone = [&] {
+    RowsPerThread rpt(kPlacements[0].rows_per_thread);
+    return f(kPlacements[0]);
+  }();
   size_t nan = 0;
   for (uint16_t b : alone) nan += (b & 0x7F80) == 0x7F80;  // not finite: never passes
   size_t differing = nan ? 1 : 0;
   for (size_t i = 1; i < std::size(kPlacements); ++i) {
+    RowsPerThread rpt(kPlacements[i].rows_per_thread);
     const auto got = f(kPlacements[i]);
     if (got != alone) {
       ++differing;
       ADD_FAILURE() << kernel << " " << shape << ": placement cap=" << kPlacements[i].cap
-                    << " live=" << kPlacements[i].live << " pos=" << kPlacements[i].pos << " differs";
+                    << " live=" << kPlacements[i].live << " pos=" << kPlacements[i].pos
+                    << " rows_per_thread=" << kPlacements[i].rows_per_thread << " differs";
     }
   }
-  EXPECT_TRUE(contract_exact(kernel + "_batch_invariant", shape + ",placements=8", differing));
+  EXPECT_TRUE(contract_exact(kernel + "_batch_invariant", shape + ",placements=12", differing));
 }
 
 DeviceBuffer<int32_t> live_of(const Placement& p) { return dev_count(p.live < 0 ? p.cap : p.live); }

@@ -3,10 +3,14 @@
 // bitwise, the norm within bf16 tolerance) and gated_rms_norm, over row widths 6..8200 that take every
 // layout of row_norm.cuh (rows sharing a warp, whole warps per row, 2 vectors per thread, the loop
 // form; vector widths 8/4/2/1, incl. by misaligned pointers), rows 1, 2, 17, 128, 4100, a live count
-// below the capacity (padding rows stay poisoned / untouched). Outputs are poisoned with NaN before
+// below the capacity (padding rows stay poisoned / untouched); rms_norm / add_rms_norm also at 2 and 4
+// rows per thread (MOEFOLD_NORM_ROWS_PER_THREAD). Outputs are poisoned with NaN before
 // each run; the check is the worst row's relative error (NaN never passes). Tolerance 1e-2 (bf16).
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <string>
 
 #include "cuda/row_norm_test/row_norm_test_util.h"
 #include "ops/cuda/gated_rms_norm.h"
@@ -178,6 +182,28 @@ TEST(RowNorm, GatedRmsNorm) {
   }
 }
 
+/// Sets MOEFOLD_NORM_ROWS_PER_THREAD for its lifetime (read by each launch).
+struct RowsPerThread {
+  explicit RowsPerThread(int n) { setenv("MOEFOLD_NORM_ROWS_PER_THREAD", std::to_string(n).c_str(), 1); }
+  ~RowsPerThread() { unsetenv("MOEFOLD_NORM_ROWS_PER_THREAD"); }
+};
+
+// 2 and 4 rows per thread (from 1024 norm rows on; one vector per thread): the same contract.
+TEST(RowNorm, RowsPerThreadVariants) {
+  MOEFOLD_REQUIRE_GPU();
+  uint64_t seed = 6000;
+  for (int rt : {2, 4}) {
+    RowsPerThread env(rt);
+    for (int64_t dim : {2048, 576, 64, 6, 1000}) {
+      check_rms_norm(4100, dim, true, 0, false, seed++);
+      check_rms_norm(1025, dim, false, 0, true, seed++);
+      check_add_rms_norm(4100, dim, true, seed++);
+      check_add_rms_norm(1030, dim, false, seed++);
+    }
+    check_head_norm(129, 16, 256, seed++);  // 2064 norm rows
+  }
+}
+
 TEST(RowNormSmall, SanitizerCases) {
   MOEFOLD_REQUIRE_GPU();
   for (int64_t dim : {13, 64, 576, 2048, 4100, 8191}) {
@@ -188,4 +214,9 @@ TEST(RowNormSmall, SanitizerCases) {
   check_head_norm(3, 3, 64, 91);
   check_gated(3, 4, 128, 24, 92);
   check_gated(2, 3, 77, 0, 93);
+  for (int rt : {2, 4}) {
+    RowsPerThread env(rt);
+    check_rms_norm(1030, 64, true, 0, false, 94);
+    check_add_rms_norm(1030, 576, true, 95);
+  }
 }

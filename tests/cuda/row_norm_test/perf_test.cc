@@ -3,12 +3,15 @@
 // the fused q_proj rows, k_norm 2 x 256, DeltaNet output norm 32 x 128, RoPE 16 + 2 heads rot 64).
 // Each time is the median over 20 replays of a CUDA graph of n back-to-back launches (PDL edges, as
 // in a decode step), divided by n; inputs random (device-generated), never zeros. Prints PERF lines,
-// then one table (A, B, A/B, the A-A' and B-B' spread). Run with
+// then one table (A, B, A/B, the A-A' and B-B' spread); `_rt2` / `_rt4` rows: B at 2 / 4 rows per thread
+// (MOEFOLD_NORM_ROWS_PER_THREAD, from 1024 norm rows on). Run with
 //   --gtest_also_run_disabled_tests --gtest_filter='RowNormPerf.*'
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <functional>
+#include <string>
 
 #include "cuda/row_norm_test/legacy_kernels.h"
 #include "cuda/row_norm_test/row_norm_test_util.h"
@@ -72,9 +75,16 @@ TEST(RowNormPerf, DISABLED_OldVsNew) {
   cudaStream_t s;
   MOEFOLD_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   std::vector<Row> table;
-  auto ab = [&](const std::string& kernel, int64_t rows, double bytes, const Launch& a, const Launch& b) {
+  // rt: MOEFOLD_NORM_ROWS_PER_THREAD while B is captured (0: unset).
+  auto ab = [&](const std::string& kernel, int64_t rows, double bytes, const Launch& a, const Launch& b, int rt = 0) {
     const int n = rows >= 4096 ? 10 : 100;
-    const double a1 = graph_us(s, n, a), b1 = graph_us(s, n, b), b2 = graph_us(s, n, b), a2 = graph_us(s, n, a);
+    auto bt = [&] {
+      if (rt) setenv("MOEFOLD_NORM_ROWS_PER_THREAD", std::to_string(rt).c_str(), 1);
+      const double t = graph_us(s, n, b);
+      unsetenv("MOEFOLD_NORM_ROWS_PER_THREAD");
+      return t;
+    };
+    const double a1 = graph_us(s, n, a), b1 = bt(), b2 = bt(), a2 = graph_us(s, n, a);
     Row r{kernel, rows, (a1 + a2) / 2, (b1 + b2) / 2, std::abs(a1 - a2), std::abs(b1 - b2), bytes};
     perf_line(kernel + "_main", fmt::format("rows={}", rows), r.a, fmt::format("TB/s={:.2f}", bytes / r.a * 1e-6));
     perf_line(kernel + "_new", fmt::format("rows={}", rows), r.b, fmt::format("TB/s={:.2f}", bytes / r.b * 1e-6));
@@ -95,16 +105,20 @@ TEST(RowNormPerf, DISABLED_OldVsNew) {
   for (int64_t T : {1, 64, 256, 32768}) {
     auto live = dev_count(T);
     const int32_t* L = live.data();
-    ab("rms_norm", T, double(T * H) * 4, [&](cudaStream_t st) {
-      legacy::rms_norm(h.data(), w.data(), x.data(), T, H, 1e-6f, true, L, st);
-    }, [&](cudaStream_t st) { cuda::rms_norm(h.data(), w.data(), x.data(), T, H, 1e-6f, zc, L, st); });
-    ab("add_rms_norm", T, double(T * H) * 8, [&](cudaStream_t st) {
-      legacy::add_rms_norm(h.data(), y.data(), w.data(), x.data(), T, H, 1e-6f, true, L, st);
-    }, [&](cudaStream_t st) { cuda::add_rms_norm(h.data(), y.data(), w.data(), x.data(), T, H, 1e-6f, zc, L, st); });
     const cuda::HeadRows qr{Hq, 2 * Hq * D, 2 * D}, kr{Hkv};
-    ab("q_norm_16x256", T, double(T * Hq * D) * 4, [&](cudaStream_t st) {
-      legacy::rms_norm(qg.data(), w.data(), qg.data(), T, D, 1e-6f, true, L, st, qr);
-    }, [&](cudaStream_t st) { cuda::rms_norm(qg.data(), w.data(), qg.data(), T, D, 1e-6f, zc, L, st, qr); });
+    for (int rt : {0, 2, 4}) {  // rows per thread: the default (1), 2, 4 (from 1024 norm rows on)
+      if (rt && T < 1024) continue;
+      const std::string sfx = rt ? fmt::format("_rt{}", rt) : "";
+      ab("rms_norm" + sfx, T, double(T * H) * 4, [&](cudaStream_t st) {
+        legacy::rms_norm(h.data(), w.data(), x.data(), T, H, 1e-6f, true, L, st);
+      }, [&](cudaStream_t st) { cuda::rms_norm(h.data(), w.data(), x.data(), T, H, 1e-6f, zc, L, st); }, rt);
+      ab("add_rms_norm" + sfx, T, double(T * H) * 8, [&](cudaStream_t st) {
+        legacy::add_rms_norm(h.data(), y.data(), w.data(), x.data(), T, H, 1e-6f, true, L, st);
+      }, [&](cudaStream_t st) { cuda::add_rms_norm(h.data(), y.data(), w.data(), x.data(), T, H, 1e-6f, zc, L, st); }, rt);
+      ab("q_norm_16x256" + sfx, T, double(T * Hq * D) * 4, [&](cudaStream_t st) {
+        legacy::rms_norm(qg.data(), w.data(), qg.data(), T, D, 1e-6f, true, L, st, qr);
+      }, [&](cudaStream_t st) { cuda::rms_norm(qg.data(), w.data(), qg.data(), T, D, 1e-6f, zc, L, st, qr); }, rt);
+    }
     ab("k_norm_2x256", T, double(T * Hkv * D) * 4, [&](cudaStream_t st) {
       legacy::rms_norm(kb.data(), w.data(), kb.data(), T, D, 1e-6f, true, L, st, kr);
     }, [&](cudaStream_t st) { cuda::rms_norm(kb.data(), w.data(), kb.data(), T, D, 1e-6f, zc, L, st, kr); });
