@@ -271,13 +271,13 @@ __global__ void residual_kernel(bf16* h, const bf16* __restrict__ y, int64_t max
 }
 
 /// MOEFOLD_NORM_ROWS_PER_THREAD: rows per thread of rms_norm / add_rms_norm from 1024 norm rows on
-/// (one vector per thread only): 1 (the default), 2 or 4. The same bits at every value (each row's
-/// arithmetic does not depend on it). Read at each launch.
+/// (one vector per thread only): 1 (the default), 2 or 4; another value throws moefold::Error. The same
+/// bits at every value (each row's arithmetic does not depend on it). Read at each launch.
 int rows_per_thread(int64_t nrows, int k) {
-  if (k != 1 || nrows < 1024) return 1;
   const char* e = std::getenv("MOEFOLD_NORM_ROWS_PER_THREAD");
   const int r = e ? std::atoi(e) : 1;
-  return r == 2 || r == 4 ? r : 1;
+  MOEFOLD_CHECK(r == 1 || r == 2 || r == 4, "MOEFOLD_NORM_ROWS_PER_THREAD={}: expected 1, 2 or 4", e ? e : "");
+  return k == 1 && nrows >= 1024 ? r : 1;
 }
 
 /// Calls f(integral_constant K, integral_constant RT) for k in {0, 1, 2} and rt in {1, 2, 4} (rt > 1
