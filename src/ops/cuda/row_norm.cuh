@@ -5,7 +5,8 @@
 // threads ("threads per row"): thread j holds vectors j, j + tpr, ..., j + (k-1) tpr in registers
 // (k <= 2; k = 0 marks the loop form for rows too wide for registers, which re-reads its inputs in a
 // second pass). tpr is a power of two <= 32 when n <= 32 (several rows share a warp), else a multiple
-// of 32 (whole warps per row, up to 1024). A block holds rows_per_block rows.
+// of 32 (whole warps per row, up to 1024). A block holds rows_per_block rows (times the rows per thread
+// of rms_norm / add_rms_norm, MOEFOLD_NORM_ROWS_PER_THREAD, which changes no row's arithmetic).
 //
 // Batch invariance: the sum of squares of a row is accumulated in one fixed order that depends only on
 // (dim, V), never on the row count, the live count, the grid or the row's place in its block: each
