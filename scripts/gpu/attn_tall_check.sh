@@ -7,7 +7,7 @@
 # benchmark shapes beside torch SDPA (attention_vs_sdpa.py, contiguous pages), and the same timings over
 # shuffled pages (MOEFOLD_TEST_PERF_PAGES=shuffled: every tile takes the piece-wise fallback). Table last.
 # Usage (repository root, after `source scripts/gpu/env.sh BUILD`): scripts/gpu/attn_tall_check.sh [BUILD]
-# Env: INV_S / ATTN_S / MEM_S / SDPA_S / SHUF_S seconds per step (default 20 / 25 / 25 / 35 / 15: 120 s at
+# Env: INV_S / ATTN_S / MEM_S / SDPA_S / SHUF_S seconds per step (default 18 / 22 / 25 / 35 / 15: 115 s at
 # most). Logs under $OUT/attn_tall (or /tmp/attn_tall).
 set -uo pipefail
 b=${1:-build-cuda}
@@ -27,8 +27,8 @@ step() {  # name seconds command...
     "$(grep -E '^\[  (PASS|FAIL)ED  \]|ERROR SUMMARY' "$out/$name.log" | tr '\n' ' ' | cut -c1-80)" >>"$out/table.txt"
 }
 
-step inv "${INV_S:-20}" env MOEFOLD_TEST_KERNELS="$k,auto" "$t/attention_invariance_test"
-step attn "${ATTN_S:-25}" env MOEFOLD_TEST_KERNELS="$k" "$t/attention_test" --gtest_filter='AttentionPrefill.*:AttentionSmall.*'
+step inv "${INV_S:-18}" env MOEFOLD_TEST_KERNELS="$k,auto" "$t/attention_invariance_test"
+step attn "${ATTN_S:-22}" env MOEFOLD_TEST_KERNELS="$k" "$t/attention_test" --gtest_filter='AttentionPrefill.*:AttentionSmall.*'
 sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null | head -1)
 step memcheck "${MEM_S:-25}" env MOEFOLD_TEST_KERNELS="$new" "$sanitizer" --tool memcheck "$t/attention_test" \
   --gtest_filter='AttentionSmall.*:AttentionPrefill.ConsecutivePages'
