@@ -68,7 +68,7 @@ def gemm_tflops():
 
 VARIANT_COLUMNS = [  # perf kernel name -> column title (the variants beside the default)
     ("attn_ws", "ws"), ("attn_ws_nopp", "ws_nopp"), ("attn_ws_noiw", "ws_noiw"), ("attn_ws_plain", "ws_plain"),
-    ("attn_ws_s3", "ws_s3"), ("attn_ws_bn64", "ws_bn64"), ("attn_ws_pp", "ws_pp"), ("attn_ws_qr", "ws_qr"), ("attn_ws2", "ws2"), ("attn_ws_persist", "ws_pers"), ("attn_wgmma", "wgmma"), ("attn_wgmma_vt", "wg_vt"), ("attn_wgmma_pipe", "wg_pipe"),
+    ("attn_ws_s3", "ws_s3"), ("attn_ws_bn64", "ws_bn64"), ("attn_ws_pp", "ws_pp"), ("attn_ws_qr", "ws_qr"), ("attn_ws2", "ws2"), ("attn_ws_persist", "ws_pers"), ("attn_ws2_tall", "ws2_tall"), ("attn_ws_persist_tall", "wsp_tall"), ("attn_wgmma", "wgmma"), ("attn_wgmma_vt", "wg_vt"), ("attn_wgmma_pipe", "wg_pipe"),
     ("attn_fa", "flash"),
 ]
 

@@ -5,7 +5,7 @@
 //       tokens, running to the prompt's end ("cont") or as a 45-row chunk ending before it ("chunk"),
 //   (c) three times beside other sequences (of other data, an empty one, 1-row ones) in one varlen
 //       launch ("varlen"),
-// each launch over its own random page assignment (unused slots NaN), must give the same bf16 bits at
+// each launch over its own random page assignment (runs of consecutive pages, shuffled; unused slots NaN), must give the same bf16 bits at
 // every position they share, for every kernel selected explicitly (the warp-specialised kernel and its
 // variants, the wgmma kernel and its variants, Auto as the executor calls it). (a) is also checked
 // against the fp32 CPU reference (cpu::paged_attention, tolerance 1e-2), so constant or garbage
@@ -21,7 +21,7 @@
 // DISABLED_Perf times the warp-specialised and wgmma kernels at the 35B and Qwen3-30B shapes (PERF
 // lines), so that the same run shows what the invariance fix costs (a binary with the old kernels beside).
 //
-// MOEFOLD_TEST_KERNELS (comma-separated: ws, ws2, ws_persist, ws_nopp, ws_noiw, ws_plain, ws_s3, ws_bn64, ws_pp,
+// MOEFOLD_TEST_KERNELS (comma-separated: ws, ws2, ws_persist, ws2_tall, ws_persist_tall, ws_nopp, ws_noiw, ws_plain, ws_s3, ws_bn64, ws_pp,
 // wgmma, wgmma_vt, wgmma_pipe, auto, flash) narrows or widens the set; unset: all but flash.
 #include "ops/cuda/cuda_check.h"
 // (cuda_check.h first: see its note on fmt under nvcc)
@@ -87,7 +87,10 @@ std::vector<Kernel> kernels_for(int D) {
   const int ws_bn = D == 192 ? 64 : D == 256 ? 80 : 128, wg_bn = D <= 128 ? 128 : 64;
   std::vector<Kernel> all{{K::Ws, "ws", ws_bn}};
   if (D == 128 || D == 256)  // Ws's bits, other data movement
-    all.insert(all.end(), {{K::WsV2, "ws2", ws_bn}, {K::WsPersist, "ws_persist", ws_bn}});
+    all.insert(all.end(), {{K::WsV2, "ws2", ws_bn},
+                           {K::WsPersist, "ws_persist", ws_bn},
+                           {K::WsV2Tall, "ws2_tall", ws_bn},
+                           {K::WsPersistTall, "ws_persist_tall", ws_bn}});
   if (D == 128)
     all.insert(all.end(), {{K::WsNoPingPong, "ws_nopp", 128},
                            {K::WsNoOverlap, "ws_noiw", 128},
@@ -129,7 +132,7 @@ Source make_source(const Heads& h, int len, uint64_t seed) {
 }
 
 /// The host image of one launch: caches (NaN where no sequence's key lives), block tables over a
-/// random page permutation, cu_seqlens, context lengths, q rows (3 padding rows at the end).
+/// random page order (page_runs), cu_seqlens, context lengths, q rows (3 padding rows at the end).
 struct Launch {
   std::vector<Seq> seqs;
   int max_blocks = 1, max_q = 0;
@@ -150,9 +153,9 @@ Launch build(const Heads& h, const std::vector<Seq>& seqs, const std::vector<Sou
     L.ctx.push_back(s.ctx);
     L.max_q = std::max(L.max_q, s.n);
   }
-  std::vector<int32_t> perm(static_cast<size_t>(pages));
-  std::iota(perm.begin(), perm.end(), 0);
-  for (size_t i = perm.size(); i > 1; --i) std::swap(perm[i - 1], perm[mix64(seed + i) % i]);
+  // Runs of up to 8 consecutive pages in random order: key tiles over consecutive pages and over
+  // scattered ones in every launch (the tall-box forms load the former with one box per 64 columns).
+  const std::vector<int32_t> perm = page_runs(pages, 8, seed);
   L.tables.assign(seqs.size() * size_t(L.max_blocks), -1);
   L.kc.assign(size_t(pages) * size_t(bs) * size_t(kv_dim), NAN);
   L.vc = L.kc;
@@ -302,7 +305,7 @@ void check_shape(const Heads& h, uint64_t seed) {
   std::map<std::pair<std::string, std::string>, Diff> total;  // (kernel, group)
   std::map<std::string, size_t> pad;  // per kernel
   // ws2 and ws_persist against ws, element by element, over every launch (whole prompt included).
-  const char* kSameAsWs[] = {"ws2", "ws_persist"};
+  const char* kSameAsWs[] = {"ws2", "ws_persist", "ws2_tall", "ws_persist_tall"};
   const auto mismatches = [](const std::vector<uint16_t>& a, const std::vector<uint16_t>& b) {
     size_t m = a.size() != b.size() ? a.size() + b.size() : 0;
     for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) m += a[i] != b[i];
@@ -422,7 +425,9 @@ TEST(AttentionInvariance, DISABLED_Perf) {
          dctx = cuda::to_device(std::vector<int32_t>{c.ctx});
     const double flops = 4.0 * h.D * h.Hq * (double(c.n) * c.ctx + double(c.n) * (c.n + 1) / 2);
     for (const Kernel& k : kernels_for(h.D)) {
-      if (k.name != "ws" && k.name != "ws2" && k.name != "ws_persist" && k.name != "wgmma") continue;
+      if (k.name != "ws" && k.name != "ws2" && k.name != "ws_persist" && k.name != "ws2_tall" &&
+          k.name != "ws_persist_tall" && k.name != "wgmma")
+        continue;
       cu::AttentionShape sh;
       sh.num_heads = h.Hq;
       sh.num_kv_heads = h.Hkv;

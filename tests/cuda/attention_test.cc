@@ -47,14 +47,16 @@ const Heads kTinyGated{4, 1, 32, true, "tiny_gated"};
 void sync() { MOEFOLD_CUDA_CHECK(cudaDeviceSynchronize()); }
 
 /// A paged KV cache with a random page assignment, its fp32 host image (NaN in unused slots) and
-/// the block tables.
+/// the block tables. max_run 1: pages in random order; larger: random runs of up to max_run
+/// consecutive pages (page_runs), so that some key tiles cover consecutive pages.
 struct PagedCache {
   int block_size, max_blocks, num_pages;
   int64_t kv_dim;
   std::vector<int32_t> tables;  // [S, max_blocks], -1 unused
   std::vector<float> k, v;      // [num_pages * block_size, kv_dim]
 
-  PagedCache(const std::vector<int>& lens, int bs, int64_t kv_dim_, uint64_t seed) : block_size(bs), kv_dim(kv_dim_) {
+  PagedCache(const std::vector<int>& lens, int bs, int64_t kv_dim_, uint64_t seed, int max_run = 1)
+      : block_size(bs), kv_dim(kv_dim_) {
     max_blocks = 1;
     int total = 0;
     for (int L : lens) {
@@ -66,6 +68,7 @@ struct PagedCache {
     std::vector<int32_t> perm(static_cast<size_t>(num_pages));
     std::iota(perm.begin(), perm.end(), 0);
     for (size_t i = perm.size(); i > 1; --i) std::swap(perm[i - 1], perm[mix64(seed + i) % i]);
+    if (max_run > 1) perm = page_runs(num_pages, max_run, seed);
     tables.assign(lens.size() * size_t(max_blocks), -1);
     size_t next = 0;
     for (size_t s = 0; s < lens.size(); ++s)
@@ -153,7 +156,8 @@ void run_all(std::vector<std::function<void()>>& work) {
 
 // ---- prefill -----------------------------------------------------------------------------------
 /// MOEFOLD_TEST_KERNELS: comma-separated prefill variants to check or time (flash, wgmma, wgmma_vt,
-/// wgmma_pipe, ws, ws_nopp, ws_noiw, ws_plain, ws_s3, ws_bn64, ws_pp, ws_qr, ws2, ws_persist, tc, simt, auto); unset = all. Lets a GPU run check new variants in their own process.
+/// wgmma_pipe, ws, ws_nopp, ws_noiw, ws_plain, ws_s3, ws_bn64, ws_pp, ws_qr, ws2, ws_persist, ws2_tall,
+/// ws_persist_tall, tc, simt, auto); unset = all. Lets a GPU run check new variants in their own process.
 bool kernel_selected(const std::string& name) {
   const char* v = std::getenv("MOEFOLD_TEST_KERNELS");
   if (!v || !*v) return true;
@@ -163,10 +167,13 @@ bool kernel_selected(const std::string& name) {
 
 
 /// Sequences with context lengths ctx[s] and n[s] new rows (a trailing padding sequence with no
-/// rows and 3 padding rows are added).
-void check_prefill(const Heads& h, std::vector<int> ctx, std::vector<int> n, int bs, float q_amp, uint64_t seed) {
-  const std::string shape = fmt::format("{},H={}/{},D={},bs={},seqs={},ctx={},n={}{}", h.name, h.Hq, h.Hkv, h.D, bs,
-                                        ctx.size(), join_ints(ctx), join_ints(n), q_amp > 4 ? ",peaky" : "");
+/// rows and 3 padding rows are added). max_run: PagedCache's page order.
+void check_prefill(const Heads& h, std::vector<int> ctx, std::vector<int> n, int bs, float q_amp, uint64_t seed,
+                   int max_run = 1) {
+  const std::string shape =
+      fmt::format("{},H={}/{},D={},bs={},seqs={},ctx={},n={}{}{}", h.name, h.Hq, h.Hkv, h.D, bs, ctx.size(),
+                  join_ints(ctx), join_ints(n), q_amp > 4 ? ",peaky" : "",
+                  max_run > 1 ? fmt::format(",page_runs<={}", max_run) : std::string());
   ctx.push_back(0);
   n.push_back(0);
   const size_t S = ctx.size();
@@ -176,7 +183,7 @@ void check_prefill(const Heads& h, std::vector<int> ctx, std::vector<int> n, int
   const int max_q = *std::max_element(n.begin(), n.end());
   std::vector<int> lens(S);
   for (size_t s = 0; s < S; ++s) lens[s] = ctx[s] + n[s];
-  PagedCache c(lens, bs, kv_dim, seed);
+  PagedCache c(lens, bs, kv_dim, seed, max_run);
   for (size_t s = 0; s < S; ++s) c.fill(s, ctx[s], seed + 10 * s + 1);
   auto knew = rand_bf16(size_t(Tcap * kv_dim), seed + 2, 1.0f), vnew = rand_bf16(size_t(Tcap * kv_dim), seed + 3, 1.0f);
   Queries Q = make_queries(h, Tcap, q_amp, seed + 4);
@@ -206,7 +213,9 @@ void check_prefill(const Heads& h, std::vector<int> ctx, std::vector<int> n, int
                                    {cu::AttnKernel::WsPingPong, "_ws_pp"},
                                    {cu::AttnKernel::WsQRegs, "_ws_qr"},
                                    {cu::AttnKernel::WsV2, "_ws2"},
-                                   {cu::AttnKernel::WsPersist, "_ws_persist"}});
+                                   {cu::AttnKernel::WsPersist, "_ws_persist"},
+                                   {cu::AttnKernel::WsV2Tall, "_ws2_tall"},
+                                   {cu::AttnKernel::WsPersistTall, "_ws_persist_tall"}});
   kernels.push_back({cu::AttnKernel::Auto, "_auto"});
   if (old_kernels) kernels.insert(kernels.end(), {{cu::AttnKernel::TensorCore, "_tc"}, {cu::AttnKernel::Simt, "_simt"}});
   std::erase_if(kernels, [](const auto& k) { return !kernel_selected(k.second.substr(1)); });
@@ -261,13 +270,13 @@ void check_prefill(const Heads& h, std::vector<int> ctx, std::vector<int> n, int
     pad_touched += touched(host_bits(douts[i]), ref.size(), out.size());
   }
   EXPECT_TRUE(contract_exact("attn_prefill_padding", shape, pad_touched));
-  // ws2 and ws_persist (attention_flash.h WsVariant::V2 / Persist) only move data differently: Ws's
-  // bits, every element (padding included).
+  // ws2, ws_persist and their tall-box forms (attention_flash.h WsVariant::V2 / Persist / V2Tall /
+  // PersistTall) only move data differently: Ws's bits, every element (padding included).
   const auto at = [&](const char* name) {
     return size_t(std::find_if(kernels.begin(), kernels.end(), [&](const auto& k) { return k.second == name; }) -
                   kernels.begin());
   };
-  for (const char* v : {"_ws2", "_ws_persist"})
+  for (const char* v : {"_ws2", "_ws_persist", "_ws2_tall", "_ws_persist_tall"})
     if (const size_t iw = at("_ws"), iv = at(v); iw < kernels.size() && iv < kernels.size()) {
       const auto a = host_bits(douts[iw]), b = host_bits(douts[iv]);
       size_t mis = 0;
@@ -423,6 +432,22 @@ TEST(AttentionPrefill, Continuations) {
   check_prefill(kSmol, {2000, 63}, {127, 64}, 4, 2.0f, seed += 100);  // 4-token pages
 }
 
+// Pages consecutive in the cache (one run), in runs of up to 3 or 7 pages, and shuffled, at the head
+// sizes of the tall-box forms (ws2_tall, ws_persist_tall: one TMA box per 64 columns for a key tile
+// over consecutive pages, 16-key pieces elsewhere): 80-key tiles over 16-token pages start on page
+// boundaries, over 32- and 64-token pages also mid-page; 128-key tiles span 8 / 4 / 2 pages; the
+// sequences' last tiles (partial pieces) take the piece-wise path. Bits equal to ws everywhere.
+TEST(AttentionPrefill, ConsecutivePages) {
+  MOEFOLD_REQUIRE_GPU();
+  uint64_t seed = 9000;
+  for (int run : {1 << 20, 7, 3, 1}) {
+    check_prefill(kQwen35, {0, 37, 500}, {1000, 300, 129}, 16, 2.0f, seed += 100, run);
+    check_prefill(kQwen35, {0, 1000}, {700, 65}, 32, 2.0f, seed += 100, run);
+    check_prefill(kQwen3, {0, 100}, {1000, 257}, 16, 2.0f, seed += 100, run);
+    check_prefill(kQwen3, {0}, {600}, 64, 2.0f, seed += 100, run);
+  }
+}
+
 // Head sizes the GPU cannot run fail with an Error before anything launches.
 TEST(AttentionPrefill, UnsupportedHeadSizeIsAnError) {
   EXPECT_TRUE(cu::attention_supports_head_dim(256));
@@ -480,7 +505,9 @@ TEST(AttentionSmall, PrefillAndDecode) {
 // ---- timings (run with --gtest_also_run_disabled_tests --gtest_filter='*Perf*') -----------------
 namespace {
 
-/// Qwen3.5 attention shape on synthetic caches (uniform random bf16 in [-1, 1)).
+/// Qwen3.5 attention shape on synthetic caches (uniform random bf16 in [-1, 1)). Block tables: every
+/// sequence's pages consecutive in the cache (iota), or, with MOEFOLD_TEST_PERF_PAGES=shuffled, all
+/// pages in random order (the ws tall-box forms then take their piece-wise path).
 struct PerfSetup {
   int bs = 16, max_blocks;
   DeviceBuffer<bf16> kc, vc, q, out;
@@ -489,6 +516,8 @@ struct PerfSetup {
     max_blocks = (max_len + bs - 1) / bs;
     std::vector<int32_t> t(size_t(seqs) * size_t(max_blocks));
     std::iota(t.begin(), t.end(), 0);
+    if (const char* e = std::getenv("MOEFOLD_TEST_PERF_PAGES"); e && std::string(e) == "shuffled")
+      t = page_runs(int(t.size()), 1, 4242);
     bt = cuda::to_device(t);
     kc = DeviceBuffer<bf16>(t.size() * size_t(bs) * size_t(Hkv) * size_t(D));
     vc = DeviceBuffer<bf16>(kc.size());
@@ -562,7 +591,8 @@ TEST(AttentionPerf, DISABLED_Flash) {
   perf_cases({cu::AttnKernel::Auto, cu::AttnKernel::Flash, cu::AttnKernel::Wgmma, cu::AttnKernel::WgmmaVt,
               cu::AttnKernel::WgmmaPipe, cu::AttnKernel::Ws, cu::AttnKernel::WsNoPingPong, cu::AttnKernel::WsNoOverlap,
               cu::AttnKernel::WsPlain, cu::AttnKernel::WsStages3, cu::AttnKernel::WsBn64, cu::AttnKernel::WsPingPong,
-              cu::AttnKernel::WsQRegs, cu::AttnKernel::WsV2, cu::AttnKernel::WsPersist});
+              cu::AttnKernel::WsQRegs, cu::AttnKernel::WsV2, cu::AttnKernel::WsPersist, cu::AttnKernel::WsV2Tall,
+              cu::AttnKernel::WsPersistTall});
 }
 
 void perf_cases(std::initializer_list<cu::AttnKernel> kerns) {
@@ -584,9 +614,10 @@ void perf_cases(std::initializer_list<cu::AttnKernel> kerns) {
         if (kern == cu::AttnKernel::TensorCore && c.n > 4096) continue;
         const char* names[] = {"auto",     "fa",       "wgmma", "wgmma_vt", "tc_old",  "simt",
                                "wgmma_pipe", "ws",    "ws_nopp", "ws_noiw", "ws_plain", "ws_s3",
-                               "ws_bn64",    "ws_pp", "ws_qr", "ws2", "ws_persist"};
+                               "ws_bn64",    "ws_pp", "ws_qr", "ws2", "ws_persist", "ws2_tall", "ws_persist_tall"};
         const char* sel[] = {"auto",       "flash", "wgmma",   "wgmma_vt", "tc",       "simt",  "wgmma_pipe", "ws",
-                             "ws_nopp",    "ws_noiw", "ws_plain", "ws_s3", "ws_bn64", "ws_pp", "ws_qr", "ws2", "ws_persist"};
+                             "ws_nopp",    "ws_noiw", "ws_plain", "ws_s3", "ws_bn64", "ws_pp", "ws_qr", "ws2", "ws_persist",
+                             "ws2_tall",   "ws_persist_tall"};
         if (!kernel_selected(sel[int(kern)])) continue;
         sh.kernel = kern;
         const double us = time_us([&] {

@@ -31,6 +31,23 @@ inline uint64_t mix64(uint64_t z) {
   return z ^ (z >> 31);
 }
 
+/// An order of the pages [0, pages) for block tables: cut into runs of 1 .. max_run consecutive pages
+/// (random lengths), the runs shuffled; so some key tiles cover consecutive pages and others do not
+/// (the ws kernels' tall-box and piece-wise loads). max_run >= pages: one run (identity order).
+inline std::vector<int32_t> page_runs(int pages, int max_run, uint64_t seed) {
+  std::vector<std::pair<int32_t, int32_t>> runs;  // first page, length
+  for (int p = 0; p < pages;) {
+    const int len = std::min(pages - p, 1 + int(mix64(seed * 31 + uint64_t(p)) % uint64_t(std::max(max_run, 1))));
+    runs.push_back({p, len});
+    p += len;
+  }
+  for (size_t i = runs.size(); i > 1; --i) std::swap(runs[i - 1], runs[mix64(seed + 7777 + i) % i]);
+  std::vector<int32_t> order;
+  for (auto [first, len] : runs)
+    for (int j = 0; j < len; ++j) order.push_back(first + j);
+  return order;
+}
+
 /// n values uniform in [-amp, -amp/64] U [amp/64, amp] (never zero or tiny), already rounded to
 /// bf16 (exactly representable), from a counter-based hash: fast enough for 10^8 elements.
 inline std::vector<float> rand_bf16(size_t n, uint64_t seed, float amp = 1.0f) {

@@ -803,7 +803,7 @@ void attention_prefill(const bf16* q, const bf16* k_cache, const bf16* v_cache, 
                          : ws_ok                                       ? ws_default
                          : detail::wgmma_supports_head_dim(shape.head_dim) ? AttnKernel::Wgmma
                                                                            : AttnKernel::Flash;
-    if (k >= AttnKernel::Ws && k <= AttnKernel::WsPersist) {
+    if (k >= AttnKernel::Ws && k <= AttnKernel::WsPersistTall) {
       LaunchScope launch(kAttnPrefillWs, stream, [&] { return attention_work(shape, false); });
       detail::launch_attention_ws(f, num_seqs, max_q_len,
                                   static_cast<detail::WsVariant>(int(k) - int(AttnKernel::Ws)), stream);

@@ -59,7 +59,8 @@ using bf16 = __nv_bfloat16;
 /// head_dim 64/128/192/256 on pages of a multiple of 16 tokens); WsNoPingPong,
 /// WsNoOverlap, WsPlain, WsStages3, WsBn64, WsPingPong, WsQRegs, WsV2: its A/B variants (attention_flash.h,
 /// WsVariant; WsV2 gives Ws's bits with a reordered producer and a faster gated epilogue, WsPersist the
-/// same as a persistent grid). TensorCore: the
+/// same as a persistent grid; WsV2Tall / WsPersistTall: those two with one TMA box per 64 columns for
+/// each tile whose pages are consecutive in the cache, the same bits). TensorCore: the
 /// older 64-row mma.sync kernel. Simt keeps the CUDA-core kernel (fp32 P, the reference-like variant).
 enum class AttnKernel {
   Auto,
@@ -78,7 +79,9 @@ enum class AttnKernel {
   WsPingPong,
   WsQRegs,
   WsV2,
-  WsPersist
+  WsPersist,
+  WsV2Tall,
+  WsPersistTall
 };
 
 /// Whether a model of this head size runs on the GPU: attention_prefill (Auto / Flash) takes every

@@ -59,8 +59,10 @@ void launch_attention_wgmma(FlashArgs a, int num_seqs, int max_q_len, int varian
 /// ahead, K pieces wholly past the block's last key left unwritten (masked anyway), the gate rows
 /// prefetched into L2 and loaded all at once in the epilogue. Persist (128 and 256): V2 as a persistent
 /// grid (a block per multiprocessor walking the query tiles, longest first, the K/V rings running on
-/// from one tile to the next); the same bits.
-enum class WsVariant { Default, NoPingPong, NoOverlap, Plain, Stages3, Bn64, PingPong, QRegs, V2, Persist };
+/// from one tile to the next); the same bits. V2Tall / PersistTall (128 and 256): V2 / Persist with each
+/// tile whose pages are consecutive in the cache loaded as one TMA box per 64 columns instead of one
+/// per 16 keys (attention_ws.cuh load_tile; other tiles as before); the same bits.
+enum class WsVariant { Default, NoPingPong, NoOverlap, Plain, Stages3, Bn64, PingPong, QRegs, V2, Persist, V2Tall, PersistTall };
 
 /// Whether the warp-specialised kernel takes this head size and page size (64/128/192/256; pages of
 /// a multiple of 16 tokens, so each 16-key piece of a tile is one TMA box).
@@ -70,8 +72,8 @@ bool ws_supports(int head_dim, int block_size);
 /// an unsupported head / page size, unaligned caches or too many query tiles.
 void launch_attention_ws(FlashArgs a, int num_seqs, int max_q_len, WsVariant v, cudaStream_t stream);
 
-/// WsVariant::Persist (attention_ws_persist.cu), called by launch_attention_ws with the tile fields of
-/// `a` filled; head_dim 128 or 256 (Error otherwise).
-void launch_attention_ws_persist(const FlashArgs& a, int num_seqs, cudaStream_t stream);
+/// WsVariant::Persist / PersistTall (`tall`; attention_ws_persist.cu), called by launch_attention_ws
+/// with the tile fields of `a` filled; head_dim 128 or 256 (Error otherwise).
+void launch_attention_ws_persist(const FlashArgs& a, int num_seqs, bool tall, cudaStream_t stream);
 
 }  // namespace moefold::cuda::detail

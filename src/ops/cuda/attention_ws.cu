@@ -30,7 +30,9 @@
 // entries a tile ahead, leaves K pieces wholly past the block's last key unwritten (masked anyway),
 // and prefetches the gate rows into L2; the epilogue issues a row's gate loads before its stores (the
 // plain loop serialised 64 gate loads per thread behind the stores: ~20 us per block, fitted from the
-// H200 timings). The persistent form of the same is attention_ws_persist.cu; helpers attention_ws.cuh.
+// H200 timings). kTall (WsVariant::V2Tall): kV2 with a tile whose pages are consecutive in the cache
+// loaded as one TMA box per 64 columns (load_tile; 4 instead of 20 per K tile at d256), the same bits.
+// The persistent form of the same is attention_ws_persist.cu; helpers attention_ws.cuh.
 #include "ops/cuda/cuda_check.h"
 // (cuda_check.h first: see its note on fmt under nvcc)
 #include <cuda.h>
@@ -52,9 +54,11 @@ namespace moefold::cuda::detail {
 using namespace ptx;
 namespace {
 
-template <typename KV, int D, int BN_, int STAGES, bool kPP, bool kIW, bool kQR, bool kV2>
+template <typename KV, int D, int BN_, int STAGES, bool kPP, bool kIW, bool kQR, bool kV2, bool kTall>
 __global__ void __launch_bounds__(kThreads, 1)
-    attn_ws_kernel(const __grid_constant__ CUtensorMap tmk, const __grid_constant__ CUtensorMap tmv, const FlashArgs a) {
+    attn_ws_kernel(const __grid_constant__ CUtensorMap tmk, const __grid_constant__ CUtensorMap tmv,
+                   const __grid_constant__ CUtensorMap tmk_tall, const __grid_constant__ CUtensorMap tmv_tall,
+                   const FlashArgs a) {
   static_assert(std::is_same_v<KV, bf16>, "the products read bf16 K/V (FP8 KV: convert in the consumers)");
   pdl_begin();
   using C = WsCfg<D, BN_, STAGES>;
@@ -102,6 +106,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (lane == 0) {
         asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tmk)) : "memory");
         asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tmv)) : "memory");
+        if constexpr (kTall) {
+          asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tmk_tall)) : "memory");
+          asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tmv_tall)) : "memory");
+        }
       }
       int slot = piece_slot<BN>(a, bt, 0, kv_end, lane), slot_prev = 0;
       int st = 0, st_prev = 0;
@@ -112,13 +120,14 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int slot_next = jt + 1 < ntiles ? piece_slot<BN>(a, bt, kb + BN, kv_end, lane) : 0;
         if (jt < ntiles) {
           mbar_wait(empty_k(st), ph ^ 1);
-          load_tile<KV, D, BN, true>(&tmk, a.kc, a, bt, kvh, kb, kv_end, k_addr + uint32_t(st) * C::kv_bytes, full_k(st),
-                                     lane, slot);
+          load_tile<KV, D, BN, true, kTall>(&tmk, a.kc, a, bt, kvh, kb, kv_end, k_addr + uint32_t(st) * C::kv_bytes,
+                                            full_k(st), lane, slot, &tmk_tall);
         }
         if (jt > 0) {
           mbar_wait(empty_v(st_prev), ph_prev ^ 1);
-          load_tile<KV, D, BN>(&tmv, a.vc, a, bt, kvh, kb - BN, kv_end, v_addr + uint32_t(st_prev) * C::kv_bytes,
-                               full_v(st_prev), lane, slot_prev);
+          load_tile<KV, D, BN, false, kTall>(&tmv, a.vc, a, bt, kvh, kb - BN, kv_end,
+                                             v_addr + uint32_t(st_prev) * C::kv_bytes, full_v(st_prev), lane, slot_prev,
+                                             &tmv_tall);
         }
         slot_prev = slot, slot = slot_next, st_prev = st, ph_prev = ph;
         if (++st == STAGES) st = 0, ph ^= 1;
@@ -320,17 +329,20 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-template <int D, int BN, int STAGES, bool kPP, bool kIW, bool kQR = false, bool kV2 = false>
+template <int D, int BN, int STAGES, bool kPP, bool kIW, bool kQR = false, bool kV2 = false, bool kTall = false>
 void launch_cfg(const FlashArgs& a, dim3 grid, cudaStream_t stream) {
   using C = WsCfg<D, BN, STAGES>;
   static_assert(C::smem <= 227 * 1024, "shared memory");
-  auto* k = attn_ws_kernel<bf16, D, BN, STAGES, kPP, kIW, kQR, kV2>;
+  static_assert(!kTall || kV2, "tall boxes: the V2 producer");
+  auto* k = attn_ws_kernel<bf16, D, BN, STAGES, kPP, kIW, kQR, kV2, kTall>;
   static std::once_flag once;
   std::call_once(once, [k] {
     MOEFOLD_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(C::smem)));
   });
   const CUtensorMap mk = kv_map(a.kc, a.Hkv, D), mv = kv_map(a.vc, a.Hkv, D);
-  launch_pdl(k, grid, dim3(kThreads), C::smem, stream, mk, mv, a);
+  // (the tall maps are encoded only where the kernel reads them; otherwise the piece maps again)
+  const CUtensorMap mkt = kTall ? kv_map(a.kc, a.Hkv, D, BN) : mk, mvt = kTall ? kv_map(a.vc, a.Hkv, D, BN) : mv;
+  launch_pdl(k, grid, dim3(kThreads), C::smem, stream, mk, mv, mkt, mvt, a);
   MOEFOLD_CUDA_CHECK_LAUNCH();
 }
 
@@ -353,8 +365,8 @@ void launch_attention_ws(FlashArgs a, int num_seqs, int max_q_len, WsVariant v, 
   a.qtiles = (max_q_len + a.TB - 1) / a.TB;
   MOEFOLD_CHECK(a.qtiles <= 65535, "attention_prefill: {} query rows per sequence exceed the grid ({} tiles)",
                 max_q_len, a.qtiles);
-  if (v == WsVariant::Persist && (a.dh == 128 || a.dh == 256)) {
-    launch_attention_ws_persist(a, num_seqs, stream);
+  if ((v == WsVariant::Persist || v == WsVariant::PersistTall) && (a.dh == 128 || a.dh == 256)) {
+    launch_attention_ws_persist(a, num_seqs, v == WsVariant::PersistTall, stream);
     return;
   }
   const dim3 grid(unsigned(a.Hkv * a.head_chunks), unsigned(num_seqs), unsigned(a.qtiles));
@@ -369,6 +381,7 @@ void launch_attention_ws(FlashArgs a, int num_seqs, int max_q_len, WsVariant v, 
         case WsVariant::Stages3: launch_cfg<128, 128, 3, true, true>(a, grid, stream); break;
         case WsVariant::NoPingPong: launch_cfg<128, 128, 2, false, true>(a, grid, stream); break;  // Q in smem
         case WsVariant::V2: launch_cfg<128, 128, 2, false, true, true, true>(a, grid, stream); break;
+        case WsVariant::V2Tall: launch_cfg<128, 128, 2, false, true, true, true, true>(a, grid, stream); break;
         default: launch_cfg<128, 128, 2, false, true, true>(a, grid, stream); break;  // also QRegs
       }
       break;
@@ -379,6 +392,7 @@ void launch_attention_ws(FlashArgs a, int num_seqs, int max_q_len, WsVariant v, 
         case WsVariant::Plain: launch_cfg<256, 80, 2, false, false>(a, grid, stream); break;
         case WsVariant::Bn64: launch_cfg<256, 64, 2, true, true>(a, grid, stream); break;
         case WsVariant::V2: launch_cfg<256, 80, 2, true, true, false, true>(a, grid, stream); break;
+        case WsVariant::V2Tall: launch_cfg<256, 80, 2, true, true, false, true, true>(a, grid, stream); break;
         default: launch_cfg<256, 80, 2, true, true>(a, grid, stream); break;
       }
       break;

@@ -144,11 +144,35 @@ __device__ __forceinline__ int piece_slot(const FlashArgs& a, const int32_t* bt,
 /// my_slot: piece_slot() of this tile. kSkipTail: pieces wholly at or past kv_end are not written
 /// (for K: the mask replaces their scores by -inf whatever the tile holds; V needs the zeros, as P
 /// is 0 there and 0 * NaN would reach O).
-template <typename KV, int D, int BN, bool kSkipTail = false>
+/// kTall (WsVariant::V2Tall / PersistTall): a tile of BN keys wholly before kv_end whose pieces lie in
+/// consecutive cache slots (piece i at slot0 + 16 i: the pages it covers are consecutive in the cache,
+/// wherever the tile starts within a page) is one box of BN slots per 64 columns through `tall_map`
+/// (kv_map with rows = BN) instead of BN / 16 boxes of 16 slots. The same bytes land at the same
+/// shared addresses: the 128-byte swizzle is a function of the address (16-byte chunk index XOR bits
+/// 7..9, i.e. the row mod 8 in a 1024-byte aligned column tile), so a BN-row box at a column tile's
+/// start lays row r out exactly as the 16-row box of piece r / 16 did at offset 2048 (r / 16). Other
+/// tiles (pages not consecutive, the sequence's last tile) take the piece-wise path.
+template <typename KV, int D, int BN, bool kSkipTail = false, bool kTall = false>
 __device__ __forceinline__ void load_tile(const CUtensorMap* map, const KV* cache, const FlashArgs& a,
                                           const int32_t* bt, int kvh, int kb, int kv_end, uint32_t dst,
-                                          uint32_t full, int lane, int my_slot) {
+                                          uint32_t full, int lane, int my_slot, const CUtensorMap* tall_map = nullptr) {
   constexpr int CH = D * int(sizeof(KV)) / 16;  // 16-byte chunks per row
+  if constexpr (kTall) {
+    static_assert(BN / 16 <= 32 && BN <= 256, "one lane per piece; TMA boxes of at most 256 rows");
+    if (kv_end - kb >= BN) {  // every piece whole (then my_slot holds every piece's slot)
+      const int slot0 = __shfl_sync(0xffffffffu, my_slot, 0);
+      if (__all_sync(0xffffffffu, lane >= BN / 16 || my_slot == slot0 + 16 * lane)) {
+        if (lane == 0) {
+          mbar_arrive_expect_tx(full, uint32_t(BN) * uint32_t(D) * uint32_t(sizeof(KV)));
+#pragma unroll
+          for (int ct = 0; ct < D / 64; ++ct) tma_load_3d(dst + uint32_t(ct * BN * 128), tall_map, full, ct * 64, kvh, slot0);
+        } else {
+          mbar_arrive(full);
+        }
+        return;
+      }
+    }
+  }
   const int nfull = min(BN / 16, (kv_end - kb) >> 4);
   const int nlanes = kSkipTail ? min(BN / 16, (kv_end - kb + 15) >> 4) : BN / 16;  // pieces written
 #pragma unroll 1
@@ -254,14 +278,15 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
 }
 
 /// The 3-D map [slots, Hkv, D] of one cache (slot count unbounded: only slots of the block tables
-/// are addressed), boxes of 16 slots x 1 head x 64 elements, 128-byte swizzle.
+/// are addressed), boxes of `rows` slots (16: one piece; BN: a tall tile, at most 256) x 1 head x 64
+/// elements, 128-byte swizzle.
 template <typename KV>
-CUtensorMap kv_map(const KV* cache, int Hkv, int D) {
+CUtensorMap kv_map(const KV* cache, int Hkv, int D, int rows = 16) {
   static_assert(sizeof(KV) == 2, "bf16 cache");
   CUtensorMap m;
   const cuuint64_t dims[3] = {cuuint64_t(D), cuuint64_t(Hkv), cuuint64_t(1) << 31};
   const cuuint64_t strides[2] = {cuuint64_t(D) * sizeof(KV), cuuint64_t(Hkv) * D * sizeof(KV)};
-  const cuuint32_t box[3] = {64, 1, 16}, elem[3] = {1, 1, 1};
+  const cuuint32_t box[3] = {64, 1, cuuint32_t(rows)}, elem[3] = {1, 1, 1};
   const CUresult r = encode_fn()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<KV*>(cache), dims, strides, box, elem,
                                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);

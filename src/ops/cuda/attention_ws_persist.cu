@@ -18,10 +18,12 @@ namespace {
 /// 2P - 1 - b, 2P + b, ... (P blocks; a snake, so that the long and the short items even out). The
 /// producer runs on into the next item's K/V while the consumers finish and store the current one,
 /// and the K/V rings run on across items. Per item: attn_ws_kernel's kV2 path (the same tiles in the
-/// same order, the same arithmetic), so the same bits. kIW always; kPP, kQR as there.
-template <typename KV, int D, int BN_, int STAGES, bool kPP, bool kQR>
+/// same order, the same arithmetic), so the same bits. kIW always; kPP, kQR as there; kTall: tall
+/// boxes where a tile's pages are consecutive (WsVariant::PersistTall; attention_ws.cuh load_tile).
+template <typename KV, int D, int BN_, int STAGES, bool kPP, bool kQR, bool kTall>
 __global__ void __launch_bounds__(kThreads, 1)
     attn_ws_persist_kernel(const __grid_constant__ CUtensorMap tmk, const __grid_constant__ CUtensorMap tmv,
+                           const __grid_constant__ CUtensorMap tmk_tall, const __grid_constant__ CUtensorMap tmv_tall,
                            const FlashArgs a, int num_seqs) {
   static_assert(std::is_same_v<KV, bf16>, "the products read bf16 K/V");
   pdl_begin();
@@ -74,6 +76,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (lane == 0) {
       asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tmk)) : "memory");
       asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tmv)) : "memory");
+      if constexpr (kTall) {
+        asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tmk_tall)) : "memory");
+        asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tmv_tall)) : "memory");
+      }
     }
     int r0 = 0;
 #pragma unroll 1
@@ -93,14 +99,14 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (jt < it.ntiles) {
           const int st = stage(r0 + jt);
           mbar_wait(empty_k(st), phase(r0 + jt) ^ 1);
-          load_tile<KV, D, BN, true>(&tmk, a.kc, a, bt, it.kvh, kb, it.kv_end, k_addr + uint32_t(st) * C::kv_bytes,
-                                     full_k(st), lane, slot);
+          load_tile<KV, D, BN, true, kTall>(&tmk, a.kc, a, bt, it.kvh, kb, it.kv_end,
+                                            k_addr + uint32_t(st) * C::kv_bytes, full_k(st), lane, slot, &tmk_tall);
         }
         if (jt > 0) {
           const int st = stage(r0 + jt - 1);
           mbar_wait(empty_v(st), phase(r0 + jt - 1) ^ 1);
-          load_tile<KV, D, BN>(&tmv, a.vc, a, bt, it.kvh, kb - BN, it.kv_end, v_addr + uint32_t(st) * C::kv_bytes,
-                               full_v(st), lane, slot_prev);
+          load_tile<KV, D, BN, false, kTall>(&tmv, a.vc, a, bt, it.kvh, kb - BN, it.kv_end,
+                                             v_addr + uint32_t(st) * C::kv_bytes, full_v(st), lane, slot_prev, &tmv_tall);
         }
         slot_prev = slot, slot = slot_next;
       }
@@ -250,11 +256,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 /// The persistent form: min(work items, multiprocessors) blocks.
-template <int D, int BN, int STAGES, bool kPP, bool kQR>
+template <int D, int BN, int STAGES, bool kPP, bool kQR, bool kTall>
 void launch_persist(const FlashArgs& a, int num_seqs, cudaStream_t stream) {
   using C = WsCfg<D, BN, STAGES>;
   static_assert(C::smem <= 227 * 1024, "shared memory");
-  auto* k = attn_ws_persist_kernel<bf16, D, BN, STAGES, kPP, kQR>;
+  auto* k = attn_ws_persist_kernel<bf16, D, BN, STAGES, kPP, kQR, kTall>;
   static std::once_flag once;
   std::call_once(once, [k] {
     MOEFOLD_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(C::smem)));
@@ -262,17 +268,23 @@ void launch_persist(const FlashArgs& a, int num_seqs, cudaStream_t stream) {
   const int64_t items = int64_t(a.Hkv) * a.head_chunks * num_seqs * a.qtiles;
   MOEFOLD_CHECK(items < (int64_t(1) << 31) - 2 * 65536, "attention (ws persistent): {} work items", items);
   const CUtensorMap mk = kv_map(a.kc, a.Hkv, D), mv = kv_map(a.vc, a.Hkv, D);
+  const CUtensorMap mkt = kTall ? kv_map(a.kc, a.Hkv, D, BN) : mk, mvt = kTall ? kv_map(a.vc, a.Hkv, D, BN) : mv;
   const dim3 grid(unsigned(std::min<int64_t>(items, device_sm_count())));
-  launch_pdl(k, grid, dim3(kThreads), C::smem, stream, mk, mv, a, num_seqs);
+  launch_pdl(k, grid, dim3(kThreads), C::smem, stream, mk, mv, mkt, mvt, a, num_seqs);
   MOEFOLD_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
 
-void launch_attention_ws_persist(const FlashArgs& a, int num_seqs, cudaStream_t stream) {
+void launch_attention_ws_persist(const FlashArgs& a, int num_seqs, bool tall, cudaStream_t stream) {
   MOEFOLD_CHECK(a.dh == 128 || a.dh == 256, "attention (ws persistent): head_dim {} (128 or 256)", a.dh);
-  if (a.dh == 128) launch_persist<128, 128, 2, false, true>(a, num_seqs, stream);
-  else launch_persist<256, 80, 2, true, false>(a, num_seqs, stream);
+  if (a.dh == 128) {
+    if (tall) launch_persist<128, 128, 2, false, true, true>(a, num_seqs, stream);
+    else launch_persist<128, 128, 2, false, true, false>(a, num_seqs, stream);
+  } else {
+    if (tall) launch_persist<256, 80, 2, true, false, true>(a, num_seqs, stream);
+    else launch_persist<256, 80, 2, true, false, false>(a, num_seqs, stream);
+  }
 }
 
 }  // namespace moefold::cuda::detail
