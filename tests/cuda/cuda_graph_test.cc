@@ -212,7 +212,7 @@ TEST(DecodeGraphsSmall, ReplayCountsTheEagerLaunches) {
 // when the switch is off.
 TEST(DecodeGraphsSmall, SharedExpertFusedAtBucket1) {
   MOEFOLD_REQUIRE_GPU();
-  if (!cuda::moe_shared_stream_enabled()) GTEST_SKIP() << "MOEFOLD_MOE_SHARED_STREAM=0 turns the fused path off";
+  if (!cuda::moe_shared_stream_enabled()) GTEST_SKIP() << "runs with MOEFOLD_MOE_SHARED_STREAM=1";
   const std::string fam = "qwen3_5_moe";
   for (bool eager : {false, true}) {
     auto r = runner(fam, 1, eager, {1});

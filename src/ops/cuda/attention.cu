@@ -794,11 +794,9 @@ void attention_prefill(const bf16* q, const bf16* k_cache, const bf16* v_cache, 
     // (shape.batch_invariant does not narrow the choice: the ws and wgmma kernels' rows are invariant.)
     const bool ws_ok = prefill_ws_enabled() && detail::ws_supports(shape.head_dim, shape.block_size) &&
                        aligned16(k_cache) && aligned16(v_cache);
-    // The ws forms measured fastest on the H200 (docs/benchmarks.md, session 8): the persistent grid at
-    // d256, the reordered producer at d128; all give Ws's bits.
-    const AttnKernel ws_default = shape.head_dim == 256   ? AttnKernel::WsPersist
-                                  : shape.head_dim == 128 ? AttnKernel::WsV2
-                                                          : AttnKernel::Ws;
+    // The ws form measured fastest on the H200 (docs/benchmarks.md, session 8) at d128 and d256: the
+    // reordered producer with one TMA box per 64 columns over consecutive pages; it gives Ws's bits.
+    const AttnKernel ws_default = shape.head_dim == 256 || shape.head_dim == 128 ? AttnKernel::WsV2Tall : AttnKernel::Ws;
     const AttnKernel k = shape.kernel != AttnKernel::Auto              ? shape.kernel
                          : ws_ok                                       ? ws_default
                          : detail::wgmma_supports_head_dim(shape.head_dim) ? AttnKernel::Wgmma

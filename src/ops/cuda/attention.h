@@ -48,8 +48,8 @@ namespace moefold::cuda {
 using bf16 = __nv_bfloat16;
 
 /// Kernel choice for attention_prefill (decode always uses the split CUDA-core kernel).
-/// Auto: on pages of a multiple of 16 tokens WsPersist for head_dim 256, WsV2 for 128, Ws for 64/192
-/// (the same bits as Ws everywhere), else Wgmma for those
+/// Auto: on pages of a multiple of 16 tokens WsV2Tall for head_dim 128 and 256, Ws for 64/192 (the same
+/// bits as Ws everywhere), else Wgmma for those
 /// head sizes, Flash for the other multiples of 16. Flash: the mma.sync
 /// kernel of attention_flash.cu (128-row tiles, double-buffered K/V, every multiple of 16 up to 256).
 /// Wgmma / WgmmaVt: the same tiling on Hopper warpgroup MMA (attention_wgmma.cu; V read MN-major /
