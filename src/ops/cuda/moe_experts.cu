@@ -197,6 +197,21 @@ size_t layout(const MoeShape& s, char* base, MoeWorkspace* ws) {
 // ---- combine ----------------------------------------------------------------------------------------
 constexpr int kCombineThreads = 256;
 
+/// sigmoid of the block's sum of the threads' partial dot products `d` (the shared expert's gate
+/// logit): a warp butterfly, then the warp sums added in warp order. Every thread of the block calls it
+/// and gets the same value.
+__device__ __forceinline__ float shared_gate_sigmoid(float d) {
+  __shared__ float s_part[kCombineThreads / 32];
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+  if ((threadIdx.x & 31) == 0) s_part[threadIdx.x >> 5] = d;
+  __syncthreads();
+  float tot = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kCombineThreads / 32; ++i) tot += s_part[i];
+  return 1.0f / (1.0f + expf(-tot));
+}
+
 __global__ void __launch_bounds__(kCombineThreads)
     moe_combine_kernel(const float* __restrict__ weights, const __nv_bfloat16* __restrict__ y,
                        const __nv_bfloat16* __restrict__ shared_out, const __nv_bfloat16* __restrict__ shared_gate_w,
@@ -210,7 +225,6 @@ __global__ void __launch_bounds__(kCombineThreads)
 
   float sgate = 1.0f;
   if (shared_out != nullptr && shared_gate_w != nullptr) {
-    __shared__ float s_part[kCombineThreads / 32];
     float d = 0.0f;
     for (int h = threadIdx.x * 8; h < H; h += kCombineThreads * 8) {
       const uint4 xv = *reinterpret_cast<const uint4*>(x + int64_t(t) * H + h);
@@ -224,14 +238,7 @@ __global__ void __launch_bounds__(kCombineThreads)
         d = fmaf(a.y, b.y, d);
       }
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
-    if ((threadIdx.x & 31) == 0) s_part[threadIdx.x >> 5] = d;
-    __syncthreads();
-    float tot = 0.0f;
-#pragma unroll
-    for (int i = 0; i < kCombineThreads / 32; ++i) tot += s_part[i];
-    sgate = 1.0f / (1.0f + expf(-tot));
+    sgate = shared_gate_sigmoid(d);
   }
 
   for (int h = threadIdx.x * 8; h < H; h += kCombineThreads * 8) {
@@ -315,7 +322,6 @@ __global__ void __launch_bounds__(kCombineThreads)
 
   float sgate = 1.0f;
   if (gated) {
-    __shared__ float s_part[kCombineThreads / 32];
     float d = 0.0f;
     if (mine) {
       const __nv_bfloat162* xp = reinterpret_cast<const __nv_bfloat162*>(&xv);
@@ -327,14 +333,7 @@ __global__ void __launch_bounds__(kCombineThreads)
         d = fmaf(a.y, b.y, d);
       }
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
-    if ((threadIdx.x & 31) == 0) s_part[threadIdx.x >> 5] = d;
-    __syncthreads();
-    float tot = 0.0f;
-#pragma unroll
-    for (int i = 0; i < kCombineThreads / 32; ++i) tot += s_part[i];
-    sgate = 1.0f / (1.0f + expf(-tot));
+    sgate = shared_gate_sigmoid(d);
   }
   if (!mine) return;
   float acc[8];
