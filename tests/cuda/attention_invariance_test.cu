@@ -42,6 +42,7 @@
 #include "ops/cpu/attention.h"
 #include "ops/cpu/linear.h"
 #include "ops/cuda/attention.h"
+#include "ops/cuda/attention_ws.cuh"
 #include "ops/cuda/dummy_fill.h"
 
 using namespace moefold;
@@ -359,6 +360,39 @@ __global__ void rescale_residual_kernel(float sl2, int n, unsigned* not_one, uns
 }
 
 }  // namespace
+
+// sigmoid_nobranch (the gated epilogue's sigmoid, attention_ws.cuh) against sigmoidf_ over every bf16
+// (the gate's type: 65,536 inputs, NaN and infinities included) and 2^22 fp32 values across the whole
+// range: bit for bit wherever it does not flag `slow`, and it flags exactly where sigmoidf_'s
+// reciprocal leaves its fast range (1 + e^-x >= 2^126, or NaN).
+__global__ void sigmoid_nobranch_kernel(int n, unsigned* mismatch, unsigned* slow_count, unsigned* wrong_flag) {
+  const int i = int(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i >= n) return;
+  uint32_t h = uint32_t(i) * 0x9e3779b9u;  // (a 32-bit mix: every exponent and sign)
+  h ^= h >> 16, h *= 0x85ebca6bu, h ^= h >> 13, h *= 0xc2b2ae35u, h ^= h >> 16;
+  const uint32_t bits = i < 65536 ? uint32_t(i) << 16 : h;
+  const float x = __uint_as_float(bits);
+  bool slow = false;
+  const float got = cu::detail::sigmoid_nobranch(x, slow), want = cu::detail::sigmoidf_(x);
+  const float y = 1.0f + expf(-x);
+  if (slow) atomicAdd(slow_count, 1u);
+  if (slow != !(y < 0x1p126f)) atomicAdd(wrong_flag, 1u);
+  if (!slow && __float_as_uint(got) != __float_as_uint(want)) atomicAdd(mismatch, 1u);
+}
+
+TEST(AttentionEpilogue, SigmoidWithoutBranchEqualsSigmoidfBitwise) {
+  MOEFOLD_REQUIRE_GPU();
+  constexpr int kN = 65536 + (1 << 22);
+  DeviceBuffer<unsigned> cnt(3);
+  cnt.upload(std::vector<unsigned>{0, 0, 0});
+  sigmoid_nobranch_kernel<<<kN / 256, 256>>>(kN, cnt.data(), cnt.data() + 1, cnt.data() + 2);
+  MOEFOLD_CUDA_CHECK_LAUNCH();
+  const auto c = cnt.download();
+  std::printf("NOTE sigmoid_nobranch: %u of %d inputs take sigmoidf_ again (slow)\n", c[1], kN);
+  EXPECT_TRUE(contract_exact("attn_epilogue_sigmoid_nobranch_bits", "bf16_all+fp32_random_4M", c[0]));
+  EXPECT_TRUE(contract_exact("attn_epilogue_sigmoid_nobranch_slow_flag", "bf16_all+fp32_random_4M", c[2]));
+  EXPECT_GT(c[1], 0u);  // the range's edge is reached (bf16 below -87.3, NaN)
+}
 
 // The qwen3 fixture's shape (prefix_cache_cuda_test EightRequestsSharingAPrefixInOneStep/qwen3) and SmolLM2's.
 TEST(AttentionInvariance, HeadDim64) {

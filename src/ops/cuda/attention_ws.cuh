@@ -206,10 +206,26 @@ __device__ __forceinline__ void load_tile(const CUtensorMap* map, const KV* cach
   if (lane != 0) mbar_arrive(full);
 }
 
+/// sigmoidf_(x) = 1 / (1 + e^-x) bit for bit without its branch, for y = 1 + e^-x in [1, 2^126): the
+/// reciprocal as the compiler's rcp.rn takes it on that range (rcp.approx, then one Newton step with
+/// the residual y r - 1 from an fma; outside the range, and for NaN, rcp.rn calls its slow path
+/// instead), with expf and the addition written as sigmoidf_ writes them. Sets `slow` where y leaves
+/// the range (x < -87.3 or NaN): the caller then recomputes with sigmoidf_. Without the per-element
+/// branch, the gated epilogue's sigmoids overlap (the branchy form waits out each one's latency).
+__device__ __forceinline__ float sigmoid_nobranch(float x, bool& slow) {
+  const float y = 1.0f + expf(-x);
+  slow |= !(y < 0x1p126f);
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(y));
+  const float e = __fmaf_rn(y, r, -1.0f);
+  return __fmaf_rn(r, -e, r);
+}
+
 /// The epilogue of the V2 and persistent paths: this thread's rows i with valid[i] (global row
 /// grow[i], q head head[i]) as out = o / l, times sigmoid(gate) when gated: attn_ws_kernel's own
-/// arithmetic, with all of a row's gate loads issued before its first store (there each load waited
-/// for the previous store: gate and out may alias for the compiler). lpart: the thread's partial sums.
+/// arithmetic (sigmoid_nobranch, and sigmoidf_ again for a row where that leaves its range), with all
+/// of a row's gate loads issued before its first store (there each load waited for the previous
+/// store: gate and out may alias for the compiler). lpart: the thread's partial sums.
 template <int D>
 __device__ __forceinline__ void store_rows_v2(const FlashArgs& a, const float (&o)[D / 2], const float (&lpart)[2],
                                               const bool (&valid)[2], const int64_t (&grow)[2], const int (&head)[2],
@@ -230,16 +246,23 @@ __device__ __forceinline__ void store_rows_v2(const FlashArgs& a, const float (&
       uint32_t gr[D / 8];
 #pragma unroll
       for (int j = 0; j < D / 8; ++j) gr[j] = __ldg(reinterpret_cast<const unsigned int*>(grow_gate + 8 * j + 2 * tig));
-#pragma unroll
-      for (int j = 0; j < D / 8; ++j) {
-        float v0 = o[4 * j + 2 * i] * inv, v1 = o[4 * j + 2 * i + 1] * inv;
+      // out word j: columns 8 j + 2 tig, + 1 (`exact`: sigmoidf_, the reference form)
+      auto word = [&](int j, bool exact, bool& slow) {
         __nv_bfloat162 gh;
         static_assert(sizeof(gh) == sizeof(uint32_t));
         memcpy(&gh, &gr[j], sizeof(gh));
         const float2 gf = __bfloat1622float2(gh);
-        v0 *= sigmoidf_(gf.x);
-        v1 *= sigmoidf_(gf.y);
-        *reinterpret_cast<__nv_bfloat162*>(orow + 8 * j + 2 * tig) = __floats2bfloat162_rn(v0, v1);
+        const float v0 = o[4 * j + 2 * i] * inv, v1 = o[4 * j + 2 * i + 1] * inv;
+        const float s0 = exact ? sigmoidf_(gf.x) : sigmoid_nobranch(gf.x, slow);
+        const float s1 = exact ? sigmoidf_(gf.y) : sigmoid_nobranch(gf.y, slow);
+        return __floats2bfloat162_rn(v0 * s0, v1 * s1);
+      };
+      bool slow = false;
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j) *reinterpret_cast<__nv_bfloat162*>(orow + 8 * j + 2 * tig) = word(j, false, slow);
+      if (slow) {  // a gate below -87.3 (or NaN) in this row: the row again, in sigmoidf_'s own form
+#pragma unroll
+        for (int j = 0; j < D / 8; ++j) *reinterpret_cast<__nv_bfloat162*>(orow + 8 * j + 2 * tig) = word(j, true, slow);
       }
     } else {
 #pragma unroll
