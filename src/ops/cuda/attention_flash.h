@@ -31,6 +31,7 @@ struct FlashArgs {
   int dh;                    // head_dim (<= the kernel's instance size; multiple of 16)
   int qtiles;
   float scale_log2;  // softmax scale * log2(e)
+  bool vec_out = false;  // (ws kernels) out 16-byte aligned: rows stored in 16-byte pieces
 };
 
 /// Whether the flash kernel runs this head size: multiples of 16 from 16 to 256 (64, 80, 96, 128,

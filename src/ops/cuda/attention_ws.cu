@@ -58,7 +58,7 @@ template <typename KV, int D, int BN_, int STAGES, bool kPP, bool kIW, bool kQR,
 __global__ void __launch_bounds__(kThreads, 1)
     attn_ws_kernel(const __grid_constant__ CUtensorMap tmk, const __grid_constant__ CUtensorMap tmv,
                    const __grid_constant__ CUtensorMap tmk_tall, const __grid_constant__ CUtensorMap tmv_tall,
-                   const FlashArgs a) {
+                   const __grid_constant__ CUtensorMap tmq, const FlashArgs a, bool q_tma) {
   static_assert(std::is_same_v<KV, bf16>, "the products read bf16 K/V (FP8 KV: convert in the consumers)");
   pdl_begin();
   using C = WsCfg<D, BN_, STAGES>;
@@ -71,6 +71,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto full_v = [&](int st) { return bars + uint32_t(STAGES + st) * 8u; };
   auto empty_k = [&](int st) { return bars + uint32_t(2 * STAGES + st) * 8u; };
   auto empty_v = [&](int st) { return bars + uint32_t(3 * STAGES + st) * 8u; };
+  const uint32_t q_full = bars + uint32_t(4 * STAGES) * 8u;  // kV2 with q_tma: the Q tile's TMA bytes
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wgi = warp >> 2;
   const int s = blockIdx.y;  // (grid z: query tiles, longest first for every sequence of a batch)
@@ -82,6 +83,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (t0 >= n) return;
   const int kv_end = ctx + min(t0 + a.TB, n);
   const int ntiles = (kv_end + BN - 1) / BN;
+  // kV2: the producer loads the Q tile by TMA (one box per 64 columns) where its 128 rows are all
+  // tokens of the sequence and heads of the group (q_tma: the launch's strides and alignment allow it).
+  const bool qt = kV2 && q_tma && a.HB * a.TB == kBM && (hchunk + 1) * a.HB <= a.G && t0 + a.TB <= n;
 
   if (tid == 0) {
 #pragma unroll
@@ -91,6 +95,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_init(empty_k(st), 8);  // one arrival per consumer warp
       mbar_init(empty_v(st), 8);
     }
+    if constexpr (kV2) mbar_init(q_full, 1);
     fence_mbar_init();
   }
   __syncthreads();
@@ -109,6 +114,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         if constexpr (kTall) {
           asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tmk_tall)) : "memory");
           asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tmv_tall)) : "memory");
+        }
+        if (qt) {
+          mbar_arrive_expect_tx(q_full, uint32_t(kBM) * uint32_t(D) * 2u);
+#pragma unroll
+          for (int ct = 0; ct < D / 64; ++ct)
+            tma_load_3d(q_addr + uint32_t(ct * kBM * 128), &tmq, q_full, ct * 64, kvh * a.G + hchunk * a.HB, row0 + t0);
         }
       }
       int slot = piece_slot<BN>(a, bt, 0, kv_end, lane), slot_prev = 0;
@@ -154,15 +165,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   // ---- consumers: warpgroup cw owns rows cw * 64 .. + 63 ----
   setmaxnreg_inc<kConsumerRegs>();
   const int cw = wgi - 1, ctid = tid - 128 - cw * 128, w4 = warp & 3, g = lane >> 2, tig = lane & 3;
-  for (int idx = ctid; idx < 64 * CH; idx += 128) {
-    const int rb = cw * 64 + idx / CH, c = idx % CH, tb = rb / a.HB, hg = hchunk * a.HB + rb % a.HB;
-    unsigned char* d = base + sw_off(rb, c * 8, kBM);
-    if (tb < a.TB && t0 + tb < n && hg < a.G)
-      cp_async16(d, a.q + int64_t(row0 + t0 + tb) * a.q_ts + int64_t(kvh * a.G + hg) * a.q_hs + c * 8);
-    else
-      *reinterpret_cast<uint4*>(d) = make_uint4(0, 0, 0, 0);
+  if (!qt) {
+    for (int idx = ctid; idx < 64 * CH; idx += 128) {
+      const int rb = cw * 64 + idx / CH, c = idx % CH, tb = rb / a.HB, hg = hchunk * a.HB + rb % a.HB;
+      unsigned char* d = base + sw_off(rb, c * 8, kBM);
+      if (tb < a.TB && t0 + tb < n && hg < a.G)
+        cp_async16(d, a.q + int64_t(row0 + t0 + tb) * a.q_ts + int64_t(kvh * a.G + hg) * a.q_hs + c * 8);
+      else
+        *reinterpret_cast<uint4*>(d) = make_uint4(0, 0, 0, 0);
+    }
+    cp_async_commit();
   }
-  cp_async_commit();
 
   int lim[2], tok[2], head[2];
   bool valid[2];
@@ -177,9 +190,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int full_end = ctx + t0 + 1;  // tiles ending at or before this key need no mask
   const uint32_t qa = q_addr + uint32_t(cw * 64 * 128);
   const float sl2 = a.scale_log2;
-  cp_async_wait_all();
-  wg::fence_proxy_async();
-  named_sync(1 + cw, 128);  // this warpgroup's Q rows staged
+  if (qt) {
+    mbar_wait(q_full, 0);
+  } else {
+    cp_async_wait_all();
+    wg::fence_proxy_async();
+    named_sync(1 + cw, 128);  // this warpgroup's Q rows staged
+  }
 
   // Ping-pong: barrier 3 + w gates warpgroup w's issue; the second consumer lets the first go first.
   const int my_bar = 3 + cw, other_bar = 3 + (cw ^ 1);
@@ -299,7 +316,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if constexpr (kV2) {
     const int64_t grow[2] = {row0 + tok[0], row0 + tok[1]};
-    store_rows_v2<D>(a, o, sm.l, valid, grow, head, tig);
+    store_rows_v2<D, true>(a, o, sm.l, valid, grow, head, tig);
     return;
   }
   float l[2] = {sm.l[0], sm.l[1]};
@@ -332,17 +349,20 @@ __global__ void __launch_bounds__(kThreads, 1)
 template <int D, int BN, int STAGES, bool kPP, bool kIW, bool kQR = false, bool kV2 = false, bool kTall = false>
 void launch_cfg(const FlashArgs& a, dim3 grid, cudaStream_t stream) {
   using C = WsCfg<D, BN, STAGES>;
-  static_assert(C::smem <= 227 * 1024, "shared memory");
+  constexpr size_t smem = C::smem + 16;  // + the Q tile's mbarrier
+  static_assert(smem <= 227 * 1024, "shared memory");
   static_assert(!kTall || kV2, "tall boxes: the V2 producer");
   auto* k = attn_ws_kernel<bf16, D, BN, STAGES, kPP, kIW, kQR, kV2, kTall>;
   static std::once_flag once;
   std::call_once(once, [k] {
-    MOEFOLD_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(C::smem)));
+    MOEFOLD_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   });
   const CUtensorMap mk = kv_map(a.kc, a.Hkv, D), mv = kv_map(a.vc, a.Hkv, D);
   // (the tall maps are encoded only where the kernel reads them; otherwise the piece maps again)
   const CUtensorMap mkt = kTall ? kv_map(a.kc, a.Hkv, D, BN) : mk, mvt = kTall ? kv_map(a.vc, a.Hkv, D, BN) : mv;
-  launch_pdl(k, grid, dim3(kThreads), C::smem, stream, mk, mv, mkt, mvt, a);
+  const bool q_tma = kV2 && q_tma_ok(a);
+  const CUtensorMap mq = q_tma ? q_map(a) : mk;
+  launch_pdl(k, grid, dim3(kThreads), smem, stream, mk, mv, mkt, mvt, mq, a, q_tma);
   MOEFOLD_CUDA_CHECK_LAUNCH();
 }
 
@@ -363,6 +383,7 @@ void launch_attention_ws(FlashArgs a, int num_seqs, int max_q_len, WsVariant v, 
   a.head_chunks = (a.G + a.HB - 1) / a.HB;
   a.bs_shift = (a.block_size & (a.block_size - 1)) == 0 ? __builtin_ctz(unsigned(a.block_size)) : -1;
   a.qtiles = (max_q_len + a.TB - 1) / a.TB;
+  a.vec_out = reinterpret_cast<uintptr_t>(a.out) % 16 == 0 && a.dh % 32 == 0;
   MOEFOLD_CHECK(a.qtiles <= 65535, "attention_prefill: {} query rows per sequence exceed the grid ({} tiles)",
                 max_q_len, a.qtiles);
   if ((v == WsVariant::Persist || v == WsVariant::PersistTall) && (a.dh == 128 || a.dh == 256)) {

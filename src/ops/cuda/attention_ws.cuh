@@ -7,6 +7,7 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
+#include <cstdlib>
 #include <type_traits>
 
 #include "core/error.h"
@@ -206,6 +207,22 @@ __device__ __forceinline__ void load_tile(const CUtensorMap* map, const KV* cach
   if (lane != 0) mbar_arrive(full);
 }
 
+/// Transposes a 4 x 4 block of 32-bit words over the lanes of a quad: lane t holds row t in x0 .. x3
+/// before and column t after (two exchange rounds).
+__device__ __forceinline__ void quad_transpose(uint32_t& x0, uint32_t& x1, uint32_t& x2, uint32_t& x3, int tig) {
+  const bool hi = tig & 2, odd = tig & 1;
+  const unsigned quad = 0xfu << (threadIdx.x & 28);  // (the quad alone: other quads may skip their row)
+  // lanes t, t ^ 2: the 2 x 2 blocks off the diagonal
+  uint32_t r0 = __shfl_xor_sync(quad, hi ? x0 : x2, 2), r1 = __shfl_xor_sync(quad, hi ? x1 : x3, 2);
+  if (hi) x0 = r0, x1 = r1;
+  else x2 = r0, x3 = r1;
+  // lanes t, t ^ 1: within the 2 x 2 blocks
+  r0 = __shfl_xor_sync(quad, odd ? x0 : x1, 1);
+  r1 = __shfl_xor_sync(quad, odd ? x2 : x3, 1);
+  if (odd) x0 = r0, x2 = r1;
+  else x1 = r0, x3 = r1;
+}
+
 /// sigmoidf_(x) = 1 / (1 + e^-x) bit for bit without its branch, for y = 1 + e^-x in [1, 2^126): the
 /// reciprocal as the compiler's rcp.rn takes it on that range (rcp.approx, then one Newton step with
 /// the residual y r - 1 from an fma; outside the range, and for NaN, rcp.rn calls its slow path
@@ -226,7 +243,7 @@ __device__ __forceinline__ float sigmoid_nobranch(float x, bool& slow) {
 /// arithmetic (sigmoid_nobranch, and sigmoidf_ again for a row where that leaves its range), with all
 /// of a row's gate loads issued before its first store (there each load waited for the previous
 /// store: gate and out may alias for the compiler). lpart: the thread's partial sums.
-template <int D>
+template <int D, bool kVecGated = false>
 __device__ __forceinline__ void store_rows_v2(const FlashArgs& a, const float (&o)[D / 2], const float (&lpart)[2],
                                               const bool (&valid)[2], const int64_t (&grow)[2], const int (&head)[2],
                                               int tig) {
@@ -258,19 +275,45 @@ __device__ __forceinline__ void store_rows_v2(const FlashArgs& a, const float (&
         return __floats2bfloat162_rn(v0 * s0, v1 * s1);
       };
       bool slow = false;
+      if (kVecGated && a.vec_out) {  // 16-byte stores, as below
 #pragma unroll
-      for (int j = 0; j < D / 8; ++j) *reinterpret_cast<__nv_bfloat162*>(orow + 8 * j + 2 * tig) = word(j, false, slow);
+        for (int m = 0; m < D / 32; ++m) {
+          uint32_t w[4];
+#pragma unroll
+          for (int u = 0; u < 4; ++u) {
+            const __nv_bfloat162 h = word(4 * m + u, false, slow);
+            memcpy(&w[u], &h, sizeof(uint32_t));
+          }
+          quad_transpose(w[0], w[1], w[2], w[3], tig);
+          *reinterpret_cast<uint4*>(orow + 32 * m + 8 * tig) = make_uint4(w[0], w[1], w[2], w[3]);
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < D / 8; ++j) *reinterpret_cast<__nv_bfloat162*>(orow + 8 * j + 2 * tig) = word(j, false, slow);
+      }
       if (slow) {  // a gate below -87.3 (or NaN) in this row: the row again, in sigmoidf_'s own form
 #pragma unroll
         for (int j = 0; j < D / 8; ++j) *reinterpret_cast<__nv_bfloat162*>(orow + 8 * j + 2 * tig) = word(j, true, slow);
+      }
+    } else if (D <= 128 && a.vec_out) {  // 16-byte stores: the quad's words of 4 column groups transposed
+      // first (not at 256: the persistent form's registers would spill)
+#pragma unroll
+      for (int m = 0; m < D / 32; ++m) {
+        uint32_t w[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          const int j = 4 * m + u;
+          w[u] = pack2(o[4 * j + 2 * i] * inv, o[4 * j + 2 * i + 1] * inv);
+        }
+        quad_transpose(w[0], w[1], w[2], w[3], tig);  // lane tig: columns 32 m + 8 tig .. + 7
+        *reinterpret_cast<uint4*>(orow + 32 * m + 8 * tig) = make_uint4(w[0], w[1], w[2], w[3]);
       }
     } else {
 #pragma unroll
       for (int j = 0; j < D / 8; ++j)
         *reinterpret_cast<__nv_bfloat162*>(orow + 8 * j + 2 * tig) =
             __floats2bfloat162_rn(o[4 * j + 2 * i] * inv, o[4 * j + 2 * i + 1] * inv);
-    }
-  }
+    }  }
 }
 
 /// Rows of a block's 128 (token, head) rows of a [tokens, heads, D] bf16 operand (x at x + t * ts +
@@ -314,6 +357,33 @@ CUtensorMap kv_map(const KV* cache, int Hkv, int D, int rows = 16) {
                                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   MOEFOLD_CHECK(r == CUDA_SUCCESS, "attention (ws): cuTensorMapEncodeTiled failed ({})", int(r));
+  return m;
+}
+
+/// Whether the V2 kernels may load Q tiles by TMA: 16-byte aligned rows and head strides, 128-row
+/// tiles of whole token x head groups (MOEFOLD_ATTN_Q_TMA=0 turns it off, for A/B runs).
+inline bool q_tma_ok(const FlashArgs& a) {
+  static const bool env_on = [] {
+    const char* e = std::getenv("MOEFOLD_ATTN_Q_TMA");
+    return !(e && e[0] == '0' && e[1] == '\0');
+  }();
+  return env_on && reinterpret_cast<uintptr_t>(a.q) % 16 == 0 && a.q_ts % 8 == 0 && a.q_hs % 8 == 0 &&
+         a.HB * a.TB == kBM;
+}
+
+/// The 3-D map [tokens, Hq, D] over Q (rows q_ts elements apart, heads q_hs; the token count unbounded:
+/// only tiles whose rows all lie in their sequence are addressed), boxes of TB tokens x HB heads x 64
+/// elements in the 128-byte swizzle: a box lands as rows tb * HB + h, the layout sw_off gives the
+/// consumers' copy.
+inline CUtensorMap q_map(const FlashArgs& a) {
+  CUtensorMap m;
+  const cuuint64_t dims[3] = {cuuint64_t(a.dh), cuuint64_t(a.Hq), cuuint64_t(1) << 31};
+  const cuuint64_t strides[2] = {cuuint64_t(a.q_hs) * 2, cuuint64_t(a.q_ts) * 2};
+  const cuuint32_t box[3] = {64, cuuint32_t(a.HB), cuuint32_t(a.TB)}, elem[3] = {1, 1, 1};
+  const CUresult r = encode_fn()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<bf16*>(a.q), dims, strides, box,
+                                 elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  MOEFOLD_CHECK(r == CUDA_SUCCESS, "attention (ws): cuTensorMapEncodeTiled for Q failed ({})", int(r));
   return m;
 }
 
