@@ -28,11 +28,13 @@
 // kV2 (WsVariant::V2; the same bits): the producer issues K(j) before V(j - 1) (S(j) and P V(j - 1)
 // are issued together, and K's stage frees half a tile before V's), reads each tile's block-table
 // entries a tile ahead, leaves K pieces wholly past the block's last key unwritten (masked anyway),
-// and prefetches the gate rows into L2; the epilogue issues a row's gate loads before its stores (the
-// plain loop serialised 64 gate loads per thread behind the stores: ~20 us per block, fitted from the
-// H200 timings). kTall (WsVariant::V2Tall): kV2 with a tile whose pages are consecutive in the cache
+// and prefetches the gate rows into L2, and loads the block's Q tile by TMA where its 128 rows are whole
+// (the consumers copy the others); the epilogue (attention_ws.cuh store_rows_v2) issues a row's gate
+// loads before its stores, takes the gate's sigmoid without a per-element branch and stores 16-byte
+// pieces. kTall (WsVariant::V2Tall): kV2 with a tile whose pages are consecutive in the cache
 // loaded as one TMA box per 64 columns (load_tile; 4 instead of 20 per K tile at d256), the same bits.
-// The persistent form of the same is attention_ws_persist.cu; helpers attention_ws.cuh.
+// The persistent form of the same is attention_ws_persist.cu (its consumers copy Q, and its gated
+// epilogue stores 4-byte pieces: registers); helpers attention_ws.cuh.
 #include "ops/cuda/cuda_check.h"
 // (cuda_check.h first: see its note on fmt under nvcc)
 #include <cuda.h>
