@@ -187,7 +187,10 @@ __global__ void __launch_bounds__(kW * 32, 1) moe_stream_kernel(const GemmParams
 
   producer_item(w0);
   // Steps issued so far. Invariant: at the top of iteration `step`, issued <= step + kStages - 1 and the
-  // group holding step `step` has at most kStages - 2 groups committed after it.
+  // group holding step `step` (if not already waited for) has exactly kStages - 2 groups committed after
+  // it, so that cp.async.wait_group kStages - 2 covers it: the prologue commits kStages - 1 groups in
+  // all, empty ones past the warp's last step (a warp of fewer steps, or a first item of K < kStages - 1
+  // steps, would otherwise read a stage still in flight).
   int issued = 0;
   if constexpr (kEarly) {
     const int first = min(steps, min(kStages - 1, KT));  // steps of the first item only
@@ -201,11 +204,13 @@ __global__ void __launch_bounds__(kW * 32, 1) moe_stream_kernel(const GemmParams
     for (int s = 0; s < first; ++s) advance();
     cp_async_wait<0>();
     issued = first;
-  } else {
-    for (; issued < min(steps, kStages - 1); ++issued) {
+  }
+  for (int s = issued; s < kStages - 1; ++s) {  // (kEarly: the rest of the prologue; its groups all landed)
+    if (issued < steps) {
       issue(issued);
-      cp_async_commit();
+      ++issued;
     }
+    cp_async_commit();
   }
   for (int step = 0; step < steps; ++step) {
     cp_async_wait<kStages - 2>();

@@ -337,5 +337,19 @@ TEST(MoeSharedStream, SanitizeSmall) {
   moe_detail::reset_stream_wide();
 }
 
+// The smallest launch of SanitizeSmall's kind, for compute-sanitizer racecheck in seconds: the fused layer
+// at capacity 1, 5-warp configuration, early down. At this shape (H 256, I 128) a warp's ring is deeper
+// than its steps (gate_up 4 K steps against 6 stages, down 2 against 5), the case whose prologue once
+// committed too few cp.async groups (racecheck: RAW hazards, cp_async16 -> ldmatrix_x4 in one thread).
+TEST(MoeSharedStream, SanitizeTiny) {
+  MOEFOLD_REQUIRE_GPU();
+  MoeWeights& w = small_weights();
+  static std::unique_ptr<SharedWeights> s = make_shared_weights(w.H, w.I, 6300);
+  moe_detail::set_stream_wide(true);
+  moe_detail::set_stream_early_down(true);
+  check_eager(w, *s, 1, -1, {1, 0}, Route::kTopk, 6310);
+  moe_detail::reset_stream_wide();
+}
+
 }  // namespace
 }  // namespace moefold::cuda::moe_test
