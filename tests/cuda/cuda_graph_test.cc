@@ -205,14 +205,14 @@ TEST(DecodeGraphsSmall, ReplayCountsTheEagerLaunches) {
   EXPECT_TRUE(test::contract_exact("decode_graph_launch_counts", fam, mismatches));
 }
 
-// With MOEFOLD_MOE_SHARED_STREAM=1 a one-sequence decode step (bucket 1, graph and eager) runs the
+// With the fused shared expert (MOEFOLD_MOE_SHARED_STREAM unset or 1) a one-sequence decode step (bucket 1, graph and eager) runs the
 // shared expert inside the streaming expert kernels: one moe_stream_kernel:gate_up+shared and one
 // :down+shared launch per MoE layer, swiglu_kernel only for dense MLP layers and no plain streaming
 // launch (qwen3_5_moe: a shared expert of the routed I). The bits are mixed_step_cuda_test's check. Skips
-// when the switch is off.
+// when it is switched off (MOEFOLD_MOE_SHARED_STREAM=0).
 TEST(DecodeGraphsSmall, SharedExpertFusedAtBucket1) {
   MOEFOLD_REQUIRE_GPU();
-  if (!cuda::moe_shared_stream_enabled()) GTEST_SKIP() << "runs with MOEFOLD_MOE_SHARED_STREAM=1";
+  if (!cuda::moe_shared_stream_enabled()) GTEST_SKIP() << "MOEFOLD_MOE_SHARED_STREAM=0";
   const std::string fam = "qwen3_5_moe";
   for (bool eager : {false, true}) {
     auto r = runner(fam, 1, eager, {1});

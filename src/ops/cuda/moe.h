@@ -205,9 +205,8 @@ struct MoeSharedExpert {
 };
 
 /// Whether the CUDA executor runs the shared expert through moe_forward_shared where it can:
-/// MOEFOLD_MOE_SHARED_STREAM (read once): 1 on; unset or 0 off (the default: compute-sanitizer racecheck
-/// reports hazards in the fused launches and the end-to-end invariants fail intermittently with it on:
-/// docs/gpu_pending.md).
+/// MOEFOLD_MOE_SHARED_STREAM (read once): unset or 1 on (the default), 0 off (the shared expert as
+/// decode GEMM + swiglu + decode GEMM; the same bits).
 /// Throws moefold::Error naming the variable for any other value.
 bool moe_shared_stream_enabled();
 

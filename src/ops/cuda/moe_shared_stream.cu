@@ -42,7 +42,7 @@ bool moe_shared_stream_enabled() {
     const std::string s = v ? v : "";
     MOEFOLD_CHECK(s.empty() || s == "0" || s == "1",
                   fmt::runtime("MOEFOLD_MOE_SHARED_STREAM={}: expected 0 or 1"), s);
-    return s == "1";
+    return s != "0";
   }();
   return on;
 }
