@@ -14,15 +14,7 @@ old=${2:-$b/old/attention_test}
 out=${OUT:-/tmp}/attn_epi
 mkdir -p "$out"
 : >"$out/table.txt"
-step() {  # name seconds command...
-  local name=$1 secs=$2
-  shift 2
-  timeout "$secs" "$@" >"$out/$name.log" 2>&1
-  local rc=$?
-  echo "$name rc=$rc pass=$(grep -c '=PASS' "$out/$name.log") fail=$(grep -c '=FAIL' "$out/$name.log")" \
-    "$(grep -E '^\[  (PASS|FAIL)ED  \]|ERROR SUMMARY' "$out/$name.log" | tr '\n' ' ' | cut -c1-100)" >>"$out/table.txt"
-  return $rc
-}
+. "$(dirname "$0")/step.sh"
 step inv "${INV_S:-90}" "$t/attention_invariance_test"
 [ $? -eq 124 ] && step inv_noqtma "${INV_S:-90}" env MOEFOLD_ATTN_Q_TMA=0 "$t/attention_invariance_test"
 step attn "${ATTN_S:-60}" env MOEFOLD_TEST_KERNELS=ws,ws2,ws2_tall,ws_persist_tall,auto "$t/attention_test" \

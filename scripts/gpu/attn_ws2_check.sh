@@ -17,14 +17,7 @@ mkdir -p "$out"
 k=${KERNELS:-ws,ws2,ws_persist}
 new=${k#ws,}
 
-step() {  # name seconds command...
-  local name=$1 secs=$2
-  shift 2
-  timeout "$secs" "$@" >"$out/$name.log" 2>&1
-  local rc=$?
-  echo "$name rc=$rc pass=$(grep -c '=PASS' "$out/$name.log") fail=$(grep -c '=FAIL' "$out/$name.log")" \
-    "$(grep -E '^\[  (PASS|FAIL)ED  \]|ERROR SUMMARY' "$out/$name.log" | tr '\n' ' ' | cut -c1-80)" >>"$out/table.txt"
-}
+. "$(dirname "$0")/step.sh"
 
 step inv "${INV_S:-20}" env MOEFOLD_TEST_KERNELS="$k,auto" "$t/attention_invariance_test"
 step attn "${ATTN_S:-25}" env MOEFOLD_TEST_KERNELS="$k" "$t/attention_test" --gtest_filter='AttentionPrefill.*:AttentionSmall.*'

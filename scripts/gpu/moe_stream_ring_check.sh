@@ -12,10 +12,7 @@ B=${1:-build-cuda}
 T=$B/tests
 L=${OUT:-/tmp}/ring
 mkdir -p "$L"
-summary() {  # name rc log -> one line
-  echo "$1 rc=$2 $(grep -E '^\[  (PASSED|FAILED)  \]' "$3" | tr '\n' ' ' | cut -c1-100) pass=$(grep -c 'verdict=PASS' "$3") fail=$(grep -c 'verdict=FAIL' "$3")"
-  grep -E 'verdict=FAIL|Failure$|FAILED  \] [A-Z]' "$3" | head -3 | cut -c1-200
-}
+. "$(dirname "$0")/step.sh"
 san=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null | head -1)
 timeout 100 "$san" --tool racecheck --racecheck-report hazard "$T/moe_test" --gtest_filter='MoeSharedStream.SanitizeTiny' \
   >"$L/racecheck.log" 2>&1

@@ -10,10 +10,7 @@ B=${1:-build-cuda}
 T=$B/tests
 L=${OUT:-/tmp}/s8shexp
 mkdir -p "$L"
-summary() {  # test binary log -> one line
-  echo "$1 rc=$2 $(grep -E '^\[  (PASSED|FAILED)  \]' "$3" | tr '\n' ' ' | cut -c1-120) CONTRACT pass=$(grep -c 'verdict=PASS' "$3") fail=$(grep -c 'verdict=FAIL' "$3")"
-  grep -E 'verdict=FAIL|Failure$|FAILED  \] [A-Z]' "$3" | head -4 | cut -c1-220
-}
+. "$(dirname "$0")/step.sh"
 export MOEFOLD_MOE_SHARED_STREAM=1
 timeout 30 "$T/moe_test" --gtest_filter='MoeSharedStream.*:MoeStream.SanitizeSmall:MoeStream.GraphReplayFixtureShapes:MoeChain.TileConfigsBitIdentical' >"$L/moe.log" 2>&1
 summary moe_test $? "$L/moe.log"
