@@ -129,6 +129,13 @@ Source make_source(const Heads& h, int len, uint64_t seed) {
   s.k = rand_bf16(size_t(len) * size_t(kv_dim), seed, 1.0f);
   s.v = rand_bf16(size_t(len) * size_t(kv_dim), seed + 1, 1.0f);
   s.q = rand_bf16(size_t(len) * size_t(s.q_row), seed + 2, 4.0f);  // scaled scores (log2 units) up to ~6
+  // Every 8th (position, head) row gets one gate of -96: sigmoid below 2^-126, where the gated epilogue's
+  // sigmoid_nobranch hands its row (and, with 16-byte stores, its quad) back to sigmoidf_.
+  if (h.gate)
+    for (int p = 0; p < len; ++p)
+      for (int hh = 0; hh < h.Hq; ++hh)
+        if ((int64_t(p) * h.Hq + hh) % 8 == 3)
+          s.q[size_t(p) * size_t(s.q_row) + size_t(hh) * 2 * size_t(h.D) + size_t(h.D) + size_t(p % h.D)] = -96.0f;
   return s;
 }
 

@@ -287,11 +287,19 @@ __device__ __forceinline__ void store_rows_v2(const FlashArgs& a, const float (&
           quad_transpose(w[0], w[1], w[2], w[3], tig);
           *reinterpret_cast<uint4*>(orow + 32 * m + 8 * tig) = make_uint4(w[0], w[1], w[2], w[3]);
         }
+        // A lane's words went out in its quad neighbours' stores: where one lane is slow, the quad
+        // redoes its row together, after those stores (the rows of a quad are one row: valid alike).
+        const unsigned quad = 0xfu << (threadIdx.x & 28);
+        if (__any_sync(quad, slow)) {
+          __syncwarp(quad);
+          slow = true;
+        }
       } else {
 #pragma unroll
         for (int j = 0; j < D / 8; ++j) *reinterpret_cast<__nv_bfloat162*>(orow + 8 * j + 2 * tig) = word(j, false, slow);
       }
       if (slow) {  // a gate below -87.3 (or NaN) in this row: the row again, in sigmoidf_'s own form
+        // (each lane its own words, 4 bytes at a time)
 #pragma unroll
         for (int j = 0; j < D / 8; ++j) *reinterpret_cast<__nv_bfloat162*>(orow + 8 * j + 2 * tig) = word(j, true, slow);
       }
