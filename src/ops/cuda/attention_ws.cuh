@@ -242,7 +242,10 @@ __device__ __forceinline__ float sigmoid_nobranch(float x, bool& slow) {
 /// grow[i], q head head[i]) as out = o / l, times sigmoid(gate) when gated: attn_ws_kernel's own
 /// arithmetic (sigmoid_nobranch, and sigmoidf_ again for a row where that leaves its range), with all
 /// of a row's gate loads issued before its first store (there each load waited for the previous
-/// store: gate and out may alias for the compiler). lpart: the thread's partial sums.
+/// store: gate and out may alias for the compiler). With a.vec_out (16-byte aligned out) the rows go
+/// out in 16-byte pieces, the quad's words transposed first: ungated rows up to D = 128, gated rows
+/// with kVecGated (the non-persistent kernel; the persistent one would spill). lpart: the thread's
+/// partial sums.
 template <int D, bool kVecGated = false>
 __device__ __forceinline__ void store_rows_v2(const FlashArgs& a, const float (&o)[D / 2], const float (&lpart)[2],
                                               const bool (&valid)[2], const int64_t (&grow)[2], const int (&head)[2],
@@ -321,7 +324,8 @@ __device__ __forceinline__ void store_rows_v2(const FlashArgs& a, const float (&
       for (int j = 0; j < D / 8; ++j)
         *reinterpret_cast<__nv_bfloat162*>(orow + 8 * j + 2 * tig) =
             __floats2bfloat162_rn(o[4 * j + 2 * i] * inv, o[4 * j + 2 * i + 1] * inv);
-    }  }
+    }
+  }
 }
 
 /// Rows of a block's 128 (token, head) rows of a [tokens, heads, D] bf16 operand (x at x + t * ts +
