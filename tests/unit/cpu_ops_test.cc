@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <numeric>
 
 #include "core/error.h"
@@ -35,6 +36,27 @@ TEST(CpuOps, LinearMatchesFp64) {
         ref[t * out + o] = s;
       }
     EXPECT_LT(rel_err(y, ref), kTol) << "T=" << T;
+  }
+}
+
+// A row's bits must not depend on its place in the batch: the same row at every position of a 16-row
+// tile, and in the zero-padded tail, beside other random rows, at shapes where OpenBLAS's Haswell / Zen
+// sgemm kernels round an M-operand row by its position (the reason X goes in as the B operand).
+TEST(CpuOps, LinearRowBitsIndependentOfPositionAndNeighbours) {
+  for (auto [in, out] : {std::pair<int64_t, int64_t>{64, 256}, {576, 1536}, {1536, 1000}, {63, 129}}) {
+    const auto w = randn(out * in, 5, 0.1f), row = randn(in, 6);
+    std::vector<float> alone(static_cast<size_t>(out));
+    linear(row.data(), w.data(), nullptr, alone.data(), 1, in, out);
+    for (int64_t T : {2, 16, 23, 40}) {
+      for (int64_t p : {int64_t(1), T / 2, T - 1}) {
+        auto x = randn(T * in, 7 + uint64_t(T * 100 + p));
+        std::copy(row.begin(), row.end(), x.begin() + p * in);
+        auto y = poisoned(T * out);
+        linear(x.data(), w.data(), nullptr, y.data(), T, in, out);
+        EXPECT_EQ(0, std::memcmp(alone.data(), y.data() + p * out, size_t(out) * sizeof(float)))
+            << "in=" << in << " out=" << out << " T=" << T << " row " << p;
+      }
+    }
   }
 }
 
