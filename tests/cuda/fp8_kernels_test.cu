@@ -28,6 +28,7 @@
 #include "core/fp8_block.h"
 #include "models/dummy_init.h"
 #include "cuda/contract.h"
+#include "cuda/fp8_test_util.h"
 #include "cuda/cuda_test_util.h"
 #include "ops/cpu/fp8_ideal.h"
 #include "ops/cuda/cuda_check.h"
@@ -40,36 +41,11 @@ namespace {
 using test::contract;
 using test::contract_exact;
 using bf16 = __nv_bfloat16;
+using namespace fp8test;
 
-/// A random [rows, cols] weight quantised to FP8 (std ~ 1/sqrt(cols)), with a few blocks scaled up and
-/// down by 2^+-6 so the block scales differ a lot.
-Fp8Weight rand_fp8(int64_t rows, int64_t cols, uint64_t seed) {
-  std::vector<float> w = test::rand_bf16(size_t(rows * cols), seed, 1.7f / std::sqrt(float(cols)));
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) {
-      const int64_t b = (r / 128) * 7 + c / 128;
-      if (b % 5 == 1) w[size_t(r * cols + c)] *= 64.0f;
-      if (b % 5 == 3) w[size_t(r * cols + c)] /= 64.0f;
-    }
-  return fp8_quantize(w.data(), 1, rows, cols);
-}
 
-struct DevFp8 {
-  DeviceBuffer<uint8_t> q;
-  DeviceBuffer<float> s;
-  explicit DevFp8(const Fp8Weight& w) : q(w.q.size()), s(w.scale.size()) {
-    q.upload(w.q);
-    s.upload(w.scale);
-  }
-};
 
-std::vector<uint16_t> bits_of(const DeviceBuffer<bf16>& d) { return test::host_bits(d); }
 
-std::vector<float> to_f32(const std::vector<uint16_t>& b, size_t from, size_t to) {
-  std::vector<float> v;
-  for (size_t i = from; i < to; ++i) v.push_back(bf16_to_f32(b[i]));
-  return v;
-}
 
 // ---- dense ---------------------------------------------------------------------------------------
 
@@ -116,8 +92,6 @@ void dense_case(int64_t K, int64_t N, int64_t T, int64_t cap, bool bias, Dense w
   EXPECT_TRUE(contract_exact("fp8_gemv:row_alone_bitwise", shape, diff));
 }
 
-/// MOEFOLD_FP8_SMALL=1: the small shapes only (compute-sanitizer runs).
-bool small_only() { return std::getenv("MOEFOLD_FP8_SMALL") != nullptr; }
 
 // K x N: partial scale blocks along K (64, 192, 448, 576, 2112: 0.5 .. 16.5 blocks) and along N (100,
 // 130, 272, 300), every warps-along-K split (K 64 .. 4096 -> WK 1, 2, 4, 8).
@@ -223,30 +197,6 @@ TEST(Fp8Quantize, DummyOnTheDeviceEqualsTheHost) {
 
 // ---- routed experts ------------------------------------------------------------------------------
 
-struct MoeCase {
-  int E, k, H, I;
-  Fp8Weight gate_up, down;
-  std::vector<float> router;
-  std::unique_ptr<DevFp8> dgu, ddn;
-  DeviceBuffer<bf16> drouter;
-  MoeCase(int E_, int k_, int H_, int I_) : E(E_), k(k_), H(H_), I(I_) {
-    // Per expert: gate [I, H] and up [I, H] quantised separately (the per-expert release), stacked.
-    for (int e = 0; e < E; ++e) {
-      fp8_append_rows(gate_up, rand_fp8(I, H, uint64_t(e * 3 + 1)));
-      fp8_append_rows(gate_up, rand_fp8(I, H, uint64_t(e * 3 + 2)));
-      fp8_append_rows(down, rand_fp8(H, I, uint64_t(e * 3 + 3)));
-    }
-    dgu = std::make_unique<DevFp8>(gate_up);
-    ddn = std::make_unique<DevFp8>(down);
-    router = test::rand_bf16(size_t(E) * H, 77, 2.0f / std::sqrt(float(H)));
-    drouter = test::dev_bf16(router);
-  }
-  std::string name(int T, int cap) const {
-    char b[128];
-    std::snprintf(b, sizeof b, "E=%d,k=%d,H=%d,I=%d,T=%d,cap=%d", E, k, H, I, T, cap);
-    return b;
-  }
-};
 
 struct MoeRun {
   std::vector<int32_t> ids, pairs;
@@ -341,11 +291,6 @@ void moe_case(MoeCase& m, int T, int cap, const std::vector<int32_t>* replay = n
   }
 }
 
-/// The Qwen3.6-35B-A3B expert shape, built once per binary (its 800 MB of weights take seconds).
-MoeCase& real_shape() {
-  static MoeCase m(256, 8, 2048, 512);
-  return m;
-}
 
 TEST(MoeFp8, ContractVsIdealChain) {
   MOEFOLD_REQUIRE_GPU();

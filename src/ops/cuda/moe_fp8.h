@@ -15,6 +15,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "ops/cuda/moe.h"
@@ -49,5 +50,41 @@ void moe_fp8_forward(const __nv_bfloat16* x, const __nv_bfloat16* w_router, cons
                      const __nv_bfloat16* residual, const int32_t* num_rows, const MoeShape& shape, bool renormalize,
                      const MoeWorkspace& ws, __nv_bfloat16* out, cudaStream_t stream,
                      const int32_t* replay = nullptr);
+
+// ---- prefill sizes: W8A8 on the FP8 warpgroup tensor cores (moe_fp8_wgmma.cu) ----------------------
+
+/// Whether moe_fp8_prefill_forward takes `shape`: H % 128 == 0 and I % 128 == 0 (whole activation
+/// blocks in both GEMMs' K); other shapes run the bf16 chain over dequantised weights.
+bool moe_fp8_prefill_supported(const MoeShape& shape);
+
+/// Device scratch of the prefill chain: the activations quantised per token and 128 columns
+/// (fp8_act_quant.h). xq [capacity, H] e4m3, xs [capacity, H / 128] fp32; aq [capacity * k, I] e4m3,
+/// as [capacity * k, I / 128] fp32 (act in plan order).
+struct MoeFp8PrefillScratch {
+  uint8_t* xq = nullptr;
+  float* xs = nullptr;
+  uint8_t* aq = nullptr;
+  float* as = nullptr;
+  int capacity = 0;
+};
+/// Bytes moe_fp8_prefill_scratch_bind needs for `shape` (scales with capacity * k, never with E).
+size_t moe_fp8_prefill_scratch_bytes(const MoeShape& shape);
+/// Carves `base` (>= moe_fp8_prefill_scratch_bytes, 256-byte aligned). Throws moefold::Error for an
+/// unsupported shape or a short buffer.
+MoeFp8PrefillScratch moe_fp8_prefill_scratch_bind(void* base, size_t bytes, const MoeShape& shape);
+
+/// The routed chain with FP8 experts at any step size, W8A8 (the releases' dynamic activation scheme):
+/// router logits -> moe_route (128-row tiles) -> x quantised 1 x 128 -> gate_up + SwiGLU (act, bf16) ->
+/// act quantised 1 x 128 -> down (y, bf16) -> moe_combine (fp32, slot order, + gated shared expert +
+/// residual). Per output an fp32 partial per 128-column block times its activation and weight scales,
+/// accumulated in block order (moe_fp8_wgmma.cu): batch-invariant. Weight layouts as the header's;
+/// moe_fp8_prefill_supported(shape) and shape.capacity <= the workspace's and the scratch's. Other
+/// arguments as moe_fp8_forward. Asynchronous, capture-safe; throws moefold::Error otherwise.
+void moe_fp8_prefill_forward(const __nv_bfloat16* x, const __nv_bfloat16* w_router, const uint8_t* gate_up,
+                             const float* gate_up_scale, const uint8_t* down, const float* down_scale,
+                             const __nv_bfloat16* shared_out, const __nv_bfloat16* shared_gate_w,
+                             const __nv_bfloat16* residual, const int32_t* num_rows, const MoeShape& shape,
+                             bool renormalize, const MoeWorkspace& ws, const MoeFp8PrefillScratch& scratch,
+                             __nv_bfloat16* out, cudaStream_t stream, const int32_t* replay = nullptr);
 
 }  // namespace moefold::cuda
