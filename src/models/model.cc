@@ -392,7 +392,8 @@ void Model::moe(size_t l, const float* x, float* out, int64_t T, const int32_t* 
     const prof::Work expert_work = rw(n_touched * 3 * H * I + double(T * H) + 2.0 * T * k + double(T * H),
                                       double(T * H), 2.0 * T * k * 3 * H * I);
     timed(kExperts, expert_work, [&] {
-      moe_experts(x, m.gate_up.data(), m.down.data(), ids.data(), wts.data(), out, T, H, I, E, k, emulate_bf16_);
+      moe_experts(x, m.gate_up.data(), m.down.data(), ids.data(), wts.data(), out, T, H, I, E, k, emulate_bf16_,
+                  emulate_fp8_expert_act_ && m.gate_up.fp8 && m.down.fp8);
     });
   }
   if (cfg_.shared_expert_intermediate_size > 0) {

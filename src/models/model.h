@@ -43,12 +43,19 @@ class Model {
   /// DeltaNet state, the MoE combine): the ideal bf16 chain the GPU forward is checked against.
   void set_emulate_bf16(bool on) { emulate_bf16_ = on; }
 
-  /// With `on`, the input of every dense projection whose weight is FP8 (Param::fp8: attention, DeltaNet
-  /// qkv / z / out, shared expert, dense MLP; not the routed experts, the lm_head nor bf16 weights) is
-  /// quantised per token and 128 columns first (fp8_fake_quantize_activations): the W8A8 chain of the
-  /// FP8 releases' dynamic activation scheme, for accuracy measurements (moefold perplexity
-  /// --b-fp8-activations). Off (the default): W8A16, the FP8 weights times unquantised activations.
-  void set_emulate_fp8_activations(bool on) { emulate_fp8_act_ = on; }
+  /// With `on`, the input of every projection whose weight is FP8 (Param::fp8: attention, DeltaNet
+  /// qkv / z / out, shared expert, dense MLP, and the routed experts' gate_up and down; not the lm_head
+  /// nor bf16 weights) is quantised per token and 128 columns first (fp8_fake_quantize_activations): the
+  /// W8A8 chain of the FP8 releases' dynamic activation scheme, for accuracy measurements (moefold
+  /// perplexity --b-fp8-activations). Off (the default): W8A16, the FP8 weights times unquantised
+  /// activations. The two-argument form chooses the dense projections and the routed experts apart
+  /// (the CUDA executor's prefill steps: W8A16 dense projections, W8A8 routed experts). The routed
+  /// experts of an expert-parallel rank are not emulated.
+  void set_emulate_fp8_activations(bool on) { set_emulate_fp8_activations(on, on); }
+  void set_emulate_fp8_activations(bool dense, bool experts) {
+    emulate_fp8_act_ = dense;
+    emulate_fp8_expert_act_ = experts;
+  }
 
   /// Probe tap (moefold probe): called in forward() for every layer once its FFN has run, before the
   /// residual add, with h (the residual stream after the mixer), x (the FFN input) and y (the FFN
@@ -83,6 +90,7 @@ class Model {
   ModelWeights w_;
   bool emulate_bf16_ = false;
   bool emulate_fp8_act_ = false;
+  bool emulate_fp8_expert_act_ = false;
   FfnTap ffn_tap_;
   std::vector<double> inv_freq_;
   double rope_attention_factor_ = 1.0;  ///< YaRN's cos/sin scale (1 without YaRN)

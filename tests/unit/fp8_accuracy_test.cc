@@ -14,6 +14,7 @@
 #include "fixture_util.h"
 #include "models/load_model.h"
 #include "ops/cpu/fp8_ideal.h"
+#include "ops/cpu/moe.h"
 #include "runtime/model_runner.h"
 
 using namespace moefold;
@@ -181,6 +182,54 @@ TEST(Fp8Activations, EmulationQuantisesTheInputsOfFp8ProjectionsOnly) {
   const auto w8a8 = logits_of(*fp8);
   EXPECT_GT(rel(w8a8, w8a16), 1e-4);
   EXPECT_LT(rel(w8a8, w8a16), 0.1);
+}
+
+// The routed experts' W8A8 emulation (moe_experts with fp8_act, fp32 sums, no bf16 rounding) equals the
+// ideal W8A8 chain (x and act quantised per 128 columns, fp64 sums) up to fp32 rounding, with partial
+// scale blocks (H 192, I 320) and expert 0 and E-1 among the routed ones.
+TEST(Fp8Activations, ExpertEmulationEqualsTheIdealW8A8Chain) {
+  const int64_t T = 7, E = 6, k = 2, H = 192, I = 320;
+  std::mt19937 g(11);
+  std::normal_distribution<float> nd;
+  std::vector<float> x(size_t(T * H)), wgu(size_t(E * 2 * I * H)), wdn(size_t(E * H * I));
+  for (auto& v : x) v = nd(g);
+  for (auto& v : wgu) v = nd(g) * 0.07f;
+  for (auto& v : wdn) v = nd(g) * 0.05f;
+  const Fp8Weight gu = fp8_quantize(wgu.data(), E, 2 * I, H), dn = fp8_quantize(wdn.data(), E, H, I);
+  const std::vector<float> gud = fp8_dequantize(gu), dnd = fp8_dequantize(dn);
+  std::vector<int32_t> ids(size_t(T * k));
+  std::vector<float> wts(size_t(T * k));
+  for (int64_t i = 0; i < T * k; ++i) {
+    ids[size_t(i)] = int32_t((i * 5) % E);  // 0, 5, 4, 3, 2, 1, 0, ...: every expert, 0 and E-1 included
+    wts[size_t(i)] = 0.25f + 0.5f * float(i % 2);
+  }
+  std::vector<float> w8a8(size_t(T * H), 0.0f), w8a16(size_t(T * H), 0.0f);
+  cpu::moe_experts(x.data(), gud.data(), dnd.data(), ids.data(), wts.data(), w8a8.data(), T, H, I, E, k, false, true);
+  cpu::moe_experts(x.data(), gud.data(), dnd.data(), ids.data(), wts.data(), w8a16.data(), T, H, I, E, k, false, false);
+  const cpu::MoeIdealStages a8 = cpu::moe_fp8_ideal(x.data(), T, ids.data(), wts.data(), k, gu, dn, E, H, I, true);
+  const cpu::MoeIdealStages a16 = cpu::moe_fp8_ideal(x.data(), T, ids.data(), wts.data(), k, gu, dn, E, H, I, false);
+  EXPECT_LT(cpu::rel_err(w8a8.data(), a8.out.data(), w8a8.size()), 1e-5);
+  EXPECT_LT(cpu::rel_err(w8a16.data(), a16.out.data(), w8a16.size()), 1e-5);
+  EXPECT_GT(cpu::rel_err(w8a8.data(), a16.out.data(), w8a8.size()), 1e-2);  // the activations' own rounding
+}
+
+// The two switches are independent: experts only moves an FP8 MoE model's logits, and differently from
+// dense only; both together is the one-argument form.
+TEST(Fp8Activations, ExpertAndDenseEmulationAreSeparateSwitches) {
+  auto m = load_model((test::kFixtures / "qwen3_moe").string(), LoadFormat::Safetensors, 0, Quantization::Fp8);
+  const auto base = logits_of(*m);
+  m->set_emulate_fp8_activations(false, true);
+  const auto experts = logits_of(*m);
+  m->set_emulate_fp8_activations(true, false);
+  const auto dense = logits_of(*m);
+  m->set_emulate_fp8_activations(true);
+  const auto both = logits_of(*m);
+  m->set_emulate_fp8_activations(true, true);
+  EXPECT_EQ(logits_of(*m), both);
+  EXPECT_GT(rel(experts, base), 1e-4);
+  EXPECT_GT(rel(dense, base), 1e-4);
+  EXPECT_GT(rel(both, experts), 1e-4);
+  EXPECT_GT(rel(both, dense), 1e-4);
 }
 
 // SmolLM2 ties its lm_head to the embedding: -q fp8 quantises the projections only; the embedding

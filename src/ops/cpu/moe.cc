@@ -7,6 +7,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/fp8_block.h"
 #include "ops/cpu/linear.h"
 
 namespace moefold::cpu {
@@ -67,7 +68,7 @@ MoePlan moe_plan(const int32_t* ids, int64_t T, int64_t k, int64_t E) {
 }
 
 void moe_experts(const float* x, const float* gate_up, const float* down, const int32_t* ids, const float* weights,
-                 float* out, int64_t T, int64_t H, int64_t I, int64_t E, int64_t k, bool round_bf16) {
+                 float* out, int64_t T, int64_t H, int64_t I, int64_t E, int64_t k, bool round_bf16, bool fp8_act) {
   auto rnd = [&](std::vector<float>& v) {
     if (round_bf16)
       for (auto& f : v) f = bf16_to_f32(f32_to_bf16(f));
@@ -84,9 +85,11 @@ void moe_experts(const float* x, const float* gate_up, const float* down, const 
     act.resize(size_t(n * I));
     ys.resize(size_t(n * H));
     for (int64_t r = 0; r < n; ++r) std::memcpy(&xs[size_t(r * H)], x + (pairs[r] / k) * H, size_t(H) * 4);
+    if (fp8_act) fp8_fake_quantize_activations(xs.data(), n, H);
     linear(xs.data(), gate_up + e * 2 * I * H, nullptr, gu.data(), n, H, 2 * I);
     swiglu(gu.data(), act.data(), n, I);
     rnd(act);
+    if (fp8_act) fp8_fake_quantize_activations(act.data(), n, I);
     linear(act.data(), down + e * H * I, nullptr, ys.data(), n, I, H);
     rnd(ys);
     for (int64_t r = 0; r < n; ++r) std::memcpy(&y[size_t(pairs[r]) * size_t(H)], &ys[size_t(r * H)], size_t(H) * 4);

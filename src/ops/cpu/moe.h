@@ -28,8 +28,11 @@ MoePlan moe_plan(const int32_t* ids, int64_t T, int64_t k, int64_t E);
 /// out[t, :] += sum_slots weights[t, s] * E_{ids[t, s]}(x[t, :]), E_e(x) = down_e(silu(gate_e x) * up_e x).
 /// x, out: [T, H]; gate_up: [E, 2I, H] (rows 0..I-1 gate, I..2I-1 up); down: [E, H, I]. The combine
 /// accumulates in fp32 in slot order. round_bf16: round each expert's SwiGLU activation and output to
-/// bf16 (the ideal bf16 chain of the GPU kernels).
+/// bf16 (the ideal bf16 chain of the GPU kernels). fp8_act: quantise each pair's x row before gate_up
+/// and its activation (after any bf16 rounding) before down per 128 columns
+/// (fp8_fake_quantize_activations): the W8A8 chain of the GPU's FP8 prefill experts.
 void moe_experts(const float* x, const float* gate_up, const float* down, const int32_t* ids, const float* weights,
-                 float* out, int64_t T, int64_t H, int64_t I, int64_t E, int64_t k, bool round_bf16 = false);
+                 float* out, int64_t T, int64_t H, int64_t I, int64_t E, int64_t k, bool round_bf16 = false,
+                 bool fp8_act = false);
 
 }  // namespace moefold::cpu
