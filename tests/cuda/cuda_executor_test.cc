@@ -5,8 +5,10 @@
 // equal to alone.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <unistd.h>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -255,6 +257,55 @@ TEST(CudaForwardSmall, Fp8WeightsAndLmHeadWithDecodeGraphs) {
                              p90_row_error(g, r, V), 2e-2));
   EXPECT_NO_THROW(prof::require_kernels_ran(
       {"fp8_gemv_mma_kernel", "fp8_gemv_mma_kernel:f32out", "moe_fp8_mma_gate_up_kernel", "moe_fp8_mma_down_kernel"}));
+}
+
+// FP8 experts at prefill sizes: a step of more than kMoeFp8MaxRows (256) rows runs the routed experts as
+// W8A8 on the FP8 tensor cores (moe_fp8_prefill_forward). The fixture's experts are 64 wide (not a whole
+// activation block), so a copy of qwen3_5_moe's config with 128-wide experts and dummy weights: the
+// GPU's last-row logits of a 300-token prefill against the CPU's chain over the same FP8 weights with
+// the routed experts' activations quantised as the GPU does (Model::set_emulate_fp8_activations(false,
+// true); routing pinned), the distance to the W8A16 chain printed for scale, and the W8A8 kernels are
+// the ones that ran.
+TEST(CudaForwardSmall, Fp8PrefillExpertsRunW8A8) {
+  MOEFOLD_REQUIRE_GPU();
+  json cfg = json::parse(std::ifstream(kFixtures / "qwen3_5_moe" / "config.json"));
+  cfg["text_config"]["moe_intermediate_size"] = 128;
+  const fs::path dir = fs::temp_directory_path() / ("moefold_fp8_prefill_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::ofstream(dir / "config.json") << cfg.dump(2);
+  auto cpu_model = load_model(dir.string(), LoadFormat::Dummy, 7, Quantization::Fp8, false);
+  cpu_model->set_emulate_bf16(true);
+  cpu_model->set_emulate_fp8_activations(false, true);  // W8A16 dense projections, W8A8 routed experts
+  const int64_t V = cpu_model->config().vocab_size;
+  CudaExecutorOptions o;
+  o.num_blocks = 64;
+  o.block_size = 16;
+  o.num_slots = 1;
+  o.max_rows = 512;
+  o.quantization = Quantization::Fp8;
+  prof::reset_launch_counts();
+  ModelRunner gpu(make_cuda_executor(dir.string(), LoadFormat::Dummy, 7, o), RunnerOptions{64, 16, 1});
+  ModelRunner cpu(*cpu_model, {64, 16, 1});
+  RoutedExperts routing;
+  cpu.executor().set_routing({nullptr, &routing});
+  gpu.executor().set_routing({&routing, nullptr});
+  std::vector<int32_t> ids(300);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t((i * 37 + 5) % size_t(V));
+  const int32_t c = cpu.add_sequence(ids), s = gpu.add_sequence(ids);
+  const auto r = cpu.step({{c, int32_t(ids.size()), true}})[0];
+  const auto g = gpu.step({{s, int32_t(ids.size()), true}})[0];
+  EXPECT_TRUE(test::contract("forward_fp8_w8a8_prefill_vs_cpu_w8a8_chain_pinned_p90_row", "qwen3_5_moe,I=128,T=300",
+                             p90_row_error(g, r, V), 2e-2));
+  cpu_model->set_emulate_fp8_activations(false, false);  // for scale: the W8A16 chain
+  ModelRunner cpu16(*cpu_model, {64, 16, 1});
+  cpu16.executor().set_routing({&routing, nullptr});
+  const int32_t c16 = cpu16.add_sequence(ids);
+  const auto r16 = cpu16.step({{c16, int32_t(ids.size()), true}})[0];
+  std::printf("PROBE fp8 prefill experts: GPU vs CPU W8A8 chain %.3e, GPU vs CPU W8A16 chain %.3e, the two CPU "
+              "chains %.3e\n", p90_row_error(g, r, V), p90_row_error(g, r16, V), p90_row_error(r, r16, V));
+  EXPECT_NO_THROW(prof::require_kernels_ran(
+      {"moe_fp8_wgmma_kernel:gate_up", "moe_fp8_wgmma_kernel:down", "fp8_quantize_rows_kernel"}));
+  fs::remove_all(dir);
 }
 
 // A replayed expert id outside [0, E) is an Error before anything runs, as on the CPU (the top-k and
