@@ -190,23 +190,34 @@ int run_probe(const Fp8Commands& o) {
   // MoE stage probes (models with MoE layers only).
   const bool has_moe = std::find(cfg.layer_is_moe.begin(), cfg.layer_is_moe.end(), true) != cfg.layer_is_moe.end();
   if (has_moe) {
-    MoeStageRunner tested = moe_stages_cpu;
+    MoeStageRunner tested = o.probe_fp8_act ? moe_stages_cpu_w8a8 : moe_stages_cpu;
 #ifdef MOEFOLD_HAVE_CUDA
-    if (o.device == "cuda") tested = moe_stages_gpu;
+    if (o.device == "cuda") tested = o.probe_fp8_act ? moe_stages_gpu_w8a8 : moe_stages_gpu;
 #endif
     MOEFOLD_CHECK(o.device == "cpu" || o.device == "cuda", "--device {}: expected cpu or cuda", o.device);
-    const ProbeReport r = probe_moe_layer(*model, ids, o.layer, tested, o.device);
+    const std::string name = o.device + (o.probe_fp8_act ? " W8A8" : " W8A16");
+    const ProbeReport r = probe_moe_layer(*model, ids, o.layer, tested, name);
     std::printf("probe: MoE layer %d, %lld tokens, tested chain: %s, reference: the ideal quantised chain (fp64, "
                 "same FP8 weights, bf16 activations)\n",
                 r.layer, (long long)r.tokens, r.tested.c_str());
-    std::printf("  %-26s %12s %22s\n", "stage", "rel err", "ideal W8A8(1x128) vs W8A16");
-    std::printf("  %-26s %12.3e %22.3e\n", "after the expert GEMMs", r.gemms, r.a8_gemms);
-    std::printf("  %-26s %12.3e %22.3e\n", "per slot (expert output)", r.per_slot, r.a8_per_slot);
-    std::printf("  %-26s %12.3e %22.3e\n", "after the combine", r.combine, r.a8_combine);
+    std::printf("  %-26s %12s %22s %18s\n", "stage", "vs W8A16", "ideal W8A8(1x128) vs W8A16", "vs ideal W8A8");
+    std::printf("  %-26s %12.3e %22.3e %18.3e\n", "after the expert GEMMs", r.gemms, r.a8_gemms, r.vs_a8_gemms);
+    std::printf("  %-26s %12.3e %22.3e %18.3e\n", "per slot (expert output)", r.per_slot, r.a8_per_slot,
+                r.vs_a8_per_slot);
+    std::printf("  %-26s %12.3e %22.3e %18.3e\n", "after the combine", r.combine, r.a8_combine, r.vs_a8_combine);
     std::printf("  %-26s %12.3e\n", "layer output", r.layer_out);
-    out["moe"] = {{"layer", r.layer},         {"tested", r.tested},           {"after_gemms", r.gemms},
-                  {"per_slot", r.per_slot},   {"after_combine", r.combine},   {"layer_output", r.layer_out},
-                  {"a8_after_gemms", r.a8_gemms}, {"a8_per_slot", r.a8_per_slot}, {"a8_after_combine", r.a8_combine}};
+    out["moe"] = {{"layer", r.layer},
+                  {"tested", r.tested},
+                  {"after_gemms", r.gemms},
+                  {"per_slot", r.per_slot},
+                  {"after_combine", r.combine},
+                  {"layer_output", r.layer_out},
+                  {"a8_after_gemms", r.a8_gemms},
+                  {"a8_per_slot", r.a8_per_slot},
+                  {"a8_after_combine", r.a8_combine},
+                  {"vs_a8_after_gemms", r.vs_a8_gemms},
+                  {"vs_a8_per_slot", r.vs_a8_per_slot},
+                  {"vs_a8_after_combine", r.vs_a8_combine}};
   }
   // Whole forward: the device's logits against the CPU's fp32 chain over the same FP8 weights, and the
   // FP8 model against the unquantised one.
@@ -217,9 +228,23 @@ int run_probe(const Fp8Commands& o) {
   double fwd = 0;
   if (o.device == "cuda") {
     auto gpu = runner_for(o.model_dir, "cuda", q, n, keep);
-    fwd = logits_rel(prompt_logits(*gpu, ids), l_ref);
-    std::printf("  %-26s %12.3e  (cuda logits vs the CPU fp32 chain, same FP8 weights)\n", "whole forward", fwd);
+    const auto l_gpu = prompt_logits(*gpu, ids);
+    bool w8a8 = false;
+#ifdef MOEFOLD_HAVE_CUDA
+    w8a8 = cuda_step_runs_w8a8_experts(cfg, n);
+#endif
+    std::vector<float> l_ref8;
+    if (w8a8) {  // the GPU's routed experts quantise their activations in a step this long: so does the CPU's
+      model->set_emulate_fp8_activations(false, true);
+      ModelRunner ref8(*model, {(n + 15) / 16 + 1, 16, 1});
+      l_ref8 = prompt_logits(ref8, ids);
+      model->set_emulate_fp8_activations(false, false);
+    }
+    fwd = logits_rel(l_gpu, w8a8 ? l_ref8 : l_ref);
+    std::printf("  %-26s %12.3e  (cuda logits vs the CPU fp32 chain, same FP8 weights%s)\n", "whole forward", fwd,
+                w8a8 ? "; the routed experts W8A8 in both" : "");
     out["forward_vs_cpu_fp8"] = fwd;
+    out["forward_w8a8_experts"] = w8a8;
   }
   if (q == Quantization::Fp8) {
     auto plain = load_model(o.model_dir, LoadFormat::Safetensors, 0, Quantization::None);
@@ -487,6 +512,9 @@ std::unique_ptr<Fp8Commands> add_fp8_commands(CLI::App& app) {
   p->add_option("--prompt-len", o->prompt_len, "length of the seeded random prompt otherwise");
   p->add_option("--seed", o->seed, "seed of the random prompt");
   p->add_option("--json", o->json_out, "also write the report as JSON to this file");
+  p->add_flag("--fp8-activations", o->probe_fp8_act,
+              "the chain under test quantises the experts' activations per token and 128 columns (W8A8: the GPU's "
+              "prefill experts, any token count; the CPU's emulation)");
   o->probe = p;
   CLI::App* d = app.add_subcommand("drift", "greedy outputs of N prompts under two configurations: matches, first divergence, margin");
   d->add_option("--model", o->model_dir, "model directory")->required();

@@ -23,6 +23,7 @@ struct Fp8Commands {
   CLI::App* perplexity = nullptr;
   std::string model_dir, device = "cpu", quantization = "fp8", prompt, prompt_ids, json_out, prompts_file;
   int layer = -1;
+  bool probe_fp8_act = false;  ///< probe --fp8-activations: the W8A8 chain under test (CPU emulation / GPU prefill experts)
   // drift
   std::string a_quant = "none", b_quant = "fp8", a_device = "cpu", b_device = "cpu";
   bool a_lm_head = false, b_lm_head = false;  ///< --a-fp8-lm-head / --b-fp8-lm-head

@@ -9,7 +9,9 @@
 //   layer:    the layer's output hidden state (residual + routed + shared expert), the routed part
 //             being the tested / ideal one
 // as ||tested - ideal|| / ||ideal||. For scale, the same stages of the ideal chain with FP8 (1 x 128)
-// activations against the W8A16 one: the rounding an FP8-activation chain adds by itself.
+// activations against the W8A16 one: the rounding an FP8-activation chain adds by itself; and the
+// tested chain against that W8A8 ideal chain (the reference of a W8A8 chain under test: the GPU's
+// prefill experts, or the CPU's with activations quantised).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -35,6 +37,10 @@ using MoeStageRunner = std::function<MoeStageOutputs(const float* x, int64_t T, 
 /// The CPU's own chain: fp32 with the dequantised weights, as Model::moe computes it.
 MoeStageOutputs moe_stages_cpu(const float* x, int64_t T, const std::vector<int32_t>& ids,
                                const std::vector<float>& weights, const MoeWeights& m, const ModelConfig& cfg);
+/// The same with each pair's x row and activation quantised per 128 columns before their GEMMs
+/// (fp8_fake_quantize_activations): the CPU's W8A8 chain (Model::set_emulate_fp8_activations).
+MoeStageOutputs moe_stages_cpu_w8a8(const float* x, int64_t T, const std::vector<int32_t>& ids,
+                                    const std::vector<float>& weights, const MoeWeights& m, const ModelConfig& cfg);
 
 struct ProbeReport {
   int layer = 0;
@@ -42,6 +48,7 @@ struct ProbeReport {
   std::string tested;                       ///< "cpu" or "cuda"
   double gemms = 0, per_slot = 0, combine = 0, layer_out = 0;  ///< tested vs the ideal W8A16 chain
   double a8_gemms = 0, a8_per_slot = 0, a8_combine = 0;         ///< ideal W8A8 (1 x 128) vs ideal W8A16
+  double vs_a8_gemms = 0, vs_a8_per_slot = 0, vs_a8_combine = 0;  ///< tested vs the ideal W8A8 chain
 };
 
 /// Probes MoE layer `layer` (-1: the first MoE layer) of `model` on `prompt`. Throws Error when the

@@ -32,6 +32,19 @@ def test_probe_reports_stages_against_the_ideal_chain(tmp_path):
     assert 0 < j["forward_fp8_vs_unquantised"] < 1
 
 
+def test_probe_of_the_w8a8_chain_against_both_ideal_chains(tmp_path):
+    out = tmp_path / "probe.json"
+    r = run("probe", "--model", FIXTURE, "-q", "fp8", "--prompt-ids", "1,2,3,4,5,6,7,8", "--fp8-activations",
+            "--json", out)
+    assert r.returncode == 0, r.stderr
+    assert "vs ideal W8A8" in r.stdout and "W8A8" in r.stdout
+    moe = json.loads(out.read_text())["moe"]
+    for key in ("vs_a8_after_gemms", "vs_a8_per_slot", "vs_a8_after_combine"):
+        assert moe[key] < 1e-5, (key, moe)
+    for key in ("per_slot", "after_combine"):
+        assert 1e-3 < moe[key] < 0.1, (key, moe)
+
+
 def test_probe_of_an_fp8_checkpoint_needs_no_flag():
     if not FP8_FIXTURE.is_dir():
         pytest.skip("tests/fixtures/fp8 is made by scripts/make_fp8_fixtures.py (scripts/test.sh runs it)")

@@ -398,9 +398,23 @@ TEST(Fp8Probe, CpuChainIsTheIdealChainUpToFp32Rounding) {
     EXPECT_GT(e, 1e-3);
     EXPECT_LT(e, 0.1);
   }
+  for (double e : {r.vs_a8_gemms, r.vs_a8_per_slot, r.vs_a8_combine}) {  // the W8A16 chain vs the W8A8 ideal
+    EXPECT_GT(e, 1e-3);
+    EXPECT_LT(e, 0.1);
+  }
   auto plain = load_model((test::kFixtures / "qwen3_5_moe").string(), LoadFormat::Safetensors);
   EXPECT_THROW(probe_moe_layer(*plain, kPrompt, -1, moe_stages_cpu, "cpu"), Error);
   EXPECT_THROW(probe_moe_layer(*model, kPrompt, 99, moe_stages_cpu, "cpu"), Error);
+}
+
+// The CPU's W8A8 chain (activations quantised 1 x 128 before each expert GEMM) is the ideal W8A8 chain
+// up to fp32 rounding, and as far from the W8A16 one as that ideal chain is.
+TEST(Fp8Probe, CpuW8A8ChainIsTheIdealW8A8Chain) {
+  auto model = load_model((test::kFixtures / "qwen3_5_moe").string(), LoadFormat::Safetensors, 0, Quantization::Fp8);
+  const ProbeReport r = probe_moe_layer(*model, kPrompt, -1, moe_stages_cpu_w8a8, "cpu W8A8");
+  for (double e : {r.vs_a8_gemms, r.vs_a8_per_slot, r.vs_a8_combine}) EXPECT_LT(e, 1e-5);
+  EXPECT_NEAR(r.combine, r.a8_combine, 1e-5);
+  EXPECT_GT(r.combine, 1e-3);
 }
 
 }  // namespace
