@@ -483,7 +483,6 @@ class CudaExecutor : public Executor {
     cuda::fp8_dequantize_bf16(w8, sc, l.out, l.in, fp8_scratch(size_t(l.out * l.in)), stream_);
     dense(x, fp8_scratch_.data(), b, y, T, l.in, l.out);
   }
-  /// bf16 scratch of at least n elements for dequantised FP8 weights (prefill steps, never captured).
   /// Whether prefill-sized steps run the FP8 experts as W8A8 on wgmma (moe_fp8_prefill_forward) rather
   /// than the bf16 chain over dequantised copies: FP8 experts, a single device, a supported shape, and
   /// MOEFOLD_MOE_FP8_PREFILL unset or "wgmma" ("dequant": the bf16 chain; anything else throws).
@@ -502,6 +501,7 @@ class CudaExecutor : public Executor {
                                             int(c.hidden_size), int(c.moe_intermediate_size)});
   }
 
+  /// bf16 scratch of at least n elements for dequantised FP8 weights (prefill steps, never captured).
   bf16* fp8_scratch(size_t n) {
     if (fp8_scratch_.size() < n) fp8_scratch_ = DeviceBuffer<bf16>(n);
     return fp8_scratch_.data();
