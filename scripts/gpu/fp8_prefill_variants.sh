@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# One GPU call comparing the W8A8 prefill experts' build variants (src/ops/cuda/moe_fp8_wgmma.cu):
-# the ring depth (MOEFOLD_MOE_FP8_STAGES 6 | 7) and down's A loads (MOEFOLD_MOE_FP8_DOWN_A cpasync | tma),
-# each variant's contracts (and memcheck / racecheck of the small shapes), then Fp8Bench.PrefillExperts
-# in the order 6c 7c 6t 7t 7t 6t 7c 6c. Logs packed into $OUT/fp8pf_variants.tgz; one table last.
+# One GPU call comparing the W8A8 prefill experts' variants (src/ops/cuda/moe_fp8_wgmma.cu): the tile
+# width (MOEFOLD_MOE_FP8_TILE_N 128 | 256) and down's A loads (MOEFOLD_MOE_FP8_DOWN_A tma | cpasync),
+# each new variant's contracts (and memcheck / racecheck of the small shapes), then
+# Fp8Bench.PrefillExperts in the order 128t 256t 256c 256c 256t 128t. Logs packed into
+# $OUT/fp8pf_variants.tgz; one table last.
 # Usage (repository root, after `source scripts/gpu/env.sh BUILD`): scripts/gpu/fp8_prefill_variants.sh [BUILD]
 set -u
 B=${1:-build-cuda}
@@ -12,8 +13,8 @@ mkdir -p "$out"
 : >"$out/table.txt"
 . "$(dirname "$0")/step.sh"
 san=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null | head -1)
-envs() { echo "MOEFOLD_MOE_FP8_STAGES=${1%?} MOEFOLD_MOE_FP8_DOWN_A=$([ "${1: -1}" = t ] && echo tma || echo cpasync)"; }
-for v in 6c 7t; do
+envs() { echo "MOEFOLD_MOE_FP8_TILE_N=${1%?} MOEFOLD_MOE_FP8_DOWN_A=$([ "${1: -1}" = t ] && echo tma || echo cpasync)"; }
+for v in 256t 256c; do
   # shellcheck disable=SC2046
   step "contracts.$v" 300 env $(envs $v) "$T/moe_fp8_prefill_test" --gtest_filter='Fp8ActQuant.*:MoeFp8Prefill.*'
   # shellcheck disable=SC2046
@@ -24,7 +25,7 @@ for v in 6c 7t; do
     "$T/moe_fp8_prefill_test" --gtest_filter='MoeFp8Prefill.*'
 done
 i=0
-for v in 6c 7c 6t 7t 7t 6t 7c 6c; do
+for v in 128t 256t 256c 256c 256t 128t; do
   i=$((i + 1))
   # shellcheck disable=SC2046
   step "bench_$i.$v" 200 env $(envs $v) MOEFOLD_FP8_BENCH=1 "$T/moe_fp8_prefill_test" --gtest_filter='Fp8Bench.*'

@@ -54,16 +54,23 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 
-constexpr int kBM = 128, kBN = 128, kBK = 128, kThreads = 384, kGroupM = 16;
+constexpr int kBM = 128, kBK = 128, kThreads = 384, kGroupM = 16;
 constexpr int kProducerThreads = 128;
 constexpr int kProducerRegs = 40, kConsumerRegs = 232;  // 128 * 40 + 256 * 232 <= 65536
-constexpr uint32_t kABytes = kBM * kBK, kBBytes = kBN * kBK, kStageBytes = kABytes + kBBytes;
+constexpr uint32_t kABytes = kBM * kBK;
 constexpr int kAChunks = kBM * 8 / kProducerThreads;  // 16-byte A chunks per producer thread
 static_assert(kAChunks == 8, "producer layout");
 
-/// Shared memory of a kStages ring: the stages, then the full and empty barriers (+ alignment slack).
-constexpr size_t smem_bytes(int stages) { return size_t(stages) * kStageBytes + 2 * size_t(stages) * 8 + 1024; }
-static_assert(smem_bytes(7) <= 227 * 1024, "shared memory");
+/// A stage of a tile of bn B rows: the 128 x 128-byte A tile and the bn x 128-byte B tile.
+constexpr uint32_t stage_bytes(int bn) { return kABytes + uint32_t(bn) * kBK; }
+/// Shared memory of a ring: the stages, then the full and empty barriers (+ alignment slack).
+constexpr size_t smem_bytes(int stages, int bn) {
+  return size_t(stages) * stage_bytes(bn) + 2 * size_t(stages) * 8 + 1024;
+}
+/// Ring depth by tile width: 6 stages of 32 KB, 4 of 48 KB.
+constexpr int ring_stages(int bn) { return bn == 256 ? 4 : 6; }
+static_assert(smem_bytes(ring_stages(128), 128) <= 227 * 1024 && smem_bytes(ring_stages(256), 256) <= 227 * 1024,
+              "shared memory");
 
 /// Arrival on mbarrier `bar` once every cp.async this thread issued before has landed, without
 /// incrementing its pending count (the barrier's expected count includes it). PTX: cp.async.mbarrier.arrive.
@@ -86,13 +93,18 @@ struct Fp8GemmParams {
 /// kTmaA (down only): A's 128 rows from the plan position by one bulk tensor copy (tma) instead of
 /// the producer threads' cp.async; rows past the tile's live ones are loaded too (other experts'
 /// rows or stale bytes: their products are discarded, a row's products never touch another row's).
-template <bool kSwiglu, int kStages, bool kTmaA>
+/// kBN: B rows of an item, 128 or 256. At 256 a consumer warpgroup multiplies its 64 rows by the two
+/// 128-row halves of B in turn, each through the one 64-register partial (acc: 128 registers).
+template <bool kSwiglu, int kStages, bool kTmaA, int kBN>
 __global__ void __launch_bounds__(kThreads, 1)
     moe_fp8_wgmma_kernel(const __grid_constant__ CUtensorMap tmb, const __grid_constant__ CUtensorMap tma_a,
                          const Fp8GemmParams p, int max_tiles) {
   static_assert(!(kSwiglu && kTmaA), "gate_up gathers its A rows");
+  static_assert(kBN == 128 || kBN == 256, "tile width");
   pdl_begin();
   constexpr int kCols = kSwiglu ? kBN / 2 : kBN;  // output columns of one item
+  constexpr int kHalves = kBN / 128;              // 128-row B halves, one partial each
+  constexpr uint32_t kBBytes = uint32_t(kBN) * kBK, kStageBytes = stage_bytes(kBN);
   constexpr uint32_t kBarOff = kStages * kStageBytes;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   unsigned char* base = smem_raw + ((1024 - (ptx::smem_u32(smem_raw) & 1023)) & 1023);
@@ -176,7 +188,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // (Measured slower, docs/fp8.md: two partials in turn, promoting one under the next block's products.)
   ptx::setmaxnreg_inc<kConsumerRegs>();
   const int cw = wgi - 1, w4 = warp & 3, g = lane >> 2, tig = lane & 3;
-  float acc[64], part[64];
+  float acc[kBN / 2], part[64];
   int st = 0;
   uint32_t ph = 0;
 #pragma unroll 1
@@ -194,55 +206,63 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int ar = r < nrows ? (kSwiglu ? p.pairs[pos0 + r] / p.topk : pos0 + r) : -1;
       sa[h] = ar >= 0 ? p.a_scale + int64_t(ar) * KC : nullptr;
     }
+    // The B rows' scale groups, one scale each: gate_up's gate rows and up rows (b_up_offset on); down's
+    // 128-row halves (kBN 256), or its one 128-row block for both (kBN 128).
     const int brow = tile.x * p.b_rows + nt * kCols;
     const float* sb0 = p.b_scale + int64_t(brow) * KC;
-    const float* sb1 = kSwiglu ? p.b_scale + int64_t(brow + p.b_up_offset) * KC : sb0;
+    const float* sb1 = p.b_scale + int64_t(brow + (kSwiglu ? p.b_up_offset : kBN - 128)) * KC;
 #pragma unroll
-    for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
+    for (int i = 0; i < kBN / 2; ++i) acc[i] = 0.0f;
 #pragma unroll 1
     for (int c = 0; c < KC; ++c) {
       const float a0 = sa[0] ? sa[0][c] : 0.0f, a1 = sa[1] ? sa[1][c] : 0.0f, b0 = sb0[c], b1 = sb1[c];
       ptx::mbar_wait(full(st), ph);
       if constexpr (!kTmaA) wg::fence_proxy_async();  // the cp.async (generic proxy) A rows, for wgmma
-      wg::fence();
       const uint64_t da = wg::desc_sw128(stage_a(st) + uint32_t(cw * 64 * 128));
-      const uint64_t db = wg::desc_sw128(stage_b(st));
 #pragma unroll
-      for (int ks = 0; ks < kBK / 32; ++ks) wgf8::mma_n128(part, da + uint64_t(ks * 2), db + uint64_t(ks * 2), ks);
-      wg::commit();
-      wg::wait<0>();
-      wg::fence_regs(part);
-      tma::mbar_arrive_lane0(empty(st), lane);
-      if (++st == kStages) st = 0, ph ^= 1;
-      // Fragment (j, h): row g + 8 h of the warp's 16, columns 8 j + 2 tig (+ 1); j < 8 is the first
-      // 64-column group (gate_up: the gate rows), j >= 8 the second (the up rows).
-      const float s00 = a0 * b0, s01 = a0 * b1, s10 = a1 * b0, s11 = a1 * b1;
+      for (int hb = 0; hb < kHalves; ++hb) {
+        wg::fence();
+        const uint64_t db = wg::desc_sw128(stage_b(st) + uint32_t(hb * 128 * 128));
 #pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        const float sh0 = j < 8 ? s00 : s01, sh1 = j < 8 ? s10 : s11;
-        acc[4 * j + 0] = fmaf(part[4 * j + 0], sh0, acc[4 * j + 0]);
-        acc[4 * j + 1] = fmaf(part[4 * j + 1], sh0, acc[4 * j + 1]);
-        acc[4 * j + 2] = fmaf(part[4 * j + 2], sh1, acc[4 * j + 2]);
-        acc[4 * j + 3] = fmaf(part[4 * j + 3], sh1, acc[4 * j + 3]);
+        for (int ks = 0; ks < kBK / 32; ++ks) wgf8::mma_n128(part, da + uint64_t(ks * 2), db + uint64_t(ks * 2), ks);
+        wg::commit();
+        wg::wait<0>();
+        wg::fence_regs(part);
+        if (hb == kHalves - 1) tma::mbar_arrive_lane0(empty(st), lane);
+        // Fragment (j, h) of the partial: row g + 8 h of the warp's 16, columns 8 j + 2 tig (+ 1) of
+        // this half. kBN 128: j < 8 is the first scale group, j >= 8 the second; kBN 256: half hb is
+        // group hb. Its accumulators: acc[64 hb + 4 j + ..].
+        const float s00 = a0 * b0, s01 = a0 * b1, s10 = a1 * b0, s11 = a1 * b1;
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+          const bool second = kHalves == 1 ? j >= 8 : hb == 1;
+          const float sh0 = second ? s01 : s00, sh1 = second ? s11 : s10;
+          float* a = acc + 64 * hb + 4 * j;
+          a[0] = fmaf(part[4 * j + 0], sh0, a[0]);
+          a[1] = fmaf(part[4 * j + 1], sh0, a[1]);
+          a[2] = fmaf(part[4 * j + 2], sh1, a[2]);
+          a[3] = fmaf(part[4 * j + 3], sh1, a[3]);
+        }
       }
+      if (++st == kStages) st = 0, ph ^= 1;
     }
     // Epilogue: fragment (j, h) of warp w4 holds tile row w4 * 16 + g + 8h, columns 8j + 2 tig, + 1.
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int r = cw * 64 + w4 * 16 + g + 8 * h;
       if (r >= nrows) continue;
-      if constexpr (kSwiglu) {  // gate column j pairs with up column j + 64 (fragment j + 8)
+      if constexpr (kSwiglu) {  // gate column j pairs with up column j + kBN / 2 (fragment j + kBN / 16)
         bf16* out = p.C + int64_t(pos0 + r) * p.N + nt * kCols + 2 * tig;
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          const float v0 = moe_detail::silu_f32(acc[4 * j + 2 * h]) * acc[4 * (j + 8) + 2 * h];
-          const float v1 = moe_detail::silu_f32(acc[4 * j + 2 * h + 1]) * acc[4 * (j + 8) + 2 * h + 1];
+        for (int j = 0; j < kBN / 16; ++j) {
+          const float v0 = moe_detail::silu_f32(acc[4 * j + 2 * h]) * acc[4 * (j + kBN / 16) + 2 * h];
+          const float v1 = moe_detail::silu_f32(acc[4 * j + 2 * h + 1]) * acc[4 * (j + kBN / 16) + 2 * h + 1];
           *reinterpret_cast<__nv_bfloat162*>(out + 8 * j) = __floats2bfloat162_rn(v0, v1);
         }
       } else {
         bf16* out = p.C + int64_t(p.pairs[pos0 + r]) * p.N + nt * kCols + 2 * tig;
 #pragma unroll
-        for (int j = 0; j < 16; ++j)
+        for (int j = 0; j < kBN / 8; ++j)
           *reinterpret_cast<__nv_bfloat162*>(out + 8 * j) =
               __floats2bfloat162_rn(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
       }
@@ -266,9 +286,9 @@ prof::Work work(bool gate_up, const MoeShape& s) {
                     2.0 * pairs * I * H};
 }
 
-/// Ring depth and down's A loads (MOEFOLD_MOE_FP8_STAGES = 6 | 7, default 6; MOEFOLD_MOE_FP8_DOWN_A =
-/// tma | cpasync, default tma; read once; an unset or empty variable is the first value), for A/B
-/// timing (docs/fp8.md has the measurements).
+/// Down's A loads and the tile width (MOEFOLD_MOE_FP8_DOWN_A = tma | cpasync, default tma;
+/// MOEFOLD_MOE_FP8_TILE_N = 128 | 256, default 128; read once; an unset or empty variable is the first
+/// value), for A/B timing (docs/fp8.md has the measurements).
 int env_choice(const char* name, std::initializer_list<const char*> allowed) {
   const char* v = std::getenv(name);
   if (!v || !*v) return 0;
@@ -279,24 +299,40 @@ int env_choice(const char* name, std::initializer_list<const char*> allowed) {
   }
   throw Error(std::string(name) + "='" + v + "': not one of the allowed values");
 }
-int ring_stages() {
-  static const int s = env_choice("MOEFOLD_MOE_FP8_STAGES", {"6", "7"}) == 1 ? 7 : 6;
-  return s;
-}
 bool down_a_by_tma() {
   static const bool t = env_choice("MOEFOLD_MOE_FP8_DOWN_A", {"tma", "cpasync"}) == 0;
   return t;
 }
+int env_tile_n() {
+  static const int n = env_choice("MOEFOLD_MOE_FP8_TILE_N", {"128", "256"}) == 1 ? 256 : 128;
+  return n;
+}
 
-template <bool kSwiglu, int kStages, bool kTmaA>
+template <bool kSwiglu, bool kTmaA, int kBN>
 void launch_kernel(const Fp8GemmParams& p, const CUtensorMap& mb, const CUtensorMap& ma, int blocks, int max_tiles,
                    cudaStream_t stream) {
-  auto* k = moe_fp8_wgmma_kernel<kSwiglu, kStages, kTmaA>;
+  constexpr int kStages = ring_stages(kBN);
+  constexpr size_t kSmem = smem_bytes(kStages, kBN);
+  auto* k = moe_fp8_wgmma_kernel<kSwiglu, kStages, kTmaA, kBN>;
   static std::once_flag once;
   std::call_once(once, [k] {
-    MOEFOLD_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes(kStages))));
+    MOEFOLD_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
   });
-  launch_pdl(k, dim3(unsigned(blocks)), dim3(kThreads), smem_bytes(kStages), stream, mb, ma, p, max_tiles);
+  launch_pdl(k, dim3(unsigned(blocks)), dim3(kThreads), kSmem, stream, mb, ma, p, max_tiles);
+}
+
+template <bool kSwiglu, int kBN>
+void launch_tile(const Fp8GemmParams& p, const uint8_t* B, int E, int a_rows, int max_tiles, cudaStream_t stream,
+                 const char* who) {
+  constexpr int kCols = kSwiglu ? kBN / 2 : kBN;
+  const CUtensorMap mb = tma_map_2d_u8(B, int64_t(E) * p.b_rows, p.K, p.K, kCols, who);
+  const bool tma_a = !kSwiglu && down_a_by_tma();
+  const CUtensorMap ma = tma_a ? tma_map_2d_u8(p.A, a_rows, p.K, p.K, kBM, who) : mb;
+  const int64_t items = int64_t(max_tiles) * (p.N / kCols);
+  const int blocks = int(std::min<int64_t>(items, device_sm_count()));
+  if constexpr (kSwiglu) launch_kernel<true, false, kBN>(p, mb, ma, blocks, max_tiles, stream);
+  else if (tma_a) launch_kernel<false, true, kBN>(p, mb, ma, blocks, max_tiles, stream);
+  else launch_kernel<false, false, kBN>(p, mb, ma, blocks, max_tiles, stream);
 }
 
 template <bool kSwiglu>
@@ -304,24 +340,12 @@ void launch(const Fp8GemmParams& p, const uint8_t* B, int E, int a_rows, int max
             cudaStream_t stream) {
   if (max_tiles <= 0) return;
   const char* who = kSwiglu ? "moe_fp8_wgmma:gate_up" : "moe_fp8_wgmma:down";
-  const CUtensorMap mb = tma_map_2d_u8(B, int64_t(E) * p.b_rows, p.K, p.K, kSwiglu ? kBN / 2 : kBN, who);
-  const bool tma_a = !kSwiglu && down_a_by_tma();
-  const CUtensorMap ma = tma_a ? tma_map_2d_u8(p.A, a_rows, p.K, p.K, kBM, who) : mb;
-  const int cols = kSwiglu ? kBN / 2 : kBN;
-  const int64_t items = int64_t(max_tiles) * (p.N / cols);
-  const int blocks = int(std::min<int64_t>(items, device_sm_count()));
   LaunchScope scope(kFp8Wgmma[kSwiglu ? 0 : 1], stream, [&] { return work(kSwiglu, s); });
-  const bool seven = ring_stages() == 7;
-  if constexpr (kSwiglu) {
-    if (seven) launch_kernel<true, 7, false>(p, mb, ma, blocks, max_tiles, stream);
-    else launch_kernel<true, 6, false>(p, mb, ma, blocks, max_tiles, stream);
-  } else if (tma_a) {
-    if (seven) launch_kernel<false, 7, true>(p, mb, ma, blocks, max_tiles, stream);
-    else launch_kernel<false, 6, true>(p, mb, ma, blocks, max_tiles, stream);
-  } else {
-    if (seven) launch_kernel<false, 7, false>(p, mb, ma, blocks, max_tiles, stream);
-    else launch_kernel<false, 6, false>(p, mb, ma, blocks, max_tiles, stream);
-  }
+  // 256 B rows where whole tiles cover N (gate_up: 128 act columns; down: 256 y columns), else 128.
+  if (env_tile_n() == 256 && p.N % (kSwiglu ? 128 : 256) == 0)
+    launch_tile<kSwiglu, 256>(p, B, E, a_rows, max_tiles, stream, who);
+  else
+    launch_tile<kSwiglu, 128>(p, B, E, a_rows, max_tiles, stream, who);
   MOEFOLD_CUDA_CHECK_LAUNCH();
 }
 
