@@ -213,6 +213,10 @@ class CudaExecutor : public Executor {
       if (L.moe.gate_up.device_scale && opt_.max_rows > cuda::kMoeFp8MaxRows && !fp8_prefill_experts())
         scratch = std::max(scratch, size_t(3 * c.num_experts * c.moe_intermediate_size * c.hidden_size));
     }
+    // An FP8 lm_head dequantised for a logits pass of more than kFp8GemvMaxRows rows (launch_head).
+    const Param& lmp = w_.lm_head_param();
+    if (lmp.device_scale && opt_.max_logits_rows > cuda::kFp8GemvMaxRows)
+      scratch = std::max(scratch, size_t(lmp.numel));
     if (scratch) fp8_scratch(scratch);
     const int64_t cap = opt_.max_rows, H = c.hidden_size, S = opt_.num_slots;
     // fp32 copies of A_log and dt_bias for the DeltaNet kernels.
@@ -299,6 +303,7 @@ class CudaExecutor : public Executor {
       if (fp8_prefill_experts()) {
         const size_t fb = cuda::moe_fp8_prefill_scratch_bytes(moe_shape_);
         moe_fp8_mem_ = DeviceBuffer<uint8_t>(fb);
+        moe_fp8_mem_.fill_bytes(0);  // down's A tiles by TMA read rows past the live pairs (discarded)
         moe_fp8_ = cuda::moe_fp8_prefill_scratch_bind(moe_fp8_mem_.data(), fb, moe_shape_);
       }
     }
@@ -485,7 +490,9 @@ class CudaExecutor : public Executor {
   }
   /// Whether prefill-sized steps run the FP8 experts as W8A8 on wgmma (moe_fp8_prefill_forward) rather
   /// than the bf16 chain over dequantised copies: FP8 experts, a single device, a supported shape, and
-  /// MOEFOLD_MOE_FP8_PREFILL unset or "wgmma" ("dequant": the bf16 chain; anything else throws).
+  /// MOEFOLD_MOE_FP8_PREFILL unset or "wgmma" ("dequant": the bf16 chain; anything else throws). Every
+  /// row of such a step (decode rows beside a prefill chunk too) gets W8A8 experts, while steps of up to
+  /// kMoeFp8MaxRows rows run W8A16: batch invariance holds on each side of that bound (docs/fp8.md).
   bool fp8_prefill_experts() const {
     static const bool on = [] {
       const char* v = std::getenv("MOEFOLD_MOE_FP8_PREFILL");

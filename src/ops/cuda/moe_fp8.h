@@ -22,7 +22,8 @@
 
 namespace moefold::cuda {
 
-/// The most step rows the FP8 expert GEMV path takes (larger steps dequantise to bf16 and run the tiles).
+/// The most step rows the FP8 expert GEMV path takes (larger steps: moe_fp8_prefill_forward where
+/// moe_fp8_prefill_supported, else the bf16 chain over dequantised weights).
 inline constexpr int kMoeFp8MaxRows = 256;
 
 /// ws.act[j, :] for every planned pair j (see the header). The plan must come from moe_route / moe_plan
