@@ -5,8 +5,8 @@
 # (Fp8Bench.PrefillExperts), torch's peers and ceilings (fp8_prefill_peer_bench.py), then on the 35B shape
 # with -q fp8: bench offline prefill in the order A B B A (A: MOEFOLD_MOE_FP8_PREFILL=dequant, B: the
 # default) and the kernel table of a 16k-token prefill with --require-kernel. Logs under $OUT/fp8pf; one
-# table last; the logs come back packed in $OUT/fp8pf_logs.tgz. The build variants (ring depth, down's A
-# loads): fp8_prefill_variants.sh.
+# table last; the logs come back packed in $OUT/fp8pf_logs.tgz. The switches' variants (tile width, down's
+# A loads): fp8_prefill_variants.sh.
 # Usage (repository root, after `source scripts/gpu/env.sh BUILD`): scripts/gpu/fp8_prefill_check.sh [BUILD]
 set -u
 B=${1:-build-cuda}

@@ -197,8 +197,8 @@ int run_probe(const Fp8Commands& o) {
     MOEFOLD_CHECK(o.device == "cpu" || o.device == "cuda", "--device {}: expected cpu or cuda", o.device);
     const std::string name = o.device + (o.probe_fp8_act ? " W8A8" : " W8A16");
     const ProbeReport r = probe_moe_layer(*model, ids, o.layer, tested, name);
-    std::printf("probe: MoE layer %d, %lld tokens, tested chain: %s, reference: the ideal quantised chain (fp64, "
-                "same FP8 weights, bf16 activations)\n",
+    std::printf("probe: MoE layer %d, %lld tokens, tested chain: %s, references: the ideal quantised chains (fp64, "
+                "same FP8 weights; activations bf16 (W8A16) or quantised 1 x 128 (W8A8))\n",
                 r.layer, (long long)r.tokens, r.tested.c_str());
     std::printf("  %-26s %12s %22s %18s\n", "stage", "vs W8A16", "ideal W8A8(1x128) vs W8A16", "vs ideal W8A8");
     std::printf("  %-26s %12.3e %22.3e %18.3e\n", "after the expert GEMMs", r.gemms, r.a8_gemms, r.vs_a8_gemms);
