@@ -74,12 +74,18 @@ std::vector<std::vector<int32_t>> load_prompts(const Fp8Commands& o, const Model
   return out;
 }
 
+/// Configuration B's activation quantisation, for the report's header.
+const char* act_note(const Fp8Commands& o) {
+  return o.b_act ? " + fp8 activations (1x128)" : (o.b_expert_act ? " + fp8 expert activations (1x128)" : "");
+}
+
 /// A runner for one sequence of up to `tokens` tokens.
-/// `fp8_act`: the CPU model quantises the inputs of its FP8 projections 1 x 128 (W8A8 emulation).
+/// `fp8_act`: the CPU model quantises the inputs of its FP8 projections 1 x 128 (W8A8 emulation);
+/// `fp8_expert_act`: only those of its routed experts (what the GPU's prefill steps do).
 std::unique_ptr<ModelRunner> runner_for(const std::string& dir, const std::string& device, Quantization q,
                                         int32_t tokens, std::unique_ptr<Model>& cpu_model, bool fp8_lm_head = false,
                                         const std::string& only = "", bool fp8_act = false,
-                                        const std::string& kv_dtype = "auto") {
+                                        const std::string& kv_dtype = "auto", bool fp8_expert_act = false) {
   const int32_t bs = 16;
   RunnerOptions opt{(tokens + bs - 1) / bs + 1, bs, 1};
   opt.kv_cache_dtype = parse_kv_cache_dtype(kv_dtype);
@@ -89,14 +95,15 @@ std::unique_ptr<ModelRunner> runner_for(const std::string& dir, const std::strin
     auto src = fp8_quantizing_source(checkpoint_source(dir), q == Quantization::Fp8, fp8_lm_head, only);
     ModelWeights w = load_weights(cfg, *src);
     cpu_model = std::make_unique<Model>(std::move(cfg), std::move(w));
-    cpu_model->set_emulate_fp8_activations(fp8_act);
+    cpu_model->set_emulate_fp8_activations(fp8_act, fp8_act || fp8_expert_act);
     return std::make_unique<ModelRunner>(*cpu_model, opt);
   }
   MOEFOLD_CHECK(only.empty(), "--b-fp8-only runs on --b-device cpu");
-  MOEFOLD_CHECK(!fp8_act || device == "cpu", "--b-fp8-activations (W8A8 emulation) runs on --b-device cpu");
+  MOEFOLD_CHECK((!fp8_act && !fp8_expert_act) || device == "cpu",
+                "--b-fp8-activations / --b-fp8-expert-activations (W8A8 emulation) run on --b-device cpu");
   if (device == "cpu") {
     cpu_model = load_model(dir, LoadFormat::Safetensors, 0, q, fp8_lm_head);
-    cpu_model->set_emulate_fp8_activations(fp8_act);
+    cpu_model->set_emulate_fp8_activations(fp8_act, fp8_act || fp8_expert_act);
     return std::make_unique<ModelRunner>(*cpu_model, opt);
   }
 #ifdef MOEFOLD_HAVE_CUDA
@@ -267,7 +274,7 @@ int run_drift(const Fp8Commands& o) {
   auto ra = runner_for(o.model_dir, o.a_device, parse_quantization(o.a_quant), tokens, ma, o.a_lm_head, "", false,
                        o.a_kv);
   auto rb = runner_for(o.model_dir, o.b_device, parse_quantization(o.b_quant), tokens, mb, o.b_lm_head, o.b_only,
-                       o.b_act, o.b_kv);
+                       o.b_act, o.b_kv, o.b_expert_act);
   const int64_t V = cfg.vocab_size;
   int matches = 0;
   double first_sum = 0, margin_sum = 0, nll_a = 0, nll_b = 0, scored = 0;
@@ -276,7 +283,7 @@ int run_drift(const Fp8Commands& o) {
   auto kv_note = [](const std::string& kv) { return kv == "auto" ? std::string() : " + " + kv + " KV cache"; };
   std::printf("drift: A = %s%s%s on %s, B = %s%s%s%s%s on %s; %zu prompts, %d greedy tokens each\n", o.a_quant.c_str(),
               o.a_lm_head ? " + fp8 lm_head" : "", kv_note(o.a_kv).c_str(), o.a_device.c_str(), o.b_quant.c_str(),
-              o.b_lm_head ? " + fp8 lm_head" : "", o.b_act ? " + fp8 activations (1x128)" : "", kv_note(o.b_kv).c_str(),
+              o.b_lm_head ? " + fp8 lm_head" : "", act_note(o), kv_note(o.b_kv).c_str(),
               o.b_only.empty() ? "" : (" (only *" + o.b_only + "*)").c_str(), o.b_device.c_str(), prompts.size(),
               o.max_tokens);
   std::printf("  %6s %8s %16s %14s\n", "prompt", "match", "first diverge", "A top-2 margin");
@@ -456,7 +463,8 @@ int run_perplexity(const Fp8Commands& o) {
   std::vector<Row> rows;
   auto run_b = [&](const std::string& name, const std::string& only) {
     std::unique_ptr<Model> m;
-    auto r = runner_for(o.model_dir, o.b_device, parse_quantization(o.b_quant), longest, m, o.b_lm_head, only, o.b_act);
+    auto r = runner_for(o.model_dir, o.b_device, parse_quantization(o.b_quant), longest, m, o.b_lm_head, only, o.b_act,
+                        "auto", o.b_expert_act);
     rows.push_back({name, only, score_config(*r, segments, V, ref)});
     const Row& w = rows.back();
     std::printf("  %-28s %10.4f %+9.3f%% %12.3e %9.2f%%\n", w.name.c_str(), w.s.ppl(), 100.0 * (w.s.ppl() / a.ppl() - 1.0),
@@ -465,7 +473,7 @@ int run_perplexity(const Fp8Commands& o) {
   };
   std::printf("perplexity: %zu segments, %lld scored tokens; A = %s%s, B = %s%s%s%s (cpu unless --*-device)\n",
               segments.size(), (long long)a.tokens, o.a_quant.c_str(), o.a_lm_head ? " + fp8 lm_head" : "",
-              o.b_quant.c_str(), o.b_lm_head ? " + fp8 lm_head" : "", o.b_act ? " + fp8 activations (1x128)" : "",
+              o.b_quant.c_str(), o.b_lm_head ? " + fp8 lm_head" : "", act_note(o),
               o.b_only.empty() ? "" : (" (only *" + o.b_only + "*)").c_str());
   std::printf("  %-28s %10s %10s %12s %10s\n", "configuration", "perplexity", "vs A", "KL(A||B)/tok", "top-1 = A");
   std::printf("  %-28s %10.4f %+9.3f%% %12.3e %9.2f%%\n", "A", a.ppl(), 0.0, 0.0, 100.0);
@@ -486,7 +494,8 @@ int run_perplexity(const Fp8Commands& o) {
     std::ofstream(o.json_out) << json{{"a", {{"quantization", o.a_quant}, {"device", o.a_device}, {"fp8_lm_head", o.a_lm_head},
                                              {"perplexity", a.ppl()}}},
                                       {"b", {{"quantization", o.b_quant}, {"device", o.b_device}, {"fp8_lm_head", o.b_lm_head},
-                                             {"fp8_activations", o.b_act}, {"only", o.b_only}}},
+                                             {"fp8_activations", o.b_act}, {"fp8_expert_activations", o.b_expert_act},
+                                             {"only", o.b_only}}},
                                       {"segments", segments.size()},
                                       {"tokens", a.tokens},
                                       {"rows", jr}}
@@ -538,6 +547,8 @@ std::unique_ptr<Fp8Commands> add_fp8_commands(CLI::App& app) {
   d->add_option("--seed", o->seed, "seed of the random prompts");
   d->add_flag("--b-fp8-activations", o->b_act,
               "configuration B (cpu): FP8 projections quantise their inputs per token and 128 columns (W8A8)");
+  d->add_flag("--b-fp8-expert-activations", o->b_expert_act,
+              "configuration B (cpu): only the routed experts quantise their activations (the GPU's prefill steps)");
   d->add_option("--json", o->json_out, "also write the report as JSON to this file");
   o->drift = d;
   CLI::App* pp = app.add_subcommand(
@@ -555,6 +566,8 @@ std::unique_ptr<Fp8Commands> add_fp8_commands(CLI::App& app) {
   pp->add_flag("--b-fp8-lm-head", o->b_lm_head, "configuration B: lm_head in FP8");
   pp->add_flag("--b-fp8-activations", o->b_act,
                "configuration B (cpu): FP8 projections quantise their inputs per token and 128 columns (W8A8)");
+  pp->add_flag("--b-fp8-expert-activations", o->b_expert_act,
+               "configuration B (cpu): only the routed experts quantise their activations (the GPU's prefill steps)");
   pp->add_option("--b-fp8-only", o->b_only, "configuration B (cpu): quantise only the tensors whose name contains this");
   pp->add_option("--attribution", o->attribution,
                  "then B once per group with only that group in FP8: kinds (q/k/v/o, gate/up/down, ...) or layers")

@@ -32,6 +32,7 @@ struct Fp8Commands {
   int num_prompts = 30, max_tokens = 32, prompt_len = 16;
   bool with_answers = false;
   bool b_act = false;  ///< --b-fp8-activations: B's FP8 projections see 1 x 128 FP8 activations (CPU)
+  bool b_expert_act = false;  ///< --b-fp8-expert-activations: only B's routed experts do (CPU; the GPU's prefill)
   std::string text_file, attribution;  ///< perplexity: --text-file, --attribution (kinds | layers)
   int max_len = 512;                   ///< perplexity: tokens per --text-file window
   uint64_t seed = 0;

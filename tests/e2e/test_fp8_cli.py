@@ -153,7 +153,7 @@ def test_perplexity_of_a_text_against_itself_and_fp8(tmp_path):
     b = j["rows"][0]
     assert b["perplexity"] == j["a"]["perplexity"] and b["kl_per_token"] == 0 and b["top1_agreement"] == 1
     kl = {}
-    for extra in ((), ("--b-fp8-activations",), ("--b-fp8-lm-head",)):
+    for extra in ((), ("--b-fp8-activations",), ("--b-fp8-expert-activations",), ("--b-fp8-lm-head",)):
         r = run("perplexity", "--model", model, "--text-file", TEXT, "--num-prompts", "2", "--max-len", "40",
                 "--json", out, *extra)
         assert r.returncode == 0, r.stderr
@@ -163,6 +163,9 @@ def test_perplexity_of_a_text_against_itself_and_fp8(tmp_path):
         assert abs(b["perplexity"] / j["a"]["perplexity"] - 1) < 0.2, (extra, b)
         kl[extra] = b["kl_per_token"]
     assert kl[("--b-fp8-activations",)] > kl[()]  # W8A8 adds the activations' rounding to W8A16's
+    # The routed experts alone (the GPU's prefill): a part of that rounding, so another B than either.
+    assert kl[("--b-fp8-expert-activations",)] not in (kl[()], kl[("--b-fp8-activations",)])
+    assert json.loads(out.read_text())["b"]["fp8_expert_activations"] is False
 
 
 def test_perplexity_attribution_runs_each_group_alone(tmp_path):
