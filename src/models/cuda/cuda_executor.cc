@@ -4,10 +4,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <map>
-#include <string_view>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -184,6 +182,12 @@ class CudaExecutor : public Executor {
   void finish_load(ModelWeights w) {
     w_ = std::move(w);
     const ModelConfig& c = cfg_;
+    bool fp8_experts = false;
+    for (const LayerWeights& L : w_.layers) fp8_experts = fp8_experts || L.moe.gate_up.device_scale;
+    fp8_prefill_experts_ = fp8_experts && !shard_ && c.num_experts > 0 &&
+                           cuda::moe_fp8_prefill_runs({int(opt_.max_rows), int(c.num_experts),
+                                                       int(c.num_experts_per_tok), int(c.hidden_size),
+                                                       int(c.moe_intermediate_size)});
     // Projections of one input as one GEMM: attention q|k|v, DeltaNet qkv|z|b|a.
     fused_.resize(w_.layers.size());
     for (size_t l = 0; l < w_.layers.size(); ++l) {
@@ -210,7 +214,7 @@ class CudaExecutor : public Executor {
       for_each_linear(L, [&](const Linear& l) {
         if (l.w.device_scale) scratch = std::max(scratch, size_t(l.out * l.in));
       });
-      if (L.moe.gate_up.device_scale && opt_.max_rows > cuda::kMoeFp8MaxRows && !fp8_prefill_experts())
+      if (L.moe.gate_up.device_scale && opt_.max_rows > cuda::kMoeFp8MaxRows && !fp8_prefill_experts_)
         scratch = std::max(scratch, size_t(3 * c.num_experts * c.moe_intermediate_size * c.hidden_size));
     }
     // An FP8 lm_head dequantised for a logits pass of more than kFp8GemvMaxRows rows (launch_head).
@@ -300,7 +304,7 @@ class CudaExecutor : public Executor {
       const size_t bytes = cuda::moe_workspace_bytes(moe_shape_);
       moe_ws_mem_ = DeviceBuffer<uint8_t>(bytes);
       moe_ws_ = cuda::moe_workspace_bind(moe_ws_mem_.data(), bytes, moe_shape_);
-      if (fp8_prefill_experts()) {
+      if (fp8_prefill_experts_) {
         const size_t fb = cuda::moe_fp8_prefill_scratch_bytes(moe_shape_);
         moe_fp8_mem_ = DeviceBuffer<uint8_t>(fb);
         moe_fp8_mem_.fill_bytes(0);  // down's A tiles by TMA read rows past the live pairs (discarded)
@@ -488,26 +492,6 @@ class CudaExecutor : public Executor {
     cuda::fp8_dequantize_bf16(w8, sc, l.out, l.in, fp8_scratch(size_t(l.out * l.in)), stream_);
     dense(x, fp8_scratch_.data(), b, y, T, l.in, l.out);
   }
-  /// Whether prefill-sized steps run the FP8 experts as W8A8 on wgmma (moe_fp8_prefill_forward) rather
-  /// than the bf16 chain over dequantised copies: FP8 experts, a single device, a supported shape, and
-  /// MOEFOLD_MOE_FP8_PREFILL unset or "wgmma" ("dequant": the bf16 chain; anything else throws). Every
-  /// row of such a step (decode rows beside a prefill chunk too) gets W8A8 experts, while steps of up to
-  /// kMoeFp8MaxRows rows run W8A16: batch invariance holds on each side of that bound (docs/fp8.md).
-  bool fp8_prefill_experts() const {
-    static const bool on = [] {
-      const char* v = std::getenv("MOEFOLD_MOE_FP8_PREFILL");
-      if (!v || !*v || std::string_view(v) == "wgmma") return true;
-      MOEFOLD_CHECK(std::string_view(v) == "dequant", "MOEFOLD_MOE_FP8_PREFILL='{}': expected wgmma or dequant", v);
-      return false;
-    }();
-    const ModelConfig& c = cfg_;
-    bool fp8 = false;
-    for (const LayerWeights& L : w_.layers) fp8 = fp8 || L.moe.gate_up.device_scale;
-    return on && fp8 && !shard_ && opt_.max_rows > cuda::kMoeFp8MaxRows && c.num_experts > 0 &&
-           cuda::moe_fp8_prefill_supported({int(opt_.max_rows), int(c.num_experts), int(c.num_experts_per_tok),
-                                            int(c.hidden_size), int(c.moe_intermediate_size)});
-  }
-
   /// bf16 scratch of at least n elements for dequantised FP8 weights (prefill steps, never captured).
   bf16* fp8_scratch(size_t n) {
     if (fp8_scratch_.size() < n) fp8_scratch_ = DeviceBuffer<bf16>(n);
@@ -612,6 +596,11 @@ class CudaExecutor : public Executor {
   cuda::MoeWorkspace moe_ws_;
   DeviceBuffer<uint8_t> moe_fp8_mem_;  // the W8A8 prefill experts' quantised activations
   cuda::MoeFp8PrefillScratch moe_fp8_;
+  /// Whether steps of more than kMoeFp8MaxRows rows run the FP8 experts as W8A8 (moe_fp8_prefill_forward;
+  /// set at load by cuda::moe_fp8_prefill_runs for a single device) rather than the bf16 chain over
+  /// dequantised copies. Every row of such a step (decode rows beside a prefill chunk too) gets W8A8
+  /// experts, while smaller steps run W8A16: batch invariance holds on each side of that bound (docs/fp8.md).
+  bool fp8_prefill_experts_ = false;
   std::vector<DeviceBuffer<bf16>> k_cache_, v_cache_, conv_state_;
   bool kv_fp8_ = false;                                 // --kv-cache-dtype fp8: k_cache8_ / v_cache8_
   std::vector<DeviceBuffer<uint8_t>> k_cache8_, v_cache8_;
@@ -1184,7 +1173,7 @@ void CudaExecutor::ffn(size_t l, int64_t T, size_t moe_index) {
                             static_cast<const float*>(m.gate_up.device_scale), static_cast<const uint8_t*>(m.down.device),
                             static_cast<const float*>(m.down.device_scale), shared_out, shared_gate, h_.data(),
                             num_rows, step_shape, c.norm_topk_prob, moe_ws_, h_.data(), stream_, replay);
-    } else if (m.gate_up.device_scale && fp8_prefill_experts()) {  // FP8 experts, prefill: W8A8 on wgmma
+    } else if (m.gate_up.device_scale && fp8_prefill_experts_) {  // FP8 experts, prefill: W8A8 on wgmma
       cuda::moe_fp8_prefill_forward(x_.data(), dev(m.router.w), static_cast<const uint8_t*>(m.gate_up.device),
                                     static_cast<const float*>(m.gate_up.device_scale),
                                     static_cast<const uint8_t*>(m.down.device),

@@ -1,8 +1,5 @@
 #include "models/cuda/fp8_probe_gpu.h"
 
-#include <cstdlib>
-#include <string_view>
-
 #include "core/dtype.h"
 #include "core/error.h"
 #include "ops/cuda/cuda_check.h"
@@ -86,11 +83,8 @@ MoeStageOutputs moe_stages_gpu_w8a8(const float* x, int64_t T, const std::vector
 }
 
 bool cuda_step_runs_w8a8_experts(const ModelConfig& c, int64_t rows) {
-  const char* v = std::getenv("MOEFOLD_MOE_FP8_PREFILL");
-  if (v && std::string_view(v) == "dequant") return false;
-  return c.num_experts > 0 && rows > cuda::kMoeFp8MaxRows &&
-         cuda::moe_fp8_prefill_supported({int(rows), int(c.num_experts), int(c.num_experts_per_tok),
-                                          int(c.hidden_size), int(c.moe_intermediate_size)});
+  return c.num_experts > 0 && cuda::moe_fp8_prefill_runs({int(rows), int(c.num_experts), int(c.num_experts_per_tok),
+                                                          int(c.hidden_size), int(c.moe_intermediate_size)});
 }
 
 }  // namespace moefold

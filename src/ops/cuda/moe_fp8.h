@@ -58,6 +58,12 @@ void moe_fp8_forward(const __nv_bfloat16* x, const __nv_bfloat16* w_router, cons
 /// blocks in both GEMMs' K); other shapes run the bf16 chain over dequantised weights.
 bool moe_fp8_prefill_supported(const MoeShape& shape);
 
+/// Whether a step of step.capacity rows runs its FP8 experts through moe_fp8_prefill_forward: more than
+/// kMoeFp8MaxRows rows, moe_fp8_prefill_supported(step), and MOEFOLD_MOE_FP8_PREFILL unset or "wgmma"
+/// ("dequant": the bf16 chain over dequantised weights, for A/B timing; read once; another value throws
+/// moefold::Error). The CUDA executor and `moefold probe` decide by it.
+bool moe_fp8_prefill_runs(const MoeShape& step);
+
 /// Device scratch of the prefill chain: the activations quantised per token and 128 columns
 /// (fp8_act_quant.h). xq [capacity, H] e4m3, xs [capacity, H / 128] fp32; aq [capacity * k, I] e4m3,
 /// as [capacity * k, I / 128] fp32 (act in plan order).

@@ -355,6 +355,11 @@ constexpr size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 
 bool moe_fp8_prefill_supported(const MoeShape& s) { return s.H % 128 == 0 && s.I % 128 == 0 && s.H >= 128; }
 
+bool moe_fp8_prefill_runs(const MoeShape& step) {
+  static const bool on = env_choice("MOEFOLD_MOE_FP8_PREFILL", {"wgmma", "dequant"}) == 0;
+  return on && step.capacity > kMoeFp8MaxRows && moe_fp8_prefill_supported(step);
+}
+
 size_t moe_fp8_prefill_scratch_bytes(const MoeShape& s) {
   const size_t T = size_t(s.capacity), P = T * size_t(s.k);
   return align256(T * s.H) + align256(T * (s.H / 128) * 4) + align256(P * s.I) + align256(P * (s.I / 128) * 4);
