@@ -286,9 +286,10 @@ prof::Work work(bool gate_up, const MoeShape& s) {
                     2.0 * pairs * I * H};
 }
 
-/// Down's A loads and the tile width (MOEFOLD_MOE_FP8_DOWN_A = tma | cpasync, default tma;
-/// MOEFOLD_MOE_FP8_TILE_N = 128 | 256, default 128; read once; an unset or empty variable is the first
-/// value), for A/B timing (docs/fp8.md has the measurements).
+/// The index in `allowed` of environment variable `name`'s value (unset or empty: 0, the default);
+/// another value throws moefold::Error. Its callers read it once: MOEFOLD_MOE_FP8_PREFILL (wgmma |
+/// dequant), and for A/B timing down's A loads (MOEFOLD_MOE_FP8_DOWN_A = tma | cpasync) and the tile width
+/// (MOEFOLD_MOE_FP8_TILE_N = 128 | 256); docs/fp8.md has the measurements.
 int env_choice(const char* name, std::initializer_list<const char*> allowed) {
   const char* v = std::getenv(name);
   if (!v || !*v) return 0;
