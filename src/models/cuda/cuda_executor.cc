@@ -559,7 +559,9 @@ class CudaExecutor : public Executor {
   void launch_head(int64_t rows, int64_t r0, int64_t n, bool live_from_device);
   void attention(size_t l, const StepDims& d);
   void deltanet(size_t l, const StepDims& d);
-  void ffn(size_t l, int64_t T, size_t moe_index);
+  /// FFN of layer l with its residual add into h. Returns whether it also wrote x = RMSNorm_in(h) of layer
+  /// l + 1 (the combine's or the residual add's epilogue), so that the next layer skips its input norm.
+  bool ffn(size_t l, int64_t T, size_t moe_index);
 
   ModelConfig cfg_;
   CudaExecutorOptions opt_;
@@ -868,10 +870,11 @@ void CudaExecutor::launch_step(const StepDims& d) {
   if (c.num_layers_of(LayerType::FullAttention))
     cuda::compute_slot_mapping(cu_seqlens_.data(), context_lens_.data(), block_tables_.data(), d.table_stride,
                                opt_.block_size, d.seqs, d.max_q_len, slot_mapping_.data(), stream_);
+  bool x_ready = false;  // x already holds RMSNorm_in(h) of layer l (the previous FFN's epilogue wrote it)
   for (size_t l = 0; l < w_.layers.size(); ++l) {
     const LayerWeights& L = w_.layers[l];
     // h = h + Mixer(RMSNorm_in(h))
-    cuda::rms_norm(h_.data(), dev(L.input_norm), x_.data(), T, H, eps, nk, num_rows, stream_);
+    if (!x_ready) cuda::rms_norm(h_.data(), dev(L.input_norm), x_.data(), T, H, eps, nk, num_rows, stream_);
     if (c.layer_types[l] == LayerType::FullAttention) attention(l, d);
     else deltanet(l, d);
     // h = h + FFN(RMSNorm_post(h))
@@ -881,7 +884,7 @@ void CudaExecutor::launch_step(const StepDims& d) {
     } else {
       cuda::add_rms_norm(h_.data(), y_.data(), dev(L.post_attention_norm), x_.data(), T, H, eps, nk, num_rows, stream_);
     }
-    ffn(l, T, moe_index);
+    x_ready = ffn(l, T, moe_index);
     moe_index += c.layer_is_moe[l] ? 1 : 0;
   }
   if (d.logits_rows > 0) launch_head(T, 0, d.logits_rows, true);
@@ -1100,6 +1103,20 @@ void CudaExecutor::deltanet(size_t l, const StepDims& d) {
   const int64_t Tp = mixed_step ? d.prefill_rows : T, r0 = mixed_step ? Tp : 0, xs = W ? W : C, abs = W ? W : Hv;
   const int32_t* prefill_live = mixed_step ? counts_.data() + 4 : num_seqs;
   const int32_t* decode_live = mixed_step ? counts_.data() + 5 : num_seqs;
+  const cuda::GdnDims dims{int(c.linear_num_key_heads), int(Hv), int(c.linear_key_head_dim),
+                           int(c.linear_value_head_dim)};
+  if (d.decode) {  // conv, delta rule and gated norm in one launch where the shape allows (the same bits)
+    const cuda::GdnArgs args{conv_.data(), conv_.data() + kd, conv_.data() + 2 * kd, C, ga, gb, abs,
+                             a_log_[l], dt_bias_[l], rec_state_[l].data(), state_slots_.data(), num_seqs,
+                             go_.data(), T};
+    const cuda::GdnDecodeConv conv{mixed, xs, dev(g.conv1d), conv_state_[l].data(), int(K)};
+    const cuda::GdnDecodeGatedNorm norm{z, W ? W : Hv * c.linear_value_head_dim, dev(g.norm), float(c.rms_norm_eps)};
+    if (cuda::gdn_decode_fused_supported(args, conv, norm, d.seqs, dims)) {
+      cuda::gdn_decode_fused(args, conv, norm, d.seqs, dims, stream_);
+      gemm(g.out_proj, go_.data(), y_.data(), T);
+      return;
+    }
+  }
   if (Sp > 0)
     cuda::causal_conv1d_silu_prefill(mixed, dev(g.conv1d), cu_seqlens_.data(), state_slots_.data(), prefill_live,
                                      int(Tp), conv_state_[l].data(), conv_.data(), int(C), int(K), stream_, W);
@@ -1107,8 +1124,6 @@ void CudaExecutor::deltanet(size_t l, const StepDims& d) {
     cuda::causal_conv1d_silu_decode(mixed + r0 * xs, dev(g.conv1d), state_slots_.data() + Sp, decode_live, Sd,
                                     conv_state_[l].data(), conv_.data() + r0 * C, int(C), int(K), stream_, W);
   if (Sp > 0 && !step_snapshots_.empty()) snapshot_conv(l, mixed, xs);
-  const cuda::GdnDims dims{int(c.linear_num_key_heads), int(Hv), int(c.linear_key_head_dim),
-                           int(c.linear_value_head_dim)};
   if (Sp > 0) {
     const cuda::GdnArgs args{conv_.data(), conv_.data() + kd, conv_.data() + 2 * kd, C, ga, gb, abs,
                              a_log_[l], dt_bias_[l], rec_state_[l].data(), state_slots_.data(), prefill_live,
@@ -1133,10 +1148,17 @@ void CudaExecutor::deltanet(size_t l, const StepDims& d) {
 
 // FFN with its residual add: h += MoE(x) (routed experts + gated shared expert, residual fused into
 // the combine) or h += MLP(x).
-void CudaExecutor::ffn(size_t l, int64_t T, size_t moe_index) {
+bool CudaExecutor::ffn(size_t l, int64_t T, size_t moe_index) {
   const LayerWeights& L = w_.layers[l];
   const ModelConfig& c = cfg_;
   const int32_t* num_rows = counts_.data();
+  // x = RMSNorm_in(h) of the next layer, written by this FFN's last kernel (one launch fewer a layer).
+  cuda::MoeNextNorm next_norm;
+  const cuda::MoeNextNorm* next = nullptr;
+  if (l + 1 < w_.layers.size() && !tp_) {
+    next_norm = {dev(w_.layers[l + 1].input_norm), x_.data(), float(c.rms_norm_eps), c.norm_zero_centred};
+    next = &next_norm;
+  }
   if (c.layer_is_moe[l]) {
     const MoeWeights& m = L.moe;
     const size_t pairs = size_t(T * c.num_experts_per_tok);
@@ -1164,7 +1186,7 @@ void CudaExecutor::ffn(size_t l, int64_t T, size_t moe_index) {
       const cuda::MoeSharedExpert shared{dev(m.shared_gate_up.w), dev(m.shared_down.w),
                                          int(c.shared_expert_intermediate_size), ffn_act_.data(), y_.data()};
       cuda::moe_forward_shared(x_.data(), dev(m.router.w), dev(m.gate_up), dev(m.down), shared, shared_gate, h_.data(),
-                               num_rows, step_shape, c.norm_topk_prob, moe_ws_, h_.data(), stream_, replay);
+                               num_rows, step_shape, c.norm_topk_prob, moe_ws_, h_.data(), stream_, replay, next);
     } else if (tp_) {  // this rank's experts and shared-expert part, summed over the ranks into h
       tp_->moe(x_.data(), dev(m.router.w), dev(m.gate_up), dev(m.down), shared_out, shared_gate, h_.data(), T, num_rows,
                c.norm_topk_prob, opt_.batch_invariant, replay);
@@ -1172,14 +1194,14 @@ void CudaExecutor::ffn(size_t l, int64_t T, size_t moe_index) {
       cuda::moe_fp8_forward(x_.data(), dev(m.router.w), static_cast<const uint8_t*>(m.gate_up.device),
                             static_cast<const float*>(m.gate_up.device_scale), static_cast<const uint8_t*>(m.down.device),
                             static_cast<const float*>(m.down.device_scale), shared_out, shared_gate, h_.data(),
-                            num_rows, step_shape, c.norm_topk_prob, moe_ws_, h_.data(), stream_, replay);
+                            num_rows, step_shape, c.norm_topk_prob, moe_ws_, h_.data(), stream_, replay, next);
     } else if (m.gate_up.device_scale && fp8_prefill_experts_) {  // FP8 experts, prefill: W8A8 on wgmma
       cuda::moe_fp8_prefill_forward(x_.data(), dev(m.router.w), static_cast<const uint8_t*>(m.gate_up.device),
                                     static_cast<const float*>(m.gate_up.device_scale),
                                     static_cast<const uint8_t*>(m.down.device),
                                     static_cast<const float*>(m.down.device_scale), shared_out, shared_gate, h_.data(),
                                     num_rows, step_shape, c.norm_topk_prob, moe_ws_, moe_fp8_, h_.data(), stream_,
-                                    replay);
+                                    replay, next);
     } else {
       const bf16 *gate_up = dev(m.gate_up), *down = dev(m.down);
       if (m.gate_up.device_scale) {  // FP8 experts, prefill: bf16 copies of this layer's experts
@@ -1193,7 +1215,7 @@ void CudaExecutor::ffn(size_t l, int64_t T, size_t moe_index) {
         down = buf + E * 2 * I * H;
       }
       cuda::moe_forward(x_.data(), dev(m.router.w), gate_up, down, shared_out, shared_gate, h_.data(), num_rows,
-                        step_shape, c.norm_topk_prob, moe_ws_, h_.data(), stream_, replay);
+                        step_shape, c.norm_topk_prob, moe_ws_, h_.data(), stream_, replay, next);
     }
     if (routing_.capture)
       MOEFOLD_CUDA_CHECK(cudaMemcpyAsync(routing_.capture->layers[moe_index].data(), tp_ ? tp_->route_ids() : moe_ws_.ids,
@@ -1204,8 +1226,12 @@ void CudaExecutor::ffn(size_t l, int64_t T, size_t moe_index) {
     cuda::swiglu(gu_.data(), ffn_act_.data(), T, m.down.in, num_rows, stream_);
     gemm(m.down, ffn_act_.data(), y_.data(), T);
     if (tp_) tp_->reduce_into_residual(y_.data(), h_.data(), T, num_rows);
+    else if (next)
+      cuda::add_rms_norm(h_.data(), y_.data(), next->w, x_.data(), T, c.hidden_size, next->eps,
+                         c.norm_zero_centred ? cpu::NormKind::ZeroCentred : cpu::NormKind::Plain, num_rows, stream_);
     else cuda::residual_add(h_.data(), y_.data(), T, c.hidden_size, num_rows, stream_);
   }
+  return next != nullptr;
 }
 
 }  // namespace

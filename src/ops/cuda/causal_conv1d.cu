@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "ops/cuda/conv1d_step.cuh"
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/launch_scope.h"
 #include "ops/cuda/pdl.cuh"
@@ -36,7 +37,8 @@ prof::Work conv_work(int64_t rows, int64_t seqs, int C, int K) {
     if (!(cond)) ::moefold::fail(fmt::runtime(f), __VA_ARGS__); \
   } while (0)
 
-__device__ __forceinline__ float silu_f(float x) { return x / (1.0f + __expf(-x)); }
+using conv1d::silu;
+__device__ __forceinline__ float silu_f(float x) { return silu(x); }
 
 // Largest s in [0, n) with cu[s] <= r (cu non-decreasing, cu[0] <= r < cu[n]).
 __device__ __forceinline__ int find_seq(const int32_t* cu, int n, int r) {
@@ -388,23 +390,11 @@ __global__ void __launch_bounds__(kConvThreads)
   if (s >= *num_seqs_p) return;
   const int c = blockIdx.y * kConvThreads + threadIdx.x;
   if (c >= C) return;
-  const int Km1 = K - 1;
-  __nv_bfloat16* st = state_pool + (size_t(state_slots[s]) * C + c) * Km1;
+  __nv_bfloat16* st = state_pool + (size_t(state_slots[s]) * C + c) * (K - 1);
   __nv_bfloat16 win[kMaxConvKernel];
-#pragma unroll
-  for (int j = 0; j < kMaxConvKernel; ++j) {
-    if (j < Km1) win[j] = st[j];
-    else if (j == Km1) win[j] = x[size_t(s) * xs + c];
-    else win[j] = __float2bfloat16(0.0f);
-  }
-  float acc = 0.0f;
-#pragma unroll
-  for (int j = 0; j < kMaxConvKernel; ++j)
-    if (j < K) acc += __bfloat162float(w[size_t(c) * K + j]) * __bfloat162float(win[j]);
-  y[size_t(s) * C + c] = __float2bfloat16(silu_f(acc));
-#pragma unroll
-  for (int j = 0; j < kMaxConvKernel; ++j)
-    if (j < Km1) st[j] = win[j + 1];
+  conv1d::load_window(st, x[size_t(s) * xs + c], K, win);
+  y[size_t(s) * C + c] = conv1d::output(w + size_t(c) * K, K, win);
+  conv1d::store_state(st, K, win);
 }
 
 enum class PrefillKernel { kScalar, kVec, kTile };

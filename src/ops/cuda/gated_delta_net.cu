@@ -19,11 +19,19 @@
 // Math: src/ops/cpu/gated_delta_net.cc.
 #include "ops/cuda/gated_delta_net.h"
 
+#include <cooperative_groups.h>
+
+#include <cstdlib>
+#include <string_view>
+
+#include "ops/cuda/conv1d_step.cuh"
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/gated_delta_net_gating.cuh"
 #include "ops/cuda/gated_delta_net_tc.h"
 #include "ops/cuda/launch_scope.h"
+#include "ops/cuda/kernel_util.cuh"
 #include "ops/cuda/pdl.cuh"
+#include "ops/cuda/row_norm.cuh"
 
 namespace moefold::cuda {
 namespace {
@@ -48,15 +56,14 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-// Loads row `row` of q and k (key head kh) into qdst/kdst (fp32) L2-normalised, q also scaled by
-// dk^-0.5. Called by one whole warp.
-__device__ __forceinline__ void load_qk_normalised(const GdnArgs& p, int64_t row, int kh, int dk, float qscale,
-                                                   float* qdst, float* kdst, int lane) {
-  const __nv_bfloat16* qr = p.q + row * p.row_stride + int64_t(kh) * dk;
-  const __nv_bfloat16* kr = p.k + row * p.row_stride + int64_t(kh) * dk;
+// q and k of one row L2-normalised into qdst / kdst (fp32), q also scaled by dk^-0.5; lq(x) / lk(x) give
+// entry x of the raw rows. Called by one whole warp; qdst / kdst may be where lq / lk read from.
+template <class LoadQ, class LoadK>
+__device__ __forceinline__ void normalise_qk(LoadQ lq, LoadK lk, int dk, float qscale, float* qdst, float* kdst,
+                                             int lane) {
   float sq = 0.0f, sk = 0.0f;
   for (int x = lane; x < dk; x += 32) {
-    const float qv = bf(qr[x]), kv = bf(kr[x]);
+    const float qv = lq(x), kv = lk(x);
     qdst[x] = qv;
     kdst[x] = kv;
     sq += qv * qv;
@@ -69,6 +76,15 @@ __device__ __forceinline__ void load_qk_normalised(const GdnArgs& p, int64_t row
     qdst[x] *= iq;
     kdst[x] *= ik;
   }
+}
+
+// Loads row `row` of q and k (key head kh) into qdst/kdst (fp32) L2-normalised, q also scaled by
+// dk^-0.5. Called by one whole warp.
+__device__ __forceinline__ void load_qk_normalised(const GdnArgs& p, int64_t row, int kh, int dk, float qscale,
+                                                   float* qdst, float* kdst, int lane) {
+  const __nv_bfloat16* qr = p.q + row * p.row_stride + int64_t(kh) * dk;
+  const __nv_bfloat16* kr = p.k + row * p.row_stride + int64_t(kh) * dk;
+  normalise_qk([&](int x) { return bf(qr[x]); }, [&](int x) { return bf(kr[x]); }, dk, qscale, qdst, kdst, lane);
 }
 
 // g (log-decay) and beta of row `row`, value head h.
@@ -347,49 +363,17 @@ __device__ __forceinline__ void store_cols(float* dst, const float (&d)[CPL]) {
   *reinterpret_cast<typename ColVec<CPL>::T*>(dst) = v;
 }
 
-// R: state rows per warp (>= dk / kWarps); CPL: columns per lane. CPL > 1 needs dv % (32 * CPL) == 0
-// (the launcher checks); CPL == 1 handles any dv (columns past dv masked).
+// Steps 3 to 5 of a decode block after the tile's state st (rows part + kWarps r, the lane's CPL columns
+// from S), v, the normalised q / k (qn, kn: shared memory) and the gates are in place: S = decay S,
+// m = S^T k over the warp's rows then over the warps in order, d = beta (v - m), S += k d^T (written back),
+// o = S^T q the same way. Returns output column tid of the tile for threads tid < 32 CPL (0 elsewhere).
+// Every thread of the block calls it (two barriers). Shared by gdn_decode_kernel and gdn_decode_fused_kernel.
 template <int R, int CPL>
-__global__ void __launch_bounds__(kThreads, R > 16 ? 1 : (CPL == 4 ? 2 : (CPL == 2 ? 3 : 4)))
-    gdn_decode_kernel(GdnArgs p, int Hk, int Hv, int dk, int dv) {
-  pdl_begin();
-  const int s = blockIdx.z;
-  if (s >= *p.num_seqs) return;
-  constexpr int TW = 32 * CPL;  // columns of the tile
-  const int h = blockIdx.y, kh = h / (Hv / Hk);
+__device__ __forceinline__ float decode_update(float (&st)[R][CPL], const float (&vj)[CPL], const float* qn,
+                                               const float* kn, float decay, float beta, int dk, bool col_ok, float* S,
+                                               int dv, float (*red_m)[32 * CPL], float (*red_o)[32 * CPL]) {
+  constexpr int TW = 32 * CPL;
   const int tid = threadIdx.x, lane = tid & 31, part = tid >> 5;
-  const int j = blockIdx.x * TW + lane * CPL;  // first column of this lane
-  const bool col_ok = j < dv;                  // CPL > 1: the whole vector (dv % TW == 0)
-  __shared__ float qn[kMaxDk], kn[kMaxDk], red_m[kWarps][TW], red_o[kWarps][TW], gb[2];
-  const int64_t row = s;
-  float* S = p.state_pool + (size_t(p.state_slots[s]) * Hv + h) * size_t(dk) * dv + j;
-  // 1. The tile's state loads, all in flight before anything waits.
-  float st[R][CPL];
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    const int i = part + kWarps * r;
-#pragma unroll
-    for (int c = 0; c < CPL; ++c) st[r][c] = 0.0f;
-    if (i < dk && col_ok) load_cols<CPL>(S + size_t(i) * dv, st[r]);
-  }
-  float vj[CPL];
-#pragma unroll
-  for (int c = 0; c < CPL; ++c) vj[c] = 0.0f;
-  if (col_ok) {
-    const __nv_bfloat16* vr = p.v + row * p.row_stride + int64_t(h) * dv + j;
-#pragma unroll
-    for (int c = 0; c < CPL; ++c) vj[c] = bf(vr[c]);
-  }
-  // 2. q/k normalisation and the gates meanwhile.
-  if (part == 0) load_qk_normalised(p, row, kh, dk, rsqrtf(float(dk)), qn, kn, lane);
-  if (part == 1 && lane == 0) {
-    float g, beta;
-    gating(p, row, h, g, beta);
-    gb[0] = expf(g);
-    gb[1] = beta;
-  }
-  __syncthreads();
-  const float decay = gb[0], beta = gb[1];
   // 3. m = (decay S)^T k over this warp's rows, then over the warps in order.
   float m[CPL];
 #pragma unroll
@@ -437,18 +421,166 @@ __global__ void __launch_bounds__(kThreads, R > 16 ? 1 : (CPL == 4 ? 2 : (CPL ==
 #pragma unroll
   for (int c = 0; c < CPL; ++c) red_o[part][lane * CPL + c] = o[c];
   __syncthreads();
-  // 5. The output columns: thread t < TW sums column t over the warps.
-  const int jt = blockIdx.x * TW + tid;
-  if (tid < TW && jt < dv) {
-    float ot = 0.0f;
+  float ot = 0.0f;
+  if (tid < TW) {
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) ot += red_o[w][tid];
-    p.out[(row * Hv + h) * dv + jt] = __float2bfloat16(ot);
   }
+  return ot;
+}
+
+// R: state rows per warp (>= dk / kWarps); CPL: columns per lane. CPL > 1 needs dv % (32 * CPL) == 0
+// (the launcher checks); CPL == 1 handles any dv (columns past dv masked).
+template <int R, int CPL>
+__global__ void __launch_bounds__(kThreads, R > 16 ? 1 : (CPL == 4 ? 2 : (CPL == 2 ? 3 : 4)))
+    gdn_decode_kernel(GdnArgs p, int Hk, int Hv, int dk, int dv) {
+  pdl_begin();
+  const int s = blockIdx.z;
+  if (s >= *p.num_seqs) return;
+  constexpr int TW = 32 * CPL;  // columns of the tile
+  const int h = blockIdx.y, kh = h / (Hv / Hk);
+  const int tid = threadIdx.x, lane = tid & 31, part = tid >> 5;
+  const int j = blockIdx.x * TW + lane * CPL;  // first column of this lane
+  const bool col_ok = j < dv;                  // CPL > 1: the whole vector (dv % TW == 0)
+  __shared__ float qn[kMaxDk], kn[kMaxDk], red_m[kWarps][TW], red_o[kWarps][TW], gb[2];
+  const int64_t row = s;
+  float* S = p.state_pool + (size_t(p.state_slots[s]) * Hv + h) * size_t(dk) * dv + j;
+  // 1. The tile's state loads, all in flight before anything waits.
+  float st[R][CPL];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int i = part + kWarps * r;
+#pragma unroll
+    for (int c = 0; c < CPL; ++c) st[r][c] = 0.0f;
+    if (i < dk && col_ok) load_cols<CPL>(S + size_t(i) * dv, st[r]);
+  }
+  float vj[CPL];
+#pragma unroll
+  for (int c = 0; c < CPL; ++c) vj[c] = 0.0f;
+  if (col_ok) {
+    const __nv_bfloat16* vr = p.v + row * p.row_stride + int64_t(h) * dv + j;
+#pragma unroll
+    for (int c = 0; c < CPL; ++c) vj[c] = bf(vr[c]);
+  }
+  // 2. q/k normalisation and the gates meanwhile.
+  if (part == 0) load_qk_normalised(p, row, kh, dk, rsqrtf(float(dk)), qn, kn, lane);
+  if (part == 1 && lane == 0) {
+    float g, beta;
+    gating(p, row, h, g, beta);
+    gb[0] = expf(g);
+    gb[1] = beta;
+  }
+  __syncthreads();
+  const float ot = decode_update<R, CPL>(st, vj, qn, kn, gb[0], gb[1], dk, col_ok, S, dv, red_m, red_o);
+  // 5. The output columns: thread t < TW holds column t's sum over the warps.
+  const int jt = blockIdx.x * TW + tid;
+  if (tid < TW && jt < dv) p.out[(row * Hv + h) * dv + jt] = __float2bfloat16(ot);
+}
+
+
+// The DeltaNet decode layer between the in-projection and the out-projection in one launch: the causal
+// conv1d step (conv1d_step.cuh), gdn_decode_kernel's delta rule (decode_update) and the gated RMSNorm
+// (gated_rms_norm_kernel's V = 8 arithmetic), so the bits are those of the three launches. One block per
+// (tile of 32 CPL value columns, value head, sequence) as gdn_decode_kernel; a thread-block cluster holds
+// every tile of the Hv / Hk value heads of one key head. Each block computes the conv of its key head's
+// q and k channels itself (they stay in shared memory) and of its own v columns (whose conv state it
+// writes); block rank 0 of the cluster writes the q / k conv state after the cluster barrier that follows
+// every block's reads of it. The gated norm needs the head's whole output row: the tiles exchange their
+// bf16-rounded outputs through distributed shared memory.
+template <int R, int CPL>
+__global__ void __launch_bounds__(kThreads)
+    gdn_decode_fused_kernel(GdnArgs p, GdnDecodeConv cv, GdnDecodeGatedNorm gn, int Hk, int Hv, int dk, int dv) {
+  namespace cg = cooperative_groups;
+  const cg::cluster_group cluster = cg::this_cluster();
+  pdl_begin();
+  const int s = blockIdx.z;
+  if (s >= *p.num_seqs) return;  // the same for every block of the cluster
+  constexpr int TW = 32 * CPL;
+  const int h = blockIdx.y, kh = h / (Hv / Hk);
+  const int tid = threadIdx.x, lane = tid & 31, part = tid >> 5;
+  const int j = blockIdx.x * TW + lane * CPL;
+  const bool col_ok = j < dv;
+  __shared__ float qn[kMaxDk], kn[kMaxDk], red_m[kWarps][TW], red_o[kWarps][TW], gb[2], vs[TW], o_tile[TW], inv_s;
+  const int64_t row = s;
+  const int slot = p.state_slots[s];
+  float* S = p.state_pool + (size_t(slot) * Hv + h) * size_t(dk) * dv + j;
+  // 1. The tile's state loads, all in flight before anything waits.
+  float st[R][CPL];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int i = part + kWarps * r;
+#pragma unroll
+    for (int c = 0; c < CPL; ++c) st[r][c] = 0.0f;
+    if (i < dk && col_ok) load_cols<CPL>(S + size_t(i) * dv, st[r]);
+  }
+  // 2. The conv step: the key head's q / k channels (thread t < 2 dk), the tile's v columns (t < TW).
+  const int C = 2 * Hk * dk + Hv * dv, K = cv.K;
+  const __nv_bfloat16* xr = cv.x + row * cv.x_stride;
+  __nv_bfloat16* cst = cv.state_pool + size_t(slot) * C * (K - 1);
+  __nv_bfloat16 win_qk[kMaxConvKernel];
+  int qk_ch = -1;
+  if (tid < 2 * dk) {
+    const bool is_q = tid < dk;
+    const int i = is_q ? tid : tid - dk;
+    qk_ch = (is_q ? 0 : Hk * dk) + kh * dk + i;
+    conv1d::load_window(cst + size_t(qk_ch) * (K - 1), xr[qk_ch], K, win_qk);
+    (is_q ? qn : kn)[i] = bf(conv1d::output(cv.w + size_t(qk_ch) * K, K, win_qk));
+  }
+  const int jt = blockIdx.x * TW + tid;
+  if (tid < TW && jt < dv) {
+    const int c = 2 * Hk * dk + h * dv + jt;
+    __nv_bfloat16 win[kMaxConvKernel];
+    conv1d::load_window(cst + size_t(c) * (K - 1), xr[c], K, win);
+    vs[tid] = bf(conv1d::output(cv.w + size_t(c) * K, K, win));
+    conv1d::store_state(cst + size_t(c) * (K - 1), K, win);  // this block's own channel
+  }
+  __syncthreads();
+  float vj[CPL];
+#pragma unroll
+  for (int c = 0; c < CPL; ++c) vj[c] = col_ok ? vs[lane * CPL + c] : 0.0f;
+  // 3. q/k normalisation (in place) and the gates.
+  if (part == 0)
+    normalise_qk([&](int x) { return qn[x]; }, [&](int x) { return kn[x]; }, dk, rsqrtf(float(dk)), qn, kn, lane);
+  if (part == 1 && lane == 0) {
+    float g, beta;
+    gating(p, row, h, g, beta);
+    gb[0] = expf(g);
+    gb[1] = beta;
+  }
+  __syncthreads();
+  const float ot = decode_update<R, CPL>(st, vj, qn, kn, gb[0], gb[1], dk, col_ok, S, dv, red_m, red_o);
+  // 4. The gated norm of the head's row: the tiles' rounded outputs through distributed shared memory.
+  if (tid < TW) o_tile[tid] = jt < dv ? bf(__float2bfloat16(ot)) : 0.0f;
+  cluster.sync();  // every o_tile written; every block's reads of the q / k conv state done
+  if (part == 0) {
+    const int n = dv / 8, ntiles = dv / TW, yi = int(cluster.block_index().y);
+    float ss = 0.0f;
+    if (lane < n) {
+      float f[8];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const int col = 8 * lane + e;
+        const float* src = cluster.map_shared_rank(o_tile, col / TW + yi * ntiles);
+        f[e] = src[col % TW];
+      }
+      ss = detail::add_squares<8>(ss, f);
+    }
+    for (int o = gn.tpr >> 1; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if (lane == 0) inv_s = rsqrtf(ss / float(dv) + gn.eps);
+  }
+  __syncthreads();
+  if (tid < TW && jt < dv) {
+    const float f = o_tile[tid], zz = bf(gn.z[row * gn.z_stride + int64_t(h) * dv + jt]), g = bf(gn.w[jt]);
+    const float silu = zz / (1.0f + __expf(-zz));
+    p.out[(row * Hv + h) * dv + jt] = __float2bfloat16(g * (f * inv_s) * silu);
+  }
+  if (qk_ch >= 0 && cluster.block_rank() == 0) conv1d::store_state(cst + size_t(qk_ch) * (K - 1), K, win_qk);
+  cluster.sync();  // o_tile stays alive until the cluster's other blocks have read it
 }
 
 const prof::Kernel kGdnPrefill{"gdn_prefill_kernel", prof::Category::DeltaNet};
 const prof::Kernel kGdnDecode{"gdn_decode_kernel", prof::Category::DeltaNet};
+const prof::Kernel kGdnDecodeFused{"gdn_decode_fused_kernel", prof::Category::DeltaNet};
 
 void check_common(const GdnArgs& a, int max_seqs, const GdnDims& d, const char* fn) {
   GDN_REQUIRE(a.q && a.k && a.v && a.a && a.b && a.A_log && a.dt_bias && a.state_pool && a.state_slots &&
@@ -554,6 +686,63 @@ void gdn_recurrent_decode_variant(const GdnArgs& args, int max_seqs, const GdnDi
   MOEFOLD_CUDA_CHECK_LAUNCH();
 }
 }  // namespace detail
+
+
+bool gdn_decode_fused_supported(const GdnArgs& args, const GdnDecodeConv& conv, const GdnDecodeGatedNorm& norm,
+                                int max_seqs, const GdnDims& d) {
+  static const bool on = [] {
+    const char* v = std::getenv("MOEFOLD_FUSE_GDN_DECODE");
+    return !(v && std::string_view(v) == "0");
+  }();
+  if (!on || max_seqs <= 0 || d.k_dim > 128 || d.num_v_heads % d.num_k_heads != 0) return false;
+  if (conv.K < 1 || conv.K > kMaxConvKernel || d.v_dim % 32 != 0 || d.v_dim > 256) return false;
+  const int cpl = detail::gdn_decode_auto_cols(max_seqs, d);
+  if (d.v_dim % (32 * cpl) != 0) return false;
+  const int cluster = d.v_dim / (32 * cpl) * (d.num_v_heads / d.num_k_heads);
+  if (cluster > 8) return false;
+  // The gated norm's bits are those of gated_rms_norm's 8-element vectors (its width for these buffers).
+  return detail::vec_width(d.v_dim, {args.out, norm.z, norm.w}, {norm.z_stride}) == 8 &&
+         detail::row_geom(d.v_dim, 8).tpr <= 32;
+}
+
+void gdn_decode_fused(const GdnArgs& args, const GdnDecodeConv& conv, const GdnDecodeGatedNorm& norm, int max_seqs,
+                      const GdnDims& dims, cudaStream_t stream) {
+  check_common(args, max_seqs, dims, "gdn_decode_fused");
+  GDN_REQUIRE(conv.x && conv.w && conv.state_pool && norm.z && norm.w, "{}: null pointer argument", "gdn_decode_fused");
+  GDN_REQUIRE(gdn_decode_fused_supported(args, conv, norm, max_seqs, dims),
+              "gdn_decode_fused: shape not supported (dk = {}, dv = {}, Hk = {}, Hv = {}, K = {})", dims.k_dim,
+              dims.v_dim, dims.num_k_heads, dims.num_v_heads, conv.K);
+  const int cpl = detail::gdn_decode_auto_cols(max_seqs, dims), tw = 32 * cpl;
+  GdnDecodeGatedNorm gn = norm;
+  gn.tpr = detail::row_geom(dims.v_dim, 8).tpr;
+  const dim3 grid(unsigned(dims.v_dim / tw), unsigned(dims.num_v_heads), unsigned(max_seqs));
+  LaunchScope launch(kGdnDecodeFused, stream, [&] {
+    const int64_t n = work_seqs(max_seqs);
+    const int C = 2 * dims.num_k_heads * dims.k_dim + dims.num_v_heads * dims.v_dim;
+    prof::Work w = detail::gdn_work(n, n, dims);
+    w.bytes += double(n) * C * (conv.K - 1) * 4 + double(C) * conv.K * 2 + double(n) * dims.num_v_heads * dims.v_dim * 2;
+    return w;
+  });
+  auto kernel = cpl == 4 ? gdn_decode_fused_kernel<16, 4>
+                : cpl == 2 ? gdn_decode_fused_kernel<16, 2>
+                           : gdn_decode_fused_kernel<16, 1>;
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = grid.x;
+  attr[0].val.clusterDim.y = unsigned(dims.num_v_heads / dims.num_k_heads);
+  attr[0].val.clusterDim.z = 1;
+  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[1].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(kThreads);
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl_enabled() ? 2 : 1;
+  MOEFOLD_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, args, conv, gn, dims.num_k_heads, dims.num_v_heads, dims.k_dim,
+                                        dims.v_dim));
+  MOEFOLD_CUDA_CHECK_LAUNCH();
+}
 
 void gdn_recurrent_decode(const GdnArgs& args, int max_seqs, const GdnDims& dims, cudaStream_t stream) {
   detail::gdn_recurrent_decode_variant(args, max_seqs, dims, -1, stream);

@@ -8,6 +8,8 @@
 
 #include <cstdint>
 
+#include "ops/cuda/causal_conv1d.h"
+
 namespace moefold::cuda {
 
 /// Head counts and sizes of one DeltaNet layer. Value head h reads key/query head h / (Hv / Hk).
@@ -77,6 +79,39 @@ void gdn_chunked_prefill(const GdnArgs& args, const int32_t* cu_seqlens, int max
 /// error. Asynchronous on `stream`.
 void gdn_recurrent_decode(const GdnArgs& args, int max_seqs, const GdnDims& dims, cudaStream_t stream);
 
+
+/// The conv step of gdn_decode_fused: causal_conv1d_silu_decode's arguments (causal_conv1d.h).
+struct GdnDecodeConv {
+  const __nv_bfloat16* x = nullptr;       ///< [rows, x_stride]: the conv input channels [q | k | v] (C of them)
+  int64_t x_stride = 0;                   ///< elements between rows of x (>= C = 2 Hk dk + Hv dv)
+  const __nv_bfloat16* w = nullptr;       ///< [C, K] depthwise taps
+  __nv_bfloat16* state_pool = nullptr;    ///< [num_slots, C, K - 1] conv state, slot args.state_slots[s]
+  int K = 0;                              ///< taps, 1..kMaxConvKernel
+};
+
+/// The gated RMSNorm of gdn_decode_fused: gated_rms_norm's arguments (gated_rms_norm.h) over dim dv.
+struct GdnDecodeGatedNorm {
+  const __nv_bfloat16* z = nullptr;  ///< [rows, z_stride]: gate z of value head h at z + r * z_stride + h * dv
+  int64_t z_stride = 0;
+  const __nv_bfloat16* w = nullptr;  ///< [dv] norm weight
+  float eps = 0.0f;
+  int tpr = 0;                       ///< set by gdn_decode_fused
+};
+
+/// One DeltaNet decode step from the in-projection's output to the out-projection's input in one launch:
+/// for each live sequence s (row s), causal_conv1d_silu_decode of conv.x (conv state updated in place),
+/// gdn_recurrent_decode of its output (args.q / k / v unused: the conv output stays on chip), then
+/// gated_rms_norm(o, z) written to args.out: the same bits as those three launches. Sequences >= *num_seqs
+/// are neither read nor written. Preconditions: gdn_decode_fused_supported (else moefold::Error).
+/// Asynchronous on `stream`.
+void gdn_decode_fused(const GdnArgs& args, const GdnDecodeConv& conv, const GdnDecodeGatedNorm& norm, int max_seqs,
+                      const GdnDims& dims, cudaStream_t stream);
+
+/// Whether gdn_decode_fused takes these arguments: dk <= 128, dv a multiple of 32 up to 256, K <= kMaxConvKernel,
+/// the tiles of the Hv / Hk value heads of one key head at most 8 blocks (one cluster), the gated norm's buffers
+/// 16-byte aligned with z_stride % 8 == 0, and MOEFOLD_FUSE_GDN_DECODE not "0" (read once).
+bool gdn_decode_fused_supported(const GdnArgs& args, const GdnDecodeConv& conv, const GdnDecodeGatedNorm& norm,
+                                int max_seqs, const GdnDims& dims);
 
 namespace detail {
 /// gdn_recurrent_decode with the decode kernel chosen (tests, A/B timing): variant -1 = the automatic

@@ -176,23 +176,43 @@ void moe_expert_gate_up(const __nv_bfloat16* x, const __nv_bfloat16* gate_up, co
 void moe_expert_down(const __nv_bfloat16* down, const MoeShape& shape, const MoeWorkspace& ws,
                      cudaStream_t stream);
 
+/// The next layer's input RMSNorm, computed by the combine from the rows it writes (moe_combine):
+/// x[t] = out[t] / sqrt(mean(out[t]^2) + eps) * (w or 1 + w), w: [H] bf16, x: [capacity, H] bf16.
+struct MoeNextNorm {
+  const __nv_bfloat16* w = nullptr;
+  __nv_bfloat16* x = nullptr;
+  float eps = 0.0f;
+  bool zero_centred = false;
+};
+
 /// Combine, per live row t (fp32): acc = (residual ? residual[t] : 0) + sum over slots s in order of
 /// weights[t, s] * y[t * k + s] + (shared_out ? sigmoid(shared_gate_w . x[t]) * shared_out[t] : 0)
 /// (the sigmoid factor is 1 when shared_gate_w is null); out[t] = bf16(acc). weights: [T, k] fp32;
 /// shared_out, residual, x, out: [T, H] bf16; shared_gate_w: [H] bf16 (x is read only when it is given).
 /// residual may alias out. Rows >= *num_rows are neither read nor written. Asynchronous.
+///
+/// With `next` (the next layer's input norm), also next->x[t] = rms_norm(out[t]) for every live row, the
+/// bits of cuda::rms_norm on out (elementwise.h): inside the combine's epilogue where its thread layout is
+/// the norm's (moe_combine_norm_fused), else as a separate rms_norm launch after it. next->x may alias x.
 void moe_combine(const float* weights, const MoeWorkspace& ws, const __nv_bfloat16* shared_out,
                  const __nv_bfloat16* shared_gate_w, const __nv_bfloat16* x, const __nv_bfloat16* residual,
-                 const int32_t* num_rows, const MoeShape& shape, __nv_bfloat16* out, cudaStream_t stream);
+                 const int32_t* num_rows, const MoeShape& shape, __nv_bfloat16* out, cudaStream_t stream,
+                 const MoeNextNorm* next = nullptr);
+
+/// Whether moe_combine computes `next` inside the combine kernel for this shape and these buffers (one
+/// launch instead of two): the one-pass combine runs (k <= 8, capacity <= 8192, H <= 2048), H % 8 == 0
+/// and out, next.x, next.w 16-byte aligned; and MOEFOLD_FUSE_COMBINE_NORM is not "0" (read once).
+bool moe_combine_norm_fused(const MoeShape& shape, const __nv_bfloat16* out, const MoeNextNorm& next);
 
 /// The whole routed chain: router logits -> top-k -> plan (moe_router_route: fused at decode sizes) ->
 /// gate_up -> down -> combine, results in ws (logits, ids, weights, plan) and out: 5 launches at capacity
 /// <= 16 (4 with the cluster-fused router, 6 above 16). Same arguments and preconditions as the steps above;
-/// `replay` as in moe_router_topk.
+/// `replay` as in moe_router_topk, `next` as in moe_combine.
 void moe_forward(const __nv_bfloat16* x, const __nv_bfloat16* w_router, const __nv_bfloat16* gate_up,
                  const __nv_bfloat16* down, const __nv_bfloat16* shared_out, const __nv_bfloat16* shared_gate_w,
                  const __nv_bfloat16* residual, const int32_t* num_rows, const MoeShape& shape, bool renormalize,
-                 const MoeWorkspace& ws, __nv_bfloat16* out, cudaStream_t stream, const int32_t* replay = nullptr);
+                 const MoeWorkspace& ws, __nv_bfloat16* out, cudaStream_t stream, const int32_t* replay = nullptr,
+                 const MoeNextNorm* next = nullptr);
 
 /// A dense shared expert for moe_forward_shared: the weights as the dense path stores them and its
 /// buffers. Rows t < *num_rows of act and out are written, no others.
@@ -227,6 +247,6 @@ void moe_forward_shared(const __nv_bfloat16* x, const __nv_bfloat16* w_router, c
                         const __nv_bfloat16* down, const MoeSharedExpert& shared, const __nv_bfloat16* shared_gate_w,
                         const __nv_bfloat16* residual, const int32_t* num_rows, const MoeShape& shape,
                         bool renormalize, const MoeWorkspace& ws, __nv_bfloat16* out, cudaStream_t stream,
-                        const int32_t* replay = nullptr);
+                        const int32_t* replay = nullptr, const MoeNextNorm* next = nullptr);
 
 }  // namespace moefold::cuda

@@ -10,12 +10,15 @@
 
 #include "core/error.h"
 #include "ops/cuda/cuda_check.h"
+#include "ops/cuda/elementwise.h"
+#include "ops/cuda/kernel_util.cuh"
 #include "ops/cuda/launch_scope.h"
 #include "ops/cuda/moe.h"
 #include "ops/cuda/moe_gemm.cuh"
 #include "ops/cuda/moe_gemm_wgmma.h"
 #include "ops/cuda/moe_internal.h"
 #include "ops/cuda/pdl.cuh"
+#include "ops/cuda/row_norm.cuh"
 
 namespace moefold::cuda {
 namespace {
@@ -61,6 +64,8 @@ bool wgmma_selected(const MoeShape& s, int cfg) {
 }
 const prof::Kernel kCombine{"moe_combine_kernel", prof::Category::MoeRouting};
 const prof::Kernel kCombineOnePass{"moe_combine_onepass_kernel", prof::Category::MoeRouting};
+// The one-pass combine with the next layer's input norm in its epilogue (moe_combine's `next`).
+const prof::Kernel kCombineNorm{"moe_combine_onepass_kernel:norm", prof::Category::MoeRouting};
 
 /// Work of one expert GEMM from the plan's per-expert counts (pairs = their sum, touched experts = the
 /// non-zero ones): the touched experts' weights, the live x rows (gate_up) or the pairs' activations
@@ -291,13 +296,26 @@ __global__ void __launch_bounds__(kCombineThreads)
 // reduction (the same per-thread fma chain, butterfly and warp-order sum), then the same fp32 sums in slot
 // order. The previous kernel waited for the reduction before its element loads and for each slot's y in
 // turn (a runtime-k loop).
-template <int KMAX>
+// kNorm: the epilogue also writes the next layer's input norm of the rounded row (NormEpi), with
+// rms_norm_kernel's thread layout and reduction (row_norm.cuh): thread j holds elements [8j, 8j + 8) as
+// there when H / 8 vectors give row_geom(H, 8) = {tpr <= kCombineThreads, k = 1}, the host's condition.
+// x may alias norm.x: every thread's x loads are consumed before the gate's barrier, the norm's stores
+// come after the norm's barrier.
+struct NormEpi {
+  const __nv_bfloat16* w = nullptr;
+  __nv_bfloat16* x = nullptr;
+  float eps = 0.0f;
+  int tpr = 0;
+  bool zero_centred = false;
+};
+
+template <int KMAX, bool kNorm>
 __global__ void __launch_bounds__(kCombineThreads)
     moe_combine_onepass_kernel(const float* __restrict__ weights, const __nv_bfloat16* __restrict__ y,
                                const __nv_bfloat16* __restrict__ shared_out,
-                               const __nv_bfloat16* __restrict__ shared_gate_w, const __nv_bfloat16* __restrict__ x,
+                               const __nv_bfloat16* __restrict__ shared_gate_w, const __nv_bfloat16* x,
                                const __nv_bfloat16* residual, const int32_t* __restrict__ num_rows, int capacity,
-                               int k, int H, __nv_bfloat16* out) {
+                               int k, int H, __nv_bfloat16* out, NormEpi norm) {
   pdl_begin();
   const int t = blockIdx.x;
   int live = *num_rows;
@@ -335,7 +353,9 @@ __global__ void __launch_bounds__(kCombineThreads)
     }
     sgate = shared_gate_sigmoid(d);
   }
-  if (!mine) return;
+  if constexpr (!kNorm) {
+    if (!mine) return;
+  }
   float acc[8];
   {
     const __nv_bfloat162* rp = reinterpret_cast<const __nv_bfloat162*>(&rv);
@@ -370,7 +390,27 @@ __global__ void __launch_bounds__(kCombineThreads)
   __nv_bfloat162* op = reinterpret_cast<__nv_bfloat162*>(&ov);
 #pragma unroll
   for (int q = 0; q < 4; ++q) op[q] = __floats2bfloat162_rn(acc[2 * q], acc[2 * q + 1]);
-  *reinterpret_cast<uint4*>(out + int64_t(t) * H + h) = ov;
+  if (mine) *reinterpret_cast<uint4*>(out + int64_t(t) * H + h) = ov;
+  if constexpr (kNorm) {
+    __shared__ float red[32];
+    float f[8], g[8], ss = 0.0f;
+    if (mine) {
+      detail::load_bf16<8>(norm.w + h, g);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const float2 v = __bfloat1622float2(op[q]);
+        f[2 * q] = v.x;
+        f[2 * q + 1] = v.y;
+      }
+      ss = detail::add_squares<8>(ss, f);
+    }
+    ss = detail::row_sum(ss, norm.tpr, red);
+    if (!mine) return;
+    const float inv = rsqrtf(ss / float(H) + norm.eps);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) f[e] = f[e] * inv * (norm.zero_centred ? 1.0f + g[e] : g[e]);
+    detail::store_bf16<8>(norm.x + int64_t(t) * H + h, f);
+  }
 }
 constexpr int kCombineOnePassMaxK = 8;
 
@@ -474,37 +514,83 @@ void moe_expert_down(const __nv_bfloat16* down, const MoeShape& s, const MoeWork
     dispatch_expert_gemm<GemmMode::kExpertDown>(p, s, ws, s.H, stream);
 }
 
+namespace {
+// One pass up to 8192 rows: at 32k rows the H200 measured it 4% slower than the two-pass kernel (same bytes).
+bool combine_onepass(const MoeShape& s) {
+  return g_combine_fast && s.k <= kCombineOnePassMaxK && s.H <= 8 * kCombineThreads && s.capacity <= 8192;
+}
+
+bool g_combine_norm = [] {
+  const char* v = std::getenv("MOEFOLD_FUSE_COMBINE_NORM");
+  return !(v && std::string_view(v) == "0");
+}();
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+}  // namespace
+
+namespace moe_detail {
+void set_combine_norm_fused(bool on) { g_combine_norm = on; }
+}  // namespace moe_detail
+
+bool moe_combine_norm_fused(const MoeShape& s, const __nv_bfloat16* out, const MoeNextNorm& next) {
+  if (!g_combine_norm || !combine_onepass(s) || s.H % 8 != 0) return false;
+  if (!aligned16(out) || !aligned16(next.x) || !aligned16(next.w)) return false;
+  const detail::RowGeom g = detail::row_geom(s.H, 8);
+  return g.k == 1 && g.tpr <= kCombineThreads;
+}
+
 void moe_combine(const float* weights, const MoeWorkspace& ws, const __nv_bfloat16* shared_out,
                  const __nv_bfloat16* shared_gate_w, const __nv_bfloat16* x, const __nv_bfloat16* residual,
-                 const int32_t* num_rows, const MoeShape& s, __nv_bfloat16* out, cudaStream_t stream) {
+                 const int32_t* num_rows, const MoeShape& s, __nv_bfloat16* out, cudaStream_t stream,
+                 const MoeNextNorm* next) {
   check_shape(s);
   MOEFOLD_CHECK(!(shared_out && shared_gate_w) || x != nullptr, fmt::runtime("moe_combine: the shared gate needs x"));
-  // One pass up to 8192 rows: at 32k rows the H200 measured it 4% slower than the two-pass kernel (same bytes).
-  const bool onepass =
-      g_combine_fast && s.k <= kCombineOnePassMaxK && s.H <= 8 * kCombineThreads && s.capacity <= 8192;
+  MOEFOLD_CHECK(next == nullptr || (next->w != nullptr && next->x != nullptr),
+                fmt::runtime("moe_combine: the next norm needs its weight and output"));
+  const bool onepass = combine_onepass(s);
+  const bool fused = next != nullptr && moe_combine_norm_fused(s, out, *next);
   // y of k pairs, weights, shared out, x, residual read; out written
-  LaunchScope launch(onepass ? kCombineOnePass : kCombine, stream, [&] {
-    const double T = double(work_rows(s.capacity, num_rows)), H = s.H;
-    const double rows = T * s.k * H * 2 + T * s.k * 4 + (shared_out ? T * H * 2 : 0) +
-                        (shared_gate_w ? T * H * 2 + H * 2 : 0) + (residual ? T * H * 2 : 0) + T * H * 2;
-    return prof::Work{rows, 0};
-  });
-  auto kernel = onepass ? moe_combine_onepass_kernel<kCombineOnePassMaxK> : moe_combine_kernel;
-  launch_pdl(kernel, dim3(s.capacity), dim3(kCombineThreads), 0, stream, weights, ws.y, shared_out, shared_gate_w, x,
-             residual, num_rows, s.capacity, s.k, s.H, out);
-  MOEFOLD_CUDA_CHECK_LAUNCH();
+  {
+    // y of k pairs, weights, shared out, x, residual read; out written (and the norm's x and w)
+    LaunchScope launch(fused ? kCombineNorm : onepass ? kCombineOnePass : kCombine, stream, [&] {
+      const double T = double(work_rows(s.capacity, num_rows)), H = s.H;
+      const double rows = T * s.k * H * 2 + T * s.k * 4 + (shared_out ? T * H * 2 : 0) +
+                          (shared_gate_w ? T * H * 2 + H * 2 : 0) + (residual ? T * H * 2 : 0) + T * H * 2 +
+                          (fused ? T * H * 2 + H * 2 : 0);
+      return prof::Work{rows, 0};
+    });
+    if (fused) {
+      const NormEpi epi{next->w, next->x, next->eps, detail::row_geom(s.H, 8).tpr, next->zero_centred};
+      launch_pdl(moe_combine_onepass_kernel<kCombineOnePassMaxK, true>, dim3(s.capacity), dim3(kCombineThreads), 0,
+                 stream, weights, ws.y, shared_out, shared_gate_w, x, residual, num_rows, s.capacity, s.k, s.H, out,
+                 epi);
+    } else if (onepass) {
+      launch_pdl(moe_combine_onepass_kernel<kCombineOnePassMaxK, false>, dim3(s.capacity), dim3(kCombineThreads), 0,
+                 stream, weights, ws.y, shared_out, shared_gate_w, x, residual, num_rows, s.capacity, s.k, s.H, out,
+                 NormEpi{});
+    } else {
+      launch_pdl(moe_combine_kernel, dim3(s.capacity), dim3(kCombineThreads), 0, stream, weights, ws.y, shared_out,
+                 shared_gate_w, x, residual, num_rows, s.capacity, s.k, s.H, out);
+    }
+    MOEFOLD_CUDA_CHECK_LAUNCH();
+  }
+  if (next != nullptr && !fused)
+    rms_norm(out, next->w, next->x, s.capacity, s.H, next->eps,
+             next->zero_centred ? NormKind::ZeroCentred : NormKind::Plain, num_rows, stream);
 }
 
 void moe_forward(const __nv_bfloat16* x, const __nv_bfloat16* w_router, const __nv_bfloat16* gate_up,
                  const __nv_bfloat16* down, const __nv_bfloat16* shared_out, const __nv_bfloat16* shared_gate_w,
                  const __nv_bfloat16* residual, const int32_t* num_rows, const MoeShape& shape, bool renormalize,
-                 const MoeWorkspace& ws, __nv_bfloat16* out, cudaStream_t stream, const int32_t* replay) {
+                 const MoeWorkspace& ws, __nv_bfloat16* out, cudaStream_t stream, const int32_t* replay,
+                 const MoeNextNorm* next) {
   MOEFOLD_CHECK(shape.capacity <= ws.capacity, fmt::runtime("moe_forward: step capacity {} exceeds the workspace's {}"),
                 shape.capacity, ws.capacity);
   moe_router_route(x, w_router, num_rows, shape, renormalize, ws, stream, replay);
   moe_expert_gate_up(x, gate_up, shape, ws, stream);
   moe_expert_down(down, shape, ws, stream);
-  moe_combine(ws.weights, ws, shared_out, shared_gate_w, x, residual, num_rows, shape, out, stream);
+  moe_combine(ws.weights, ws, shared_out, shared_gate_w, x, residual, num_rows, shape, out, stream, next);
 }
 
 }  // namespace moefold::cuda

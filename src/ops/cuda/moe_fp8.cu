@@ -326,7 +326,8 @@ void moe_fp8_expert_down(const uint8_t* down, const float* down_scale, const Moe
 void moe_fp8_forward(const bf16* x, const bf16* w_router, const uint8_t* gate_up, const float* gate_up_scale,
                      const uint8_t* down, const float* down_scale, const bf16* shared_out, const bf16* shared_gate_w,
                      const bf16* residual, const int32_t* num_rows, const MoeShape& shape, bool renormalize,
-                     const MoeWorkspace& ws, bf16* out, cudaStream_t stream, const int32_t* replay) {
+                     const MoeWorkspace& ws, bf16* out, cudaStream_t stream, const int32_t* replay,
+                     const MoeNextNorm* next) {
   MoeShape s = shape;
   s.expert_tiles = kMoeExpertGemv;  // the plan's 8-pair tiles
   check(s, ws, "moe_fp8_forward");
@@ -335,7 +336,7 @@ void moe_fp8_forward(const bf16* x, const bf16* w_router, const uint8_t* gate_up
   moe_route(ws.logits, num_rows, s, renormalize, ws, stream, replay);
   moe_fp8_expert_gate_up(x, gate_up, gate_up_scale, s, ws, stream);
   moe_fp8_expert_down(down, down_scale, s, ws, stream);
-  moe_combine(ws.weights, ws, shared_out, shared_gate_w, x, residual, num_rows, s, out, stream);
+  moe_combine(ws.weights, ws, shared_out, shared_gate_w, x, residual, num_rows, s, out, stream, next);
 }
 
 }  // namespace moefold::cuda

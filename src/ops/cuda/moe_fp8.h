@@ -50,7 +50,7 @@ void moe_fp8_forward(const __nv_bfloat16* x, const __nv_bfloat16* w_router, cons
                      const __nv_bfloat16* shared_out, const __nv_bfloat16* shared_gate_w,
                      const __nv_bfloat16* residual, const int32_t* num_rows, const MoeShape& shape, bool renormalize,
                      const MoeWorkspace& ws, __nv_bfloat16* out, cudaStream_t stream,
-                     const int32_t* replay = nullptr);
+                     const int32_t* replay = nullptr, const MoeNextNorm* next = nullptr);
 
 // ---- prefill sizes: W8A8 on the FP8 warpgroup tensor cores (moe_fp8_wgmma.cu) ----------------------
 
@@ -92,6 +92,7 @@ void moe_fp8_prefill_forward(const __nv_bfloat16* x, const __nv_bfloat16* w_rout
                              const __nv_bfloat16* shared_out, const __nv_bfloat16* shared_gate_w,
                              const __nv_bfloat16* residual, const int32_t* num_rows, const MoeShape& shape,
                              bool renormalize, const MoeWorkspace& ws, const MoeFp8PrefillScratch& scratch,
-                             __nv_bfloat16* out, cudaStream_t stream, const int32_t* replay = nullptr);
+                             __nv_bfloat16* out, cudaStream_t stream, const int32_t* replay = nullptr,
+                             const MoeNextNorm* next = nullptr);
 
 }  // namespace moefold::cuda

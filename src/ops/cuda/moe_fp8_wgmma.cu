@@ -390,7 +390,7 @@ void moe_fp8_prefill_forward(const bf16* x, const bf16* w_router, const uint8_t*
                              const bf16* shared_gate_w, const bf16* residual, const int32_t* num_rows,
                              const MoeShape& shape, bool renormalize, const MoeWorkspace& ws,
                              const MoeFp8PrefillScratch& scratch, bf16* out, cudaStream_t stream,
-                             const int32_t* replay) {
+                             const int32_t* replay, const MoeNextNorm* next) {
   MoeShape s = shape;
   s.expert_tiles = 2;  // the plan's 128-row tiles
   MOEFOLD_CHECK(moe_fp8_prefill_supported(s) && s.capacity >= 1 && s.capacity <= ws.capacity &&
@@ -430,7 +430,7 @@ void moe_fp8_prefill_forward(const bf16* x, const bf16* w_router, const uint8_t*
   p.b_rows = s.H;
   p.b_up_offset = 0;
   launch<false>(p, down, s.E, s.capacity * s.k, tiles, s, stream);
-  moe_combine(ws.weights, ws, shared_out, shared_gate_w, x, residual, num_rows, s, out, stream);
+  moe_combine(ws.weights, ws, shared_out, shared_gate_w, x, residual, num_rows, s, out, stream, next);
 }
 
 }  // namespace moefold::cuda

@@ -104,6 +104,8 @@ bool route_fast();
 /// MOEFOLD_MOE_COMBINE=old selects the previous kernel. The setter is for A/B tests.
 void set_combine_fast(bool on);
 bool combine_fast();
+/// Tests: whether moe_combine may fuse the next norm into the combine (MOEFOLD_FUSE_COMBINE_NORM's switch).
+void set_combine_norm_fused(bool on);
 /// Whether moe_router_route runs the cluster-fused router logits + top-k + plan kernel where it applies
 /// (moe_router_cluster_fused); default off, MOEFOLD_MOE_ROUTER_CLUSTER=1 turns it on (the same bytes).
 /// The setter is for A/B tests.

@@ -55,7 +55,7 @@ void moe_forward_shared(const __nv_bfloat16* x, const __nv_bfloat16* w_router, c
                         const __nv_bfloat16* down, const MoeSharedExpert& shared, const __nv_bfloat16* shared_gate_w,
                         const __nv_bfloat16* residual, const int32_t* num_rows, const MoeShape& shape,
                         bool renormalize, const MoeWorkspace& ws, __nv_bfloat16* out, cudaStream_t stream,
-                        const int32_t* replay) {
+                        const int32_t* replay, const MoeNextNorm* next) {
   MOEFOLD_CHECK(shape.capacity <= ws.capacity,
                 fmt::runtime("moe_forward_shared: step capacity {} exceeds the workspace's {}"), shape.capacity,
                 ws.capacity);
@@ -116,7 +116,7 @@ void moe_forward_shared(const __nv_bfloat16* x, const __nv_bfloat16* w_router, c
     LaunchScope launch(kStreamShared[1], stream, [&] { return fused_work(false, shape, num_rows); });
     moe_detail::launch_stream_down(p, tiles, stream, sh);
   }
-  moe_combine(ws.weights, ws, shared.out, shared_gate_w, x, residual, num_rows, shape, out, stream);
+  moe_combine(ws.weights, ws, shared.out, shared_gate_w, x, residual, num_rows, shape, out, stream, next);
 }
 
 }  // namespace moefold::cuda

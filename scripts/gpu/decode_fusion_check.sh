@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# One GPU call for the fused decode kernels (issue 12 item 3): the DeltaNet decode layer in one launch
+# (gdn_decode_fused_kernel: conv step + delta rule + gated norm) and the next layer's input norm in the
+# MoE combine (moe_combine_onepass_kernel:norm). Their contracts (bitwise vs the launches they replace),
+# compute-sanitizer memcheck / racecheck, the four end-to-end GPU suites at once (graph == eager, solo ==
+# beside others, resumed == fresh) with the FP8 prefill contracts beside them, bench offline A B B A
+# (A: both fusions off, B: on, with --require-kernel) and a batch-1 kernel table. Logs packed into
+# $OUT/fusion_logs.tgz; one table last.
+# Usage (repository root, after `source scripts/gpu/env.sh BUILD`): scripts/gpu/decode_fusion_check.sh [BUILD]
+set -u
+B=${1:-build-cuda}
+T=$B/tests
+out=${OUT:-/tmp}/fusion
+mkdir -p "$out"
+: >"$out/table.txt"
+. "$(dirname "$0")/step.sh"
+san=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null | head -1)
+step gdn_fused 120 "$T/gated_delta_net_test" --gtest_filter='GdnDecodeFused.*:GdnDecode.*'
+step combine_norm 120 "$T/moe_test" --gtest_filter='MoeCombineNorm.*:MoeCombineFast.*'
+step racecheck_gdn 150 "$san" --tool racecheck --racecheck-report hazard "$T/gated_delta_net_test" \
+  --gtest_filter='GdnDecodeFused.SanitizeSmall'
+step memcheck_gdn 120 "$san" --tool memcheck "$T/gated_delta_net_test" --gtest_filter='GdnDecodeFused.SanitizeSmall'
+step memcheck_comb 120 "$san" --tool memcheck "$T/moe_test" --gtest_filter='MoeCombineNorm.SwitchOffGivesSameBits'
+pids=()
+suites=(mixed_step_cuda_test cuda_graph_test cuda_executor_test prefix_cache_cuda_test)
+for t in "${suites[@]}"; do
+  step "$t" 150 "$T/$t" &
+  pids+=($!)
+done
+step fp8_prefill 240 "$T/moe_fp8_prefill_test" --gtest_filter='Fp8ActQuant.*:MoeFp8Prefill.*' &
+pids+=($!)
+for p in "${pids[@]}"; do wait "$p"; done
+grep -h "PROBE\|verdict=FAIL" "$out"/cuda_executor_test.log | head -6 >>"$out/table.txt"
+A_FLAGS= A_ENV="MOEFOLD_FUSE_COMBINE_NORM=0 MOEFOLD_FUSE_GDN_DECODE=0" \
+  B_FLAGS="--require-kernel gdn_decode_fused_kernel --require-kernel moe_combine_onepass_kernel:norm" \
+  timeout 300 scripts/gpu/decode_ab.sh "$B/moefold" configs/qwen3.6-35b-a3b "$out/ab" --load-format dummy \
+  --decode-batch 1,8,64 --decode-steps 16 >"$out/ab.log" 2>&1
+echo "decode A/B rc=$?" >>"$out/table.txt"
+timeout 150 "$B/moefold" profile --model configs/qwen3.6-35b-a3b --load-format dummy --device cuda \
+  --workload decode:1x512 --steps 8 >"$out/profile.log" 2>&1
+echo "profile rc=$?" >>"$out/table.txt"
+tar czf "${OUT:-/tmp}/fusion_logs.tgz" -C "$out" .
+sed -n '/^kernel /,/^$/p' "$out/profile.log" | head -45
+sed -n '/decode batch/,$p' "$out/ab.log"
+cat "$out/table.txt"
