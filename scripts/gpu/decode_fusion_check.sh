@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One GPU call for the fused decode kernels (issue 12 item 3): the DeltaNet decode layer in one launch
-# (gdn_decode_fused_kernel: conv step + delta rule + gated norm) and the next layer's input norm in the
-# MoE combine (moe_combine_onepass_kernel:norm). Their contracts (bitwise vs the launches they replace),
+# (gdn_decode_fused_kernel: conv step + delta rule + gated norm), the next layer's input norm in the
+# MoE combine (moe_combine_onepass_kernel:norm) and the attention prologue (qk_norm_rope_kernel: q / k
+# norms, RoPE, the cache write). Their contracts (bitwise vs the launches they replace),
 # compute-sanitizer memcheck / racecheck, the four end-to-end GPU suites at once (graph == eager, solo ==
 # beside others, resumed == fresh) with the FP8 prefill contracts beside them, bench offline A B B A
 # (A: both fusions off, B: on, with --require-kernel) and a batch-1 kernel table. Logs packed into
@@ -17,6 +18,8 @@ mkdir -p "$out"
 san=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null | head -1)
 step gdn_fused 120 "$T/gated_delta_net_test" --gtest_filter='GdnDecodeFused.*:GdnDecode.*'
 step combine_norm 120 "$T/moe_test" --gtest_filter='MoeCombineNorm.*:MoeCombineFast.*'
+step qk_norm_rope 120 "$T/qk_norm_rope_test"
+step memcheck_qk 120 "$san" --tool memcheck "$T/qk_norm_rope_test" --gtest_filter='QkNormRope.UnsupportedLayoutsDecline'
 step racecheck_gdn 150 "$san" --tool racecheck --racecheck-report hazard "$T/gated_delta_net_test" \
   --gtest_filter='GdnDecodeFused.SanitizeSmall'
 step memcheck_gdn 120 "$san" --tool memcheck "$T/gated_delta_net_test" --gtest_filter='GdnDecodeFused.SanitizeSmall'
@@ -31,8 +34,8 @@ step fp8_prefill 240 "$T/moe_fp8_prefill_test" --gtest_filter='Fp8ActQuant.*:Moe
 pids+=($!)
 for p in "${pids[@]}"; do wait "$p"; done
 grep -h "PROBE\|verdict=FAIL" "$out"/cuda_executor_test.log | head -6 >>"$out/table.txt"
-A_FLAGS= A_ENV="MOEFOLD_FUSE_COMBINE_NORM=0 MOEFOLD_FUSE_GDN_DECODE=0" \
-  B_FLAGS="--require-kernel gdn_decode_fused_kernel --require-kernel moe_combine_onepass_kernel:norm" \
+A_FLAGS= A_ENV="MOEFOLD_FUSE_COMBINE_NORM=0 MOEFOLD_FUSE_GDN_DECODE=0 MOEFOLD_FUSE_QK_ROPE=0" \
+  B_FLAGS="--require-kernel gdn_decode_fused_kernel --require-kernel moe_combine_onepass_kernel:norm --require-kernel qk_norm_rope_kernel" \
   timeout 300 scripts/gpu/decode_ab.sh "$B/moefold" configs/qwen3.6-35b-a3b "$out/ab" --load-format dummy \
   --decode-batch 1,8,64 --decode-steps 16 >"$out/ab.log" 2>&1
 echo "decode A/B rc=$?" >>"$out/table.txt"

@@ -34,6 +34,7 @@
 #include "ops/cuda/invariant_gemm.h"
 #include "ops/cuda/moe_fp8.h"
 #include "ops/cuda/moe.h"
+#include "ops/cuda/qk_norm_rope.h"
 #include "ops/cuda/rope.h"
 
 namespace moefold {
@@ -1001,15 +1002,31 @@ void CudaExecutor::attention(size_t l, const StepDims& d) {
     gemm(a.v_proj, x_.data(), v_.data(), T);
   }
   cuda::HeadRows q_rows{Hq, sh.q_token_stride, sh.q_head_stride}, k_rows{Hkv, kv_stride, kv_stride ? D : 0};
-  if (c.qk_norm) {
-    cuda::rms_norm(q, dev(a.q_norm), q, T, D, float(c.rms_norm_eps), nk, num_rows, stream_, q_rows);
-    cuda::rms_norm(k, dev(a.k_norm), k, T, D, float(c.rms_norm_eps), nk, num_rows, stream_, k_rows);
+  // q / k norms, RoPE and the bf16 cache write in one launch where the layout allows (the same bits).
+  cuda::QkNormRopeArgs qa{q, q_rows, k, k_rows, v, kv_stride, nullptr, nullptr, float(c.rms_norm_eps), nk,
+                          nullptr, nullptr, slot_mapping_.data(), positions_.data()};
+  if (c.qk_norm && !kv_fp8_) {
+    qa.q_norm = dev(a.q_norm);
+    qa.k_norm = dev(a.k_norm);
+    qa.k_cache = k_cache_[l].data();
+    qa.v_cache = v_cache_[l].data();
   }
-  cuda::apply_rope(q, q_rows, k, k_rows, positions_.data(), T, D, *freqs_, num_rows, stream_);
+  const bool fused_prologue = c.qk_norm && !kv_fp8_ && cuda::qk_norm_rope_supported(qa, D, *freqs_);
+  if (fused_prologue) {
+    cuda::qk_norm_rope_kv_write(qa, T, D, *freqs_, num_rows, stream_);
+  } else {
+    if (c.qk_norm) {
+      cuda::rms_norm(q, dev(a.q_norm), q, T, D, float(c.rms_norm_eps), nk, num_rows, stream_, q_rows);
+      cuda::rms_norm(k, dev(a.k_norm), k, T, D, float(c.rms_norm_eps), nk, num_rows, stream_, k_rows);
+    }
+    cuda::apply_rope(q, q_rows, k, k_rows, positions_.data(), T, D, *freqs_, num_rows, stream_);
+  }
   if (c.attn_output_gate) sh.gate = q + D;
   // e4m3 pages: the CUDA-core kernels read them, dequantised with the layer's per-KV-head scales (attention.h).
   const float* ks = kv_fp8_ ? kv_scales_.data() + size_t(l) * 2 * size_t(Hkv) : nullptr;
-  if (kv_fp8_)
+  if (fused_prologue) {
+    // written above
+  } else if (kv_fp8_)
     cuda::kv_cache_write_fp8(k, kv_stride, v, kv_stride, k_cache8_[l].data(), v_cache8_[l].data(),
                              slot_mapping_.data(), T, int(Hkv), int(D), ks, ks + Hkv, kv_saturated_.data(), num_rows,
                              stream_);
