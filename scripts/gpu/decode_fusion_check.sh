@@ -19,28 +19,30 @@ san=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2
 step gdn_fused 120 "$T/gated_delta_net_test" --gtest_filter='GdnDecodeFused.*:GdnDecode.*'
 step combine_norm 120 "$T/moe_test" --gtest_filter='MoeCombineNorm.*:MoeCombineFast.*'
 step qk_norm_rope 120 "$T/qk_norm_rope_test"
-step memcheck_qk 120 "$san" --tool memcheck "$T/qk_norm_rope_test" --gtest_filter='QkNormRope.UnsupportedLayoutsDecline'
-step racecheck_gdn 150 "$san" --tool racecheck --racecheck-report hazard "$T/gated_delta_net_test" \
-  --gtest_filter='GdnDecodeFused.SanitizeSmall'
-step memcheck_gdn 120 "$san" --tool memcheck "$T/gated_delta_net_test" --gtest_filter='GdnDecodeFused.SanitizeSmall'
-step memcheck_comb 120 "$san" --tool memcheck "$T/moe_test" --gtest_filter='MoeCombineNorm.SwitchOffGivesSameBits'
 pids=()
-suites=(mixed_step_cuda_test cuda_graph_test cuda_executor_test prefix_cache_cuda_test)
-for t in "${suites[@]}"; do
+for t in mixed_step_cuda_test cuda_graph_test cuda_executor_test prefix_cache_cuda_test; do
   step "$t" 150 "$T/$t" &
   pids+=($!)
 done
-step fp8_prefill 240 "$T/moe_fp8_prefill_test" --gtest_filter='Fp8ActQuant.*:MoeFp8Prefill.*' &
+step fp8_prefill 200 "$T/moe_fp8_prefill_test" --gtest_filter='Fp8ActQuant.*:MoeFp8Prefill.*' &
+pids+=($!)
+{
+  step racecheck_gdn 150 "$san" --tool racecheck --racecheck-report hazard "$T/gated_delta_net_test" \
+    --gtest_filter='GdnDecodeFused.SanitizeSmall'
+  step memcheck_gdn 100 "$san" --tool memcheck "$T/gated_delta_net_test" --gtest_filter='GdnDecodeFused.SanitizeSmall'
+  step memcheck_comb 60 "$san" --tool memcheck "$T/moe_test" --gtest_filter='MoeCombineNorm.SwitchOffGivesSameBits'
+  step memcheck_qk 60 "$san" --tool memcheck "$T/qk_norm_rope_test" --gtest_filter='QkNormRope.UnsupportedLayoutsDecline'
+} &
 pids+=($!)
 for p in "${pids[@]}"; do wait "$p"; done
 grep -h "PROBE\|verdict=FAIL" "$out"/cuda_executor_test.log | head -6 >>"$out/table.txt"
 A_FLAGS= A_ENV="MOEFOLD_FUSE_COMBINE_NORM=0 MOEFOLD_FUSE_GDN_DECODE=0 MOEFOLD_FUSE_QK_ROPE=0" \
   B_FLAGS="--require-kernel gdn_decode_fused_kernel --require-kernel moe_combine_onepass_kernel:norm --require-kernel qk_norm_rope_kernel" \
-  timeout 300 scripts/gpu/decode_ab.sh "$B/moefold" configs/qwen3.6-35b-a3b "$out/ab" --load-format dummy \
-  --decode-batch 1,8,64 --decode-steps 16 >"$out/ab.log" 2>&1
+  timeout 220 scripts/gpu/decode_ab.sh "$B/moefold" configs/qwen3.6-35b-a3b "$out/ab" --load-format dummy \
+  --decode-batch 1,64 --decode-steps 12 >"$out/ab.log" 2>&1
 echo "decode A/B rc=$?" >>"$out/table.txt"
-timeout 150 "$B/moefold" profile --model configs/qwen3.6-35b-a3b --load-format dummy --device cuda \
-  --workload decode:1x512 --steps 8 >"$out/profile.log" 2>&1
+timeout 90 "$B/moefold" profile --model configs/qwen3.6-35b-a3b --load-format dummy --device cuda \
+  --workload decode:1x512 --steps 6 >"$out/profile.log" 2>&1
 echo "profile rc=$?" >>"$out/table.txt"
 tar czf "${OUT:-/tmp}/fusion_logs.tgz" -C "$out" .
 sed -n '/^kernel /,/^$/p' "$out/profile.log" | head -45
