@@ -19,6 +19,7 @@ san=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2
 step gdn_fused 120 "$T/gated_delta_net_test" --gtest_filter='GdnDecodeFused.*:GdnDecode.*'
 step combine_norm 120 "$T/moe_test" --gtest_filter='MoeCombineNorm.*:MoeCombineFast.*'
 step qk_norm_rope 120 "$T/qk_norm_rope_test"
+step core_ops 120 "$T/core_ops_test"
 pids=()
 for t in mixed_step_cuda_test cuda_graph_test cuda_executor_test prefix_cache_cuda_test; do
   step "$t" 150 "$T/$t" &
@@ -36,6 +37,22 @@ pids+=($!)
 pids+=($!)
 for p in "${pids[@]}"; do wait "$p"; done
 grep -h "PROBE\|verdict=FAIL" "$out"/cuda_executor_test.log | head -6 >>"$out/table.txt"
+# Fused == unfused through the executor: greedy tokens with the three switches off vs on (eager), per model.
+off="MOEFOLD_FUSE_COMBINE_NORM=0 MOEFOLD_FUSE_GDN_DECODE=0 MOEFOLD_FUSE_QK_ROPE=0"
+for m in tests/fixtures/qwen3 tests/fixtures/qwen3_moe tests/fixtures/qwen3_5_moe tests/fixtures/qwen3_next \
+  configs/qwen3.6-35b-a3b; do
+  lf=auto
+  case $m in configs/*) lf=dummy ;; esac
+  args=(generate --model "$m" --device cuda --load-format $lf --prompt-ids 11,22,33,44,55,66,77 --max-tokens 24
+    --output json)
+  # shellcheck disable=SC2086
+  a=$(env $off timeout 60 "$B/moefold" "${args[@]}" --enforce-eager 2>>"$out/generate.log")
+  b=$(timeout 60 "$B/moefold" "${args[@]}" --enforce-eager 2>>"$out/generate.log")
+  g=$(timeout 60 "$B/moefold" "${args[@]}" 2>>"$out/generate.log")
+  v=FAIL
+  [ -n "$a" ] && [ "$a" = "$b" ] && [ "$b" = "$g" ] && v=PASS
+  echo "fused==unfused==graph $m verdict=$v ${b:0:60}" >>"$out/table.txt"
+done
 A_FLAGS= A_ENV="MOEFOLD_FUSE_COMBINE_NORM=0 MOEFOLD_FUSE_GDN_DECODE=0 MOEFOLD_FUSE_QK_ROPE=0" \
   B_FLAGS="--require-kernel gdn_decode_fused_kernel --require-kernel moe_combine_onepass_kernel:norm --require-kernel qk_norm_rope_kernel" \
   timeout 220 scripts/gpu/decode_ab.sh "$B/moefold" configs/qwen3.6-35b-a3b "$out/ab" --load-format dummy \

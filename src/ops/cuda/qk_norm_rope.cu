@@ -81,8 +81,7 @@ __global__ void __launch_bounds__(kThreads) qk_norm_rope_kernel(Params p) {
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
         const float c = cs[j0 + e], s = sn[j0 + e];
-        if (lo) f[e] = f[e] * c - other[e] * s;   // lo' = lo cos - hi sin
-        else f[e] = f[e] * c + other[e] * s;      // hi' = hi cos + lo sin
+        f[e] = lo ? rope_lo(f[e], other[e], c, s) : rope_hi(other[e], f[e], c, s);
       }
     }
     if (mine) {

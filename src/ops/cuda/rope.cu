@@ -25,8 +25,8 @@ __device__ __forceinline__ void rotate(const float* lo, const float* hi, const f
                                        float* o2) {
 #pragma unroll
   for (int i = 0; i < V; ++i) {
-    o1[i] = lo[i] * cs[i] - hi[i] * sn[i];
-    o2[i] = hi[i] * cs[i] + lo[i] * sn[i];
+    o1[i] = rope_lo(lo[i], hi[i], cs[i], sn[i]);
+    o2[i] = rope_hi(lo[i], hi[i], cs[i], sn[i]);
   }
 }
 

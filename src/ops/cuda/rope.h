@@ -21,6 +21,18 @@
 
 namespace moefold::cuda {
 
+#ifdef __CUDACC__
+/// One rotated pair with its rounding spelled out (one fma over one product each), so every kernel that
+/// rotates (rope_kernel, qk_norm_rope_kernel) gives the same bits whatever the compiler would contract:
+/// lo' = lo cos - hi sin, hi' = hi cos + lo sin.
+__device__ __forceinline__ float rope_lo(float lo, float hi, float c, float s) {
+  return __fmaf_rn(lo, c, -__fmul_rn(hi, s));
+}
+__device__ __forceinline__ float rope_hi(float lo, float hi, float c, float s) {
+  return __fmaf_rn(hi, c, __fmul_rn(lo, s));
+}
+#endif
+
 /// The device copy of one model's inverse frequencies (rotary_dim / 2 doubles).
 struct RopeFreqs {
   int64_t rotary_dim = 0;

@@ -16,7 +16,8 @@ struct FusedRun {
 /// fused: gdn_decode_fused; else the three launches. Pools and outputs start from the same bytes.
 FusedRun run(const GdnDims& d, int cap, int live, bool fused, uint64_t seed) {
   const int Hv = d.num_v_heads, dv = d.v_dim, K = kConvK;
-  const int64_t C = conv_dim(d), W = C + int64_t(Hv) * dv + 2 * Hv, nslots = cap + 2;
+  // The row width rounded up to 8 elements, as the executor's fused projection rows are (16-byte rows).
+  const int64_t C = conv_dim(d), W = (C + int64_t(Hv) * dv + 2 * Hv + 7) / 8 * 8, nslots = cap + 2;
   std::vector<int32_t> slots(static_cast<size_t>(cap));
   for (int s = 0; s < cap; ++s) slots[size_t(s)] = int32_t((3 * s + 1) % nslots);
   const auto proj = round_bf16(moefold::test::randn(size_t(cap * W), seed));
@@ -65,7 +66,7 @@ bool supported(const GdnDims& d, int cap) {
   GdnArgs args{buf.bf(), buf.bf(), buf.bf(), C, buf.bf(), buf.bf(), 2 * d.num_v_heads, nullptr, nullptr,
                nullptr, ns.p, ns.p, buf.bf(), 0};
   const moefold::cuda::GdnDecodeConv conv{buf.bf(), C, buf.bf(), buf.bf(), kConvK};
-  const moefold::cuda::GdnDecodeGatedNorm norm{buf.bf(), C + int64_t(d.num_v_heads) * d.v_dim + 2 * d.num_v_heads,
+  const moefold::cuda::GdnDecodeGatedNorm norm{buf.bf(), (C + int64_t(d.num_v_heads) * d.v_dim + 2 * d.num_v_heads + 7) / 8 * 8,
                                                buf.bf(), 1e-6f};
   return moefold::cuda::gdn_decode_fused_supported(args, conv, norm, cap, d);
 }
