@@ -56,7 +56,7 @@ done
 A_FLAGS= A_ENV="MOEFOLD_FUSE_COMBINE_NORM=0 MOEFOLD_FUSE_GDN_DECODE=0 MOEFOLD_FUSE_QK_ROPE=0" \
   B_FLAGS="--require-kernel gdn_decode_fused_kernel --require-kernel moe_combine_onepass_kernel:norm --require-kernel qk_norm_rope_kernel" \
   timeout 220 scripts/gpu/decode_ab.sh "$B/moefold" configs/qwen3.6-35b-a3b "$out/ab" --load-format dummy \
-  --decode-batch 1,64 --decode-steps 12 >"$out/ab.log" 2>&1
+  --decode-batch 1,8,64 --decode-steps 12 >"$out/ab.log" 2>&1
 echo "decode A/B rc=$?" >>"$out/table.txt"
 timeout 90 "$B/moefold" profile --model configs/qwen3.6-35b-a3b --load-format dummy --device cuda \
   --workload decode:1x512 --steps 6 >"$out/profile.log" 2>&1

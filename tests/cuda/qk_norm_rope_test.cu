@@ -35,7 +35,13 @@ PrologueOut run(const PrologueCase& c, bool fused, uint64_t seed) {
   const int64_t W = c.fused_proj ? qw + 2 * kvw : 0;  // one projection row [q (| gate) | k | v], or three buffers
   const int64_t per_row = c.fused_proj ? W : qw + 2 * kvw;
   auto proj = test::rand_bf16(size_t(c.cap * per_row), seed, 3.0f);
-  for (size_t i = size_t(c.live * per_row); i < proj.size(); ++i) proj[i] = NAN;  // padding tokens
+  // Padding tokens' q, k and v rows hold NaN (one region per tensor with separate buffers).
+  if (c.fused_proj) {
+    for (size_t i = size_t(c.live * per_row); i < proj.size(); ++i) proj[i] = NAN;
+  } else {
+    for (auto [start, width] : {std::pair{int64_t(0), qw}, std::pair{c.cap * qw, kvw}, std::pair{c.cap * (qw + kvw), kvw}})
+      for (int64_t i = start + c.live * width; i < start + c.cap * width; ++i) proj[size_t(i)] = NAN;
+  }
   auto proj_d = test::dev_bf16(proj);
   bf16* base = proj_d.data();
   bf16 *q = base, *k = c.fused_proj ? base + qw : base + c.cap * qw,

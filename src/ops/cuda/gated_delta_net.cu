@@ -487,8 +487,10 @@ __global__ void __launch_bounds__(kThreads, R > 16 ? 1 : (CPL == 4 ? 2 : (CPL ==
 // writes); block rank 0 of the cluster writes the q / k conv state after the cluster barrier that follows
 // every block's reads of it. The gated norm needs the head's whole output row: the tiles exchange their
 // bf16-rounded outputs through distributed shared memory.
+// The same blocks per SM as gdn_decode_kernel (at CPL = 4 two blocks, i.e. <= 128 registers: the batch-64
+// decode step is bound by the state's bandwidth, which one block an SM halves).
 template <int R, int CPL>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, R > 16 ? 1 : (CPL == 4 ? 2 : (CPL == 2 ? 3 : 4)))
     gdn_decode_fused_kernel(GdnArgs p, GdnDecodeConv cv, GdnDecodeGatedNorm gn, int Hk, int Hv, int dk, int dv) {
   namespace cg = cooperative_groups;
   const cg::cluster_group cluster = cg::this_cluster();
