@@ -22,7 +22,7 @@ step qk_norm_rope 120 "$T/qk_norm_rope_test"
 step core_ops 120 "$T/core_ops_test"
 pids=()
 for t in mixed_step_cuda_test cuda_graph_test cuda_executor_test prefix_cache_cuda_test; do
-  step "$t" 150 "$T/$t" &
+  MOEFOLD_FUSE_GDN_DECODE=1 step "$t" 150 "$T/$t" &
   pids+=($!)
 done
 step fp8_prefill 200 "$T/moe_fp8_prefill_test" --gtest_filter='Fp8ActQuant.*:MoeFp8Prefill.*' &
@@ -47,18 +47,18 @@ for m in tests/fixtures/qwen3 tests/fixtures/qwen3_moe tests/fixtures/qwen3_5_mo
     --output json)
   # shellcheck disable=SC2086
   a=$(env $off timeout 60 "$B/moefold" "${args[@]}" --enforce-eager 2>>"$out/generate.log")
-  b=$(timeout 60 "$B/moefold" "${args[@]}" --enforce-eager 2>>"$out/generate.log")
-  g=$(timeout 60 "$B/moefold" "${args[@]}" 2>>"$out/generate.log")
+  b=$(MOEFOLD_FUSE_GDN_DECODE=1 timeout 60 "$B/moefold" "${args[@]}" --enforce-eager 2>>"$out/generate.log")
+  g=$(MOEFOLD_FUSE_GDN_DECODE=1 timeout 60 "$B/moefold" "${args[@]}" 2>>"$out/generate.log")
   v=FAIL
   [ -n "$a" ] && [ "$a" = "$b" ] && [ "$b" = "$g" ] && v=PASS
   echo "fused==unfused==graph $m verdict=$v ${b:0:60}" >>"$out/table.txt"
 done
-A_FLAGS= A_ENV="MOEFOLD_FUSE_COMBINE_NORM=0 MOEFOLD_FUSE_GDN_DECODE=0 MOEFOLD_FUSE_QK_ROPE=0" \
+A_FLAGS= A_ENV="MOEFOLD_FUSE_COMBINE_NORM=0 MOEFOLD_FUSE_GDN_DECODE=0 MOEFOLD_FUSE_QK_ROPE=0" B_ENV=MOEFOLD_FUSE_GDN_DECODE=1 \
   B_FLAGS="--require-kernel gdn_decode_fused_kernel --require-kernel moe_combine_onepass_kernel:norm --require-kernel qk_norm_rope_kernel" \
   timeout 220 scripts/gpu/decode_ab.sh "$B/moefold" configs/qwen3.6-35b-a3b "$out/ab" --load-format dummy \
   --decode-batch 1,8,64 --decode-steps 12 >"$out/ab.log" 2>&1
 echo "decode A/B rc=$?" >>"$out/table.txt"
-timeout 90 "$B/moefold" profile --model configs/qwen3.6-35b-a3b --load-format dummy --device cuda \
+MOEFOLD_FUSE_GDN_DECODE=1 timeout 90 "$B/moefold" profile --model configs/qwen3.6-35b-a3b --load-format dummy --device cuda \
   --workload decode:1x512 --steps 6 >"$out/profile.log" 2>&1
 echo "profile rc=$?" >>"$out/table.txt"
 tar czf "${OUT:-/tmp}/fusion_logs.tgz" -C "$out" .

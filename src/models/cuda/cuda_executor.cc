@@ -1122,7 +1122,7 @@ void CudaExecutor::deltanet(size_t l, const StepDims& d) {
   const int32_t* decode_live = mixed_step ? counts_.data() + 5 : num_seqs;
   const cuda::GdnDims dims{int(c.linear_num_key_heads), int(Hv), int(c.linear_key_head_dim),
                            int(c.linear_value_head_dim)};
-  if (d.decode) {  // conv, delta rule and gated norm in one launch where the shape allows (the same bits)
+  if (d.decode && cuda::gdn_decode_fused_enabled()) {  // conv, delta rule and gated norm in one launch (the same bits)
     const cuda::GdnArgs args{conv_.data(), conv_.data() + kd, conv_.data() + 2 * kd, C, ga, gb, abs,
                              a_log_[l], dt_bias_[l], rec_state_[l].data(), state_slots_.data(), num_seqs,
                              go_.data(), T};

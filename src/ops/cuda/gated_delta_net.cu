@@ -690,13 +690,17 @@ void gdn_recurrent_decode_variant(const GdnArgs& args, int max_seqs, const GdnDi
 }  // namespace detail
 
 
-bool gdn_decode_fused_supported(const GdnArgs& args, const GdnDecodeConv& conv, const GdnDecodeGatedNorm& norm,
-                                int max_seqs, const GdnDims& d) {
+bool gdn_decode_fused_enabled() {
   static const bool on = [] {
     const char* v = std::getenv("MOEFOLD_FUSE_GDN_DECODE");
-    return !(v && std::string_view(v) == "0");
+    return v && std::string_view(v) == "1";
   }();
-  if (!on || max_seqs <= 0 || d.k_dim > 128 || d.num_v_heads % d.num_k_heads != 0) return false;
+  return on;
+}
+
+bool gdn_decode_fused_supported(const GdnArgs& args, const GdnDecodeConv& conv, const GdnDecodeGatedNorm& norm,
+                                int max_seqs, const GdnDims& d) {
+  if (max_seqs <= 0 || d.k_dim > 128 || d.num_v_heads % d.num_k_heads != 0) return false;
   if (conv.K < 1 || conv.K > kMaxConvKernel || d.v_dim % 32 != 0 || d.v_dim > 256) return false;
   const int cpl = detail::gdn_decode_auto_cols(max_seqs, d);
   if (d.v_dim % (32 * cpl) != 0) return false;

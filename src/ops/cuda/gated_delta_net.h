@@ -109,9 +109,15 @@ void gdn_decode_fused(const GdnArgs& args, const GdnDecodeConv& conv, const GdnD
 
 /// Whether gdn_decode_fused takes these arguments: dk <= 128, dv a multiple of 32 up to 256, K <= kMaxConvKernel,
 /// the tiles of the Hv / Hk value heads of one key head at most 8 blocks (one cluster), the gated norm's buffers
-/// 16-byte aligned with z_stride % 8 == 0, and MOEFOLD_FUSE_GDN_DECODE not "0" (read once).
+/// 16-byte aligned with z_stride % 8 == 0.
 bool gdn_decode_fused_supported(const GdnArgs& args, const GdnDecodeConv& conv, const GdnDecodeGatedNorm& norm,
                                 int max_seqs, const GdnDims& dims);
+
+/// Whether the CUDA executor runs a DeltaNet decode step through gdn_decode_fused: MOEFOLD_FUSE_GDN_DECODE=1
+/// (read once). Off by default: on the H200 the fused launch made the 35B decode step slower (batch 1
+/// 3.37 -> 3.42 ms, batch 64 21.8 -> 22.8 ms; docs/benchmarks.md, session 11): its conv, delta rule and norm
+/// run one after another in each block, where the three launches overlapped under PDL.
+bool gdn_decode_fused_enabled();
 
 namespace detail {
 /// gdn_recurrent_decode with the decode kernel chosen (tests, A/B timing): variant -1 = the automatic
