@@ -10,7 +10,8 @@ bash scripts/setup.sh
 build=${MOEFOLD_BUILD_DIR:-build}
 # MOEFOLD_TESTS stays as it is (default ON): only the moefold target is built here, and a test build
 # in the same folder (scripts/test.sh) keeps its tests.
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DCMAKE_CUDA_ARCHITECTURES="$(bash scripts/cuda_arch.sh)" >/dev/null
 cmake --build "$build" --target moefold -j"$(nproc)"
 model=models/smollm2-135m-instruct
 if [ ! -f "$model/model.safetensors" ]; then

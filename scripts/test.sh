@@ -8,7 +8,9 @@ bash scripts/setup.sh
 build=${MOEFOLD_BUILD_DIR:-build}
 # Tests on explicitly: a build folder configured by scripts/quickstart.sh (or by hand) with
 # MOEFOLD_TESTS=OFF keeps that cached value otherwise, and CTest would find nothing to run.
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOEFOLD_TESTS=ON >/dev/null
+# Device code for the GPU found here, PTX only without one (scripts/cuda_arch.sh).
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOEFOLD_TESTS=ON \
+  -DCMAKE_CUDA_ARCHITECTURES="$(bash scripts/cuda_arch.sh)" >/dev/null
 cmake --build "$build" -j"$(nproc)"
 # The FP8 checkpoints the FP8 tests load (tests/fixtures/fp8, not committed: made from the bf16 fixtures
 # by a numpy-only script in about 2 s; absent from the stand-in projects of tests/e2e/test_scripts.py).
