@@ -99,6 +99,11 @@ bool stream_wide();
 /// default on, MOEFOLD_MOE_ROUTE=old selects the previous kernels. The setter is for A/B tests.
 void set_route_fast(bool on);
 bool route_fast();
+/// Whether the fast fused route takes the row's top-k with VPT warps (moe_topk.cuh topk_row_wide) when
+/// every live row fits the CTA at once; default on, MOEFOLD_MOE_ROUTE=narrow keeps a warp a row. The
+/// same bytes either way; the setter is for A/B tests.
+void set_route_wide(bool on);
+bool route_wide();
 /// Whether moe_combine runs the one-pass kernel (every input of a row's chunk loaded before the shared
 /// gate's reduction; the same bytes) where it applies (k <= 8, H <= 2048); default on,
 /// MOEFOLD_MOE_COMBINE=old selects the previous kernel. The setter is for A/B tests.
@@ -111,6 +116,11 @@ void set_combine_norm_fused(bool on);
 /// The setter is for A/B tests.
 void set_router_cluster(bool on);
 bool router_cluster();
+/// Whether moe_router_logits runs its deeper cp.async ring (kRouterDecodeStages) at one row tile (capacity
+/// <= 16); default on, MOEFOLD_MOE_ROUTER_DECODE_RING=0 keeps the prefill depth. The same bits either
+/// way; the setter is for A/B tests.
+void set_router_decode_ring(bool on);
+bool router_decode_ring();
 /// Cluster-fused router kernels launched by this process (tests: proof that the fused kernel ran).
 int64_t router_cluster_launches();
 

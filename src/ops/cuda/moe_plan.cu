@@ -34,9 +34,15 @@ bool g_route_fast = [] {
   const char* v = std::getenv("MOEFOLD_MOE_ROUTE");
   return !(v && std::string_view(v) == "old");
 }();
+bool g_route_wide = [] {
+  const char* v = std::getenv("MOEFOLD_MOE_ROUTE");
+  return !(v && std::string_view(v) == "narrow");
+}();
 }  // namespace
 void set_route_fast(bool on) { g_route_fast = on; }
 bool route_fast() { return g_route_fast; }
+void set_route_wide(bool on) { g_route_wide = on; }
+bool route_wide() { return g_route_wide; }
 }  // namespace moe_detail
 
 namespace {
@@ -222,13 +228,14 @@ __global__ void __launch_bounds__(kPlanThreads)
 }
 
 // router_topk_plan_kernel's function and bytes (ids, weights, counts, offsets, pairs, tiles, num_tiles,
-// status), faster at few live rows: the top-k of topk_row_fast (ids also into shared memory, so the plan
-// never reads them back from global memory), then the plan of moe_plan_small.cuh: one warp for L <= 32
-// live pairs, else the block with the offsets in shared memory.
+// status), faster at few live rows: the top-k of topk_row_wide (VPT warps a row) when every live row fits
+// at once (live * VPT <= 16 warps: rows 1-2 at E = 256), else topk_row_fast (a warp a row); ids also into
+// shared memory, so the plan never reads them back from global memory. Then the plan of
+// moe_plan_small.cuh: one warp for L <= 32 live pairs, else the block with the offsets in shared memory.
 template <int VPT>
 __global__ void __launch_bounds__(kPlanThreads)
     router_topk_plan_fast_kernel(const float* __restrict__ logits, const int32_t* __restrict__ num_rows, int capacity,
-                                 int E, int k, bool renormalize, const int32_t* __restrict__ replay, int bm,
+                                 int E, int k, bool renormalize, const int32_t* __restrict__ replay, bool wide, int bm,
                                  int32_t* ids, float* weights, int32_t* counts, int32_t* offsets, int32_t* pairs,
                                  int2* tiles, int32_t* num_tiles, int32_t* status) {
   pdl_begin();
@@ -239,10 +246,20 @@ __global__ void __launch_bounds__(kPlanThreads)
   const int L = live * k;
   for (int e = threadIdx.x; e < E; e += kPlanThreads) sm.counts[e] = 0;
   if (threadIdx.x == 0) sm.bad = 0;
-  for (int t = threadIdx.x >> 5; t < live; t += kPlanThreads / 32)
-    moe_detail::topk_row_fast<VPT>(logits + int64_t(t) * E, E, k, renormalize,
-                                   replay ? replay + int64_t(t) * k : nullptr, ids + int64_t(t) * k,
-                                   weights + int64_t(t) * k, s_ids + t * k);
+  constexpr int kWarps = kPlanThreads / 32;
+  if (VPT >= 2 && wide && !replay && live * VPT <= kWarps) {  // VPT warps a row (every row at once)
+    constexpr int W = VPT >= 2 ? VPT : 2;
+    __shared__ moe_detail::WideTopkSmem<W> wide[kWarps / W];
+    const int t = (threadIdx.x >> 5) / W, w = (threadIdx.x >> 5) % W;
+    const bool active = t < live;
+    moe_detail::topk_row_wide<W>(active ? logits + int64_t(t) * E : nullptr, E, k, renormalize, active, w, wide[t],
+                                 ids + int64_t(t) * k, weights + int64_t(t) * k, s_ids + t * k);
+  } else {
+    for (int t = threadIdx.x >> 5; t < live; t += kWarps)
+      moe_detail::topk_row_fast<VPT>(logits + int64_t(t) * E, E, k, renormalize,
+                                     replay ? replay + int64_t(t) * k : nullptr, ids + int64_t(t) * k,
+                                     weights + int64_t(t) * k, s_ids + t * k);
+  }
   __syncthreads();  // s_ids of every live row; counts zeroed
   if (L <= 32) {
     if (threadIdx.x < 32)
@@ -330,10 +347,14 @@ namespace {
 template <int VPT>
 void launch_topk_plan(const float* logits, const int32_t* num_rows, const MoeShape& s, bool renormalize,
                       const int32_t* replay, int tile_rows, const MoeWorkspace& ws, cudaStream_t stream) {
-  auto kernel = moe_detail::route_fast() ? router_topk_plan_fast_kernel<VPT> : router_topk_plan_kernel<VPT>;
-  launch_pdl(kernel, dim3(1), dim3(kPlanThreads), 0, stream, logits, num_rows, s.capacity, s.E, s.k, renormalize,
-                                                              replay, tile_rows, ws.ids, ws.weights, ws.counts,
-                                                              ws.offsets, ws.pairs, ws.tiles, ws.num_tiles, ws.status);
+  if (moe_detail::route_fast())
+    launch_pdl(router_topk_plan_fast_kernel<VPT>, dim3(1), dim3(kPlanThreads), 0, stream, logits, num_rows, s.capacity,
+               s.E, s.k, renormalize, replay, moe_detail::route_wide(), tile_rows, ws.ids, ws.weights, ws.counts,
+               ws.offsets, ws.pairs, ws.tiles, ws.num_tiles, ws.status);
+  else
+    launch_pdl(router_topk_plan_kernel<VPT>, dim3(1), dim3(kPlanThreads), 0, stream, logits, num_rows, s.capacity,
+               s.E, s.k, renormalize, replay, tile_rows, ws.ids, ws.weights, ws.counts, ws.offsets, ws.pairs,
+               ws.tiles, ws.num_tiles, ws.status);
   MOEFOLD_CUDA_CHECK_LAUNCH();
 }
 }  // namespace

@@ -16,6 +16,7 @@ namespace {
 struct FastSwitches {
   ~FastSwitches() {
     moe_detail::set_route_fast(true);
+    moe_detail::set_route_wide(true);
     moe_detail::set_combine_fast(true);
     moe_detail::set_router_cluster(false);
   }
@@ -70,8 +71,10 @@ size_t byte_diff(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b) {
   return mis;
 }
 
-// moe_route (fused at capacity <= 16, else top-k then plan) and moe_router_topk, old vs fast kernels:
-// identical bytes; padding rows' ids / weights unwritten (stale ids kept); with replay, an invalid id.
+// moe_route (fused at capacity <= 16, else top-k then plan) and moe_router_topk, old vs fast kernels
+// (the fused route's fast kernel both with a warp a row and, where live * ceil(E / 32) <= 16, with
+// topk_row_wide's ceil(E / 32) warps a row): identical bytes; padding rows' ids / weights unwritten (stale
+// ids kept); with replay, an invalid id.
 void check_route_old_vs_fast(int E, int k, int T, int cap, int kind, bool replay_on, bool renorm, uint64_t seed) {
   FastSwitches restore;
   const MoeShape shape{cap, E, k, 128, 64};
@@ -90,25 +93,27 @@ void check_route_old_vs_fast(int E, int k, int T, int cap, int kind, bool replay
   std::vector<int32_t> stale(P - L);
   for (size_t i = 0; i < stale.size(); ++i) stale[i] = int32_t((i * 7 + 3) % size_t(E));
   const int32_t* rp = replay_on ? d_rep.as<int32_t>() : nullptr;
-  std::vector<uint8_t> r[2], tk[2];
+  std::vector<uint8_t> r[3], tk[3];
   size_t pad = 0;
-  for (int fast = 0; fast < 2; ++fast) {
+  for (int mode = 0; mode < 3; ++mode) {  // old, fast with a warp a row, fast (wide where it applies)
+    const int fast = mode > 0 ? 1 : 0;
     moe_detail::set_route_fast(fast == 1);
+    moe_detail::set_route_wide(mode == 2);
     const MoeWorkspace& w = ws[fast];
     MOEFOLD_CUDA_CHECK(cudaMemset(fast ? wb.p : wa.p, 0xFF, bytes));
     if (!stale.empty()) MOEFOLD_CUDA_CHECK(cudaMemcpy(w.ids + L, stale.data(), stale.size() * 4, cudaMemcpyHostToDevice));
     moe_route(d_l.as<float>(), d_rows.as<int32_t>(), shape, renorm, w, nullptr, rp);
     MOEFOLD_CUDA_CHECK(cudaDeviceSynchronize());
-    r[fast] = route_bytes(w, E, L);
+    r[mode] = route_bytes(w, E, L);
     if (!stale.empty()) pad += download<int32_t>(w.ids + L, P - L) != stale;
     pad += count_unpoisoned(w.weights + L, (P - L) * 4);
     // The standalone top-k kernel on the same logits.
     MOEFOLD_CUDA_CHECK(cudaMemset(w.weights, 0xFF, P * 4));
     moe_router_topk(d_l.as<float>(), d_rows.as<int32_t>(), shape, renorm, w.ids, w.weights, nullptr, rp);
     MOEFOLD_CUDA_CHECK(cudaDeviceSynchronize());
-    tk[fast] = download<uint8_t>(w.ids, L * 4);
+    tk[mode] = download<uint8_t>(w.ids, L * 4);
     auto wt = download<uint8_t>(w.weights, L * 4);
-    tk[fast].insert(tk[fast].end(), wt.begin(), wt.end());
+    tk[mode].insert(tk[mode].end(), wt.begin(), wt.end());
     pad += count_unpoisoned(w.weights + L, (P - L) * 4);
   }
   char extra[96];
@@ -116,6 +121,7 @@ void check_route_old_vs_fast(int E, int k, int T, int cap, int kind, bool replay
                 renorm ? "renorm" : "raw", int(moe_route_fused(shape)));
   const std::string shp = shape_str(E, k, 0, 0, T, cap) + extra;
   EXPECT_TRUE(contract_exact("moe_route_fast_eq_old", shp, byte_diff(r[0], r[1])));
+  EXPECT_TRUE(contract_exact("moe_route_wide_eq_old", shp, byte_diff(r[0], r[2])));
   EXPECT_TRUE(contract_exact("moe_router_topk_fast_eq_old", shp, byte_diff(tk[0], tk[1])));
   EXPECT_TRUE(contract_exact("moe_route_fast_padding", shp, pad));
   if (T > 0) {  // the plan's pair count: exactly the live valid pairs
@@ -130,7 +136,7 @@ TEST(MoeRouteFast, BitwiseEqualsOldKernels) {
   uint64_t seed = 9000;
   // Fused sizes (L <= 32: the one-warp plan; above: the block plan) and the unfused path.
   for (auto [E, k] : {std::pair{256, 8}, std::pair{16, 4}, std::pair{8, 1}, std::pair{64, 8}, std::pair{512, 32},
-                      std::pair{128, 40}})
+                      std::pair{128, 40}, std::pair{512, 10}, std::pair{200, 6}, std::pair{34, 3}})
     for (auto [T, cap] : {std::pair{1, 1}, std::pair{0, 3}, std::pair{2, 2}, std::pair{3, 7}, std::pair{4, 4},
                           std::pair{5, 9}, std::pair{15, 16}, std::pair{16, 16}, std::pair{17, 20}, std::pair{128, 128}})
       for (int kind = 0; kind < 5; ++kind)
@@ -479,6 +485,55 @@ TEST(MoeRoutePerf, DISABLED_OldVsNew) {
     std::printf("\n");
     std::fflush(stdout);
   }
+  MOEFOLD_CUDA_CHECK(cudaStreamDestroy(st));
+}
+
+// The fused route at 1-4 rows: a warp a row (narrow) against topk_row_wide (wide), A B B A, at the
+// Qwen3.5/3.6 (256 experts, top-8) and Qwen3-Next (512, top-10) router shapes; and the router logits
+// (H = 2048) with the prefill and the decode ring depth.
+TEST(MoeRoutePerf, DISABLED_WideVsNarrow) {
+  MOEFOLD_REQUIRE_GPU();
+  FastSwitches restore;
+  cudaStream_t st;
+  MOEFOLD_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  std::printf("PERF moe_route fused: us per launch, graphs of back-to-back launches, A B B A (A = a warp a row, "
+              "B = wide)\n");
+  for (auto [E, k] : {std::pair{256, 8}, std::pair{512, 10}})
+    for (int T : {1, 2, 4}) {
+      const MoeShape s{T, E, k, 2048, 512};
+      DevBuf wsm(moe_workspace_bytes(s)), d_l(size_t(T) * E * 4), d_rows(4);
+      MoeWorkspace ws = moe_workspace_bind(wsm.p, wsm.bytes, s);
+      upload(d_l.p, test::randn(size_t(T) * E, 5, 2.0f));
+      upload(d_rows.p, std::vector<int32_t>{T});
+      auto route = [&] { moe_route(d_l.as<float>(), d_rows.as<int32_t>(), s, true, ws, st); };
+      double r[4], g[4];
+      for (int i = 0; i < 4; ++i) {
+        moe_detail::set_route_wide(i == 1 || i == 2);
+        r[i] = us_per_launch(st, route, 200);
+      }
+      // The router logits (H = 2048) at the prefill ring depth (A) and the decode depth (B).
+      DevBuf d_x(size_t(T) * 2048 * 2), d_w(size_t(E) * 2048 * 2);
+      {
+        std::vector<uint16_t> h;
+        rand_bf16(size_t(T) * 2048, 6, 1.0f, h, nullptr);
+        upload(d_x.p, h);
+        rand_bf16(size_t(E) * 2048, 8, 0.04f, h, nullptr);
+        upload(d_w.p, h);
+      }
+      auto logits = [&] {
+        moe_router_logits(d_x.as<__nv_bfloat16>(), d_w.as<__nv_bfloat16>(), d_rows.as<int32_t>(), s, d_l.as<float>(), st);
+      };
+      for (int i = 0; i < 4; ++i) {
+        moe_detail::set_router_decode_ring(i == 1 || i == 2);
+        g[i] = us_per_launch(st, logits, 200);
+      }
+      moe_detail::set_router_decode_ring(true);
+      std::printf("PERF E=%-4d k=%-3d rows %d | route narrow/wide/wide/narrow %6.2f/%6.2f/%6.2f/%6.2f  wide/narrow %.2f"
+                  " | logits ring 3/5/5/3 %6.2f/%6.2f/%6.2f/%6.2f  5/3 %.2f\n", E, k, T, r[0], r[1], r[2], r[3],
+                  (r[1] + r[2]) / (r[0] + r[3]), g[0], g[1], g[2], g[3], (g[1] + g[2]) / (g[0] + g[3]));
+      std::fflush(stdout);
+    }
+  moe_detail::set_route_wide(true);
   MOEFOLD_CUDA_CHECK(cudaStreamDestroy(st));
 }
 
