@@ -1012,6 +1012,8 @@ void CudaExecutor::attention(size_t l, const StepDims& d) {
     qa.v_cache = v_cache_[l].data();
   }
   const bool fused_prologue = c.qk_norm && !kv_fp8_ && cuda::qk_norm_rope_supported(qa, D, *freqs_);
+  // e4m3 pages: the CUDA-core kernels read them, dequantised with the layer's per-KV-head scales (attention.h).
+  const float* ks = kv_fp8_ ? kv_scales_.data() + size_t(l) * 2 * size_t(Hkv) : nullptr;
   if (fused_prologue) {
     cuda::qk_norm_rope_kv_write(qa, T, D, *freqs_, num_rows, stream_);
   } else {
@@ -1020,19 +1022,15 @@ void CudaExecutor::attention(size_t l, const StepDims& d) {
       cuda::rms_norm(k, dev(a.k_norm), k, T, D, float(c.rms_norm_eps), nk, num_rows, stream_, k_rows);
     }
     cuda::apply_rope(q, q_rows, k, k_rows, positions_.data(), T, D, *freqs_, num_rows, stream_);
+    if (kv_fp8_)
+      cuda::kv_cache_write_fp8(k, kv_stride, v, kv_stride, k_cache8_[l].data(), v_cache8_[l].data(),
+                               slot_mapping_.data(), T, int(Hkv), int(D), ks, ks + Hkv, kv_saturated_.data(),
+                               num_rows, stream_);
+    else
+      cuda::kv_cache_write(k, kv_stride, v, kv_stride, k_cache_[l].data(), v_cache_[l].data(), slot_mapping_.data(),
+                           T, Hkv * D, num_rows, stream_);
   }
   if (c.attn_output_gate) sh.gate = q + D;
-  // e4m3 pages: the CUDA-core kernels read them, dequantised with the layer's per-KV-head scales (attention.h).
-  const float* ks = kv_fp8_ ? kv_scales_.data() + size_t(l) * 2 * size_t(Hkv) : nullptr;
-  if (fused_prologue) {
-    // written above
-  } else if (kv_fp8_)
-    cuda::kv_cache_write_fp8(k, kv_stride, v, kv_stride, k_cache8_[l].data(), v_cache8_[l].data(),
-                             slot_mapping_.data(), T, int(Hkv), int(D), ks, ks + Hkv, kv_saturated_.data(), num_rows,
-                             stream_);
-  else
-    cuda::kv_cache_write(k, kv_stride, v, kv_stride, k_cache_[l].data(), v_cache_[l].data(), slot_mapping_.data(), T,
-                         Hkv * D, num_rows, stream_);
   const int64_t max_kv = int64_t(d.table_stride) * opt_.block_size;
   // Sequences [s0, s0 + n) of the step, their q / gate / output rows from row r0 on.
   auto decode = [&](int32_t s0, int32_t n, int64_t r0) {

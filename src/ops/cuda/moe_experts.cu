@@ -525,8 +525,6 @@ bool g_combine_norm = [] {
   return !(v && std::string_view(v) == "0");
 }();
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 }  // namespace
 
 namespace moe_detail {
@@ -534,8 +532,8 @@ void set_combine_norm_fused(bool on) { g_combine_norm = on; }
 }  // namespace moe_detail
 
 bool moe_combine_norm_fused(const MoeShape& s, const __nv_bfloat16* out, const MoeNextNorm& next) {
-  if (!g_combine_norm || !combine_onepass(s) || s.H % 8 != 0) return false;
-  if (!aligned16(out) || !aligned16(next.x) || !aligned16(next.w)) return false;
+  if (!g_combine_norm || !combine_onepass(s)) return false;
+  if (detail::vec_width(s.H, {out, next.x, next.w}, {}) != 8) return false;
   const detail::RowGeom g = detail::row_geom(s.H, 8);
   return g.k == 1 && g.tpr <= kCombineThreads;
 }

@@ -98,8 +98,6 @@ __global__ void __launch_bounds__(kThreads) qk_norm_rope_kernel(Params p) {
   }
 }
 
-bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
-
 void strides(const HeadRows& r, int64_t dim, int64_t& hs, int64_t& ts) {
   hs = r.head_stride ? r.head_stride : dim;
   ts = r.token_stride ? r.token_stride : r.heads * hs;
@@ -119,13 +117,8 @@ bool qk_norm_rope_supported(const QkNormRopeArgs& a, int64_t dim, const RopeFreq
   strides(a.q_rows, dim, qhs, qts);
   strides(a.k_rows, dim, khs, kts);
   const int64_t vts = a.v_stride ? a.v_stride : a.k_rows.heads * dim;
-  for (const void* ptr : {static_cast<const void*>(a.q), static_cast<const void*>(a.k), static_cast<const void*>(a.v),
-                          static_cast<const void*>(a.q_norm), static_cast<const void*>(a.k_norm),
-                          static_cast<const void*>(a.k_cache), static_cast<const void*>(a.v_cache)})
-    if (!aligned16(ptr)) return false;
-  for (int64_t s : {qhs, qts, khs, kts, vts})
-    if (s % 8 != 0) return false;
-  return row_geom(dim, 8).tpr == int(dim / 8);
+  const int vw = vec_width(dim, {a.q, a.k, a.v, a.q_norm, a.k_norm, a.k_cache, a.v_cache}, {qhs, qts, khs, kts, vts});
+  return vw == 8 && row_geom(dim, 8).tpr == int(dim / 8);
 }
 
 void qk_norm_rope_kv_write(const QkNormRopeArgs& a, int64_t max_rows, int64_t dim, const RopeFreqs& freqs,
