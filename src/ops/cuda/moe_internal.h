@@ -116,11 +116,6 @@ void set_combine_norm_fused(bool on);
 /// The setter is for A/B tests.
 void set_router_cluster(bool on);
 bool router_cluster();
-/// Whether moe_router_logits runs its deeper cp.async ring (kRouterDecodeStages) at one row tile (capacity
-/// <= 16); default on, MOEFOLD_MOE_ROUTER_DECODE_RING=0 keeps the prefill depth. The same bits either
-/// way; the setter is for A/B tests.
-void set_router_decode_ring(bool on);
-bool router_decode_ring();
 /// Cluster-fused router kernels launched by this process (tests: proof that the fused kernel ran).
 int64_t router_cluster_launches();
 

@@ -27,22 +27,19 @@ namespace {
 // in warp order. KSPLIT depends only on H, never on the capacity, so every capacity (bucket) computes
 // each logit with the same operations in the same order: padded and unpadded runs agree bit for bit.
 // Decode (1 row) is latency-bound: the K split puts KSPLIT independent load streams on each tile.
-// The ring's depth: kRouterStages for prefill-sized launches (two CTAs an SM); a step of at most one row
-// tile (decode) takes kRouterDecodeStages, enough for all of a warp's K steps at H = 2048 to be in
-// flight at once. The depth changes only when copies are issued, never a value.
-constexpr int kRouterBM = 16, kRouterBN = 16, kRouterBK = 64, kRouterStages = 3, kRouterDecodeStages = 5;
+constexpr int kRouterBM = 16, kRouterBN = 16, kRouterBK = 64, kRouterStages = 3;
 
 // The 16 x 16 logit tile at rows m0.., experts n0.. (nrows live rows of it) by the CTA's KSPLIT warps:
 // router_logits_kernel's body, shared with the cluster-fused router + route kernel (the same bits).
-template <int KSPLIT, int STAGES = kRouterStages>
+template <int KSPLIT>
 __device__ __forceinline__ void logits_tile(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ w,
                                             int m0, int n0, int nrows, int H, int E, float* __restrict__ logits,
                                             unsigned char* smem_raw) {
   using namespace moe_detail;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   constexpr int kTile = kRouterBM * kRouterBK;  // elements of one 16 x 64 tile
-  __nv_bfloat16* sA = reinterpret_cast<__nv_bfloat16*>(smem_raw) + warp * STAGES * 2 * kTile;
-  __nv_bfloat16* sB = sA + STAGES * kTile;
+  __nv_bfloat16* sA = reinterpret_cast<__nv_bfloat16*>(smem_raw) + warp * kRouterStages * 2 * kTile;
+  __nv_bfloat16* sB = sA + kRouterStages * kTile;
 
   const int kw = H / KSPLIT, k0 = warp * kw, KT = kw / kRouterBK;
   auto load = [&](int stage, int kt) {
@@ -57,20 +54,20 @@ __device__ __forceinline__ void logits_tile(const __nv_bfloat16* __restrict__ x,
   };
   float acc[2][4] = {};
 #pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s) {
+  for (int s = 0; s < kRouterStages - 1; ++s) {
     if (s < KT) load(s, s);
     cp_async_commit();
   }
   for (int kt = 0; kt < KT; ++kt) {
-    cp_async_wait<STAGES - 2>();
+    cp_async_wait<kRouterStages - 2>();
     __syncwarp();
     {
-      const int nk = kt + STAGES - 1;
-      if (nk < KT) load(nk % STAGES, nk);
+      const int nk = kt + kRouterStages - 1;
+      if (nk < KT) load(nk % kRouterStages, nk);
       cp_async_commit();
     }
-    const __nv_bfloat16* a_s = sA + (kt % STAGES) * kTile;
-    const __nv_bfloat16* b_s = sB + (kt % STAGES) * kTile;
+    const __nv_bfloat16* a_s = sA + (kt % kRouterStages) * kTile;
+    const __nv_bfloat16* b_s = sB + (kt % kRouterStages) * kTile;
 #pragma unroll
     for (int ks = 0; ks < kRouterBK / 16; ++ks) {
       uint32_t af[4], bf[4];
@@ -104,7 +101,7 @@ __device__ __forceinline__ void logits_tile(const __nv_bfloat16* __restrict__ x,
   }
 }
 
-template <int KSPLIT, int STAGES>
+template <int KSPLIT>
 __global__ void __launch_bounds__(KSPLIT * 32)
     router_logits_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ w,
                          const int32_t* __restrict__ num_rows, int capacity, int H, int E, float* __restrict__ logits) {
@@ -114,14 +111,14 @@ __global__ void __launch_bounds__(KSPLIT * 32)
   live = live < 0 ? 0 : (live > capacity ? capacity : live);
   const int m0 = blockIdx.y * kRouterBM, n0 = blockIdx.x * kRouterBN;
   if (m0 >= live) return;
-  logits_tile<KSPLIT, STAGES>(x, w, m0, n0, min(kRouterBM, live - m0), H, E, logits, smem_raw);
+  logits_tile<KSPLIT>(x, w, m0, n0, min(kRouterBM, live - m0), H, E, logits, smem_raw);
 }
 
-template <int KSPLIT, int STAGES>
+template <int KSPLIT>
 void launch_router_logits(const __nv_bfloat16* x, const __nv_bfloat16* w, const int32_t* num_rows, const MoeShape& s,
                           float* logits, cudaStream_t stream) {
-  auto kernel = router_logits_kernel<KSPLIT, STAGES>;
-  constexpr int smem = KSPLIT * STAGES * 2 * kRouterBM * kRouterBK * 2;
+  auto kernel = router_logits_kernel<KSPLIT>;
+  constexpr int smem = KSPLIT * kRouterStages * 2 * kRouterBM * kRouterBK * 2;
   static_assert(smem >= KSPLIT * kRouterBM * kRouterBN * 4, "reduction buffer fits in the pipeline buffers");
   static bool attr_set = false;  // per instantiation; setting it twice is harmless
   if (!attr_set) {
@@ -184,11 +181,6 @@ __global__ void __launch_bounds__(KSPLIT * 32)
 }
 
 std::atomic<int64_t> g_cluster_launches{0};
-
-bool g_router_decode_ring = [] {
-  const char* v = std::getenv("MOEFOLD_MOE_ROUTER_DECODE_RING");
-  return !(v && std::string_view(v) == "0");
-}();
 
 bool g_router_cluster = [] {
   const char* v = std::getenv("MOEFOLD_MOE_ROUTER_CLUSTER");
@@ -283,18 +275,13 @@ void moe_router_logits(const __nv_bfloat16* x, const __nv_bfloat16* w_router, co
     const double T = double(work_rows(s.capacity, num_rows));
     return prof::Work{double(s.E) * s.H * 2 + T * s.H * 2 + T * s.E * 4, 2.0 * T * s.H * s.E};
   });
-  // The K split depends on H only (bit-identical logits at every capacity); the ring's depth on the
-  // capacity (when copies are issued, not what is computed).
-  const bool one_tile = s.capacity <= kRouterBM && moe_detail::router_decode_ring();
+  // The K split depends on H only (bit-identical logits at every capacity).
   if (s.H % (8 * kRouterBK) == 0)
-    one_tile ? launch_router_logits<8, kRouterDecodeStages>(x, w_router, num_rows, s, logits, stream)
-             : launch_router_logits<8, kRouterStages>(x, w_router, num_rows, s, logits, stream);
+    launch_router_logits<8>(x, w_router, num_rows, s, logits, stream);
   else if (s.H % (4 * kRouterBK) == 0)
-    one_tile ? launch_router_logits<4, kRouterDecodeStages>(x, w_router, num_rows, s, logits, stream)
-             : launch_router_logits<4, kRouterStages>(x, w_router, num_rows, s, logits, stream);
+    launch_router_logits<4>(x, w_router, num_rows, s, logits, stream);
   else
-    one_tile ? launch_router_logits<2, kRouterDecodeStages>(x, w_router, num_rows, s, logits, stream)
-             : launch_router_logits<2, kRouterStages>(x, w_router, num_rows, s, logits, stream);
+    launch_router_logits<2>(x, w_router, num_rows, s, logits, stream);
 }
 
 void moe_router_topk(const float* logits, const int32_t* num_rows, const MoeShape& s, bool renormalize,
@@ -317,8 +304,6 @@ namespace moe_detail {
 void set_router_cluster(bool on) { g_router_cluster = on; }
 bool router_cluster() { return g_router_cluster; }
 int64_t router_cluster_launches() { return g_cluster_launches.load(std::memory_order_relaxed); }
-void set_router_decode_ring(bool on) { g_router_decode_ring = on; }
-bool router_decode_ring() { return g_router_decode_ring; }
 }  // namespace moe_detail
 
 namespace {
