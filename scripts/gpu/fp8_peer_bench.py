@@ -2,7 +2,7 @@
 """Peers of moefold's FP8 decode kernels on the GPU machine (torch only): torch._scaled_mm for the dense
 projections and torch._scaled_grouped_mm for the routed experts, at decode sizes, L2 flushed before each
 timed run, weight bytes / time against a device-to-device copy measured in the same run. Prints one
-`PEER ...` line per case (the same shapes as tests/cuda/fp8_kernels_test.cu's Fp8Bench)."""
+`PEER ...` line per case (the same shapes as tests/cuda/fp8_kernels_test.cc's Fp8Bench)."""
 import os
 import sys
 

@@ -3,7 +3,7 @@
 dense GEMM rates (torch._scaled_mm / torch.matmul at 8192^3), and torch._scaled_grouped_mm (FP8, rowwise
 scales: torch's finest grouped scaling) and torch._grouped_mm (bf16) at the Qwen3.6-35B-A3B expert shape
 (E 256, k 8, H 2048, I 512) with T tokens' pairs spread evenly over the experts. Prints one `PEER ...` line
-per case (the shapes of tests/cuda/moe_fp8_prefill_test.cu's Fp8Bench.PrefillExperts)."""
+per case (the shapes of tests/cuda/moe_fp8_prefill_test.cc's Fp8Bench.PrefillExperts)."""
 import os
 import sys
 

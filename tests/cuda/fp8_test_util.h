@@ -1,4 +1,4 @@
-// Helpers shared by the FP8 kernel tests (fp8_kernels_test.cu, moe_fp8_prefill_test.cu): random
+// Helpers shared by the FP8 kernel tests (fp8_kernels_test.cc, moe_fp8_prefill_test.cc): random
 // block-scaled weights with widely different block scales, their device copies, the routed-expert case
 // of one MoE shape (per-expert gate / up / down quantised separately and stacked, as the per-expert
 // release) and bf16 bit helpers.

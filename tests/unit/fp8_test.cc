@@ -228,7 +228,7 @@ TEST(Fp8Loader, QuantizationFlagQuantisesDummyWeights) {
   EXPECT_THROW(parse_quantization("int4"), Error);
   // Deferred (an executor generating dummy weights on its device): the recipe stays, marked for FP8 with
   // its matrix shape ([E, 2I, H] experts: 2I x H matrices), for the device to quantise (same bits:
-  // tests/cuda/fp8_kernels_test.cu, Fp8Quantize.DummyOnTheDeviceEqualsTheHost).
+  // tests/cuda/fp8_kernels_test.cc, Fp8Quantize.DummyOnTheDeviceEqualsTheHost).
   auto dsrc = make_weight_source(dir, cfg, LoadFormat::Dummy, 5, Quantization::Fp8, true);
   ModelWeights d = load_weights(cfg, *dsrc);
   const Param& gu = d.layers[0].moe.gate_up;

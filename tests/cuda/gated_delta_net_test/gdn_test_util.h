@@ -1,5 +1,5 @@
 // Shared helpers of the gated_delta_net_test binary (tests/cuda/gated_delta_net_test/*.cu, one
-// GoogleTest binary of several files: conv_test.cu, prefill_test.cu, decode_test.cu, perf_test.cu).
+// GoogleTest binary of several files: conv_test.cc, prefill_test.cc, decode_test.cc, perf_test.cc).
 //
 // Contract tests of the CUDA Gated DeltaNet kernels (causal_conv1d.h, gated_delta_net.h) against the CPU
 // references in src/ops/cpu/gated_delta_net.h, on random bf16 inputs (converted to fp32 for the CPU) and
@@ -230,7 +230,7 @@ struct ScopedEnv {
 
 inline const std::vector<int> kLens{1, 2, 17, 63, 64, 65, 127, 1000, 4100};
 
-/// Recurrent decode of `live` sequences in capacity live+3 against one CPU step per sequence (decode_test.cu).
+/// Recurrent decode of `live` sequences in capacity live+3 against one CPU step per sequence (decode_test.cc).
 void decode_case(const GdnDims& d, int live, uint64_t seed);
 
 }  // namespace gdn_test

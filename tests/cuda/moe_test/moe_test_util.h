@@ -1,5 +1,5 @@
 // Shared helpers of the moe_test binary (tests/cuda/moe_test/*.cu, one GoogleTest binary of several
-// files: router_test.cu, chain_test.cu, decode_paths_test.cu, perf_test.cu).
+// files: router_test.cc, chain_test.cc, decode_paths_test.cc, perf_test.cu).
 //
 // Contract tests of the CUDA MoE chain (src/ops/cuda/moe.h) against the CPU reference (src/ops/cpu/moe.h):
 // router logits, top-k (ids exact, weights to fp32 rounding), the plan (counts, offsets, pair list exact;
