@@ -254,7 +254,7 @@ __device__ __forceinline__ void topk_row_wide(const float* __restrict__ l, int E
     if (lane == 0) sm.denom = part;
   }
   __syncthreads();
-  const double denom = sm.denom;
+  const double denom = active ? sm.denom : 0.0;  // a group without a row never wrote it
   uint64_t key = 0;
   if (exists) {
     const float q = denom > 0.0 ? float(double(p) / denom) : 0.0f;
