@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstdint>
 
+#include "ops/cuda/kernel_util.cuh"
+
 namespace moefold::cuda::moe_detail {
 
 /// Top-k of the fp32 logits l[0, E) of one row (VPT = ceil(E / 32) values a lane), by all 32 lanes of a
@@ -233,9 +235,7 @@ __device__ __forceinline__ void topk_row_wide(const float* __restrict__ l, int E
   const bool exists = active && e < E;
   const float v = exists ? l[e] : NAN;
   const bool is_num = exists && !isnan(v);
-  float m = is_num ? v : -INFINITY;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  float m = detail::warp_max(is_num ? v : -INFINITY);
   if (lane == 0) sm.warp_max[w] = m;
   __syncthreads();
 #pragma unroll
