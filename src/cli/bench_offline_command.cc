@@ -14,6 +14,7 @@
 #include "cli/quantization_option.h"
 #include "core/error.h"
 #include "core/kernel_registry.h"
+#include "core/kernel_timeline.h"
 #include "models/load_model.h"
 #include "models/weight_loader.h"
 #include "runtime/model_runner.h"
@@ -26,6 +27,7 @@
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/device_buffer.h"
 #include "ops/cuda/gemm.h"
+#include "ops/cuda/kernel_trace.h"
 #include "ops/cuda/roofline.h"
 #endif
 
@@ -50,6 +52,13 @@ std::unique_ptr<BenchOfflineCommand> add_bench_offline_command(CLI::App& bench) 
   b->app->add_flag("--enforce-eager", b->enforce_eager, "run decode steps eagerly (no CUDA graphs)");
   b->app->add_flag("--batch-invariant,!--no-batch-invariant", b->batch_invariant,
                    "kernels whose per-row results do not depend on the batch (default: on; off: the fastest per step size)");
+  b->app->add_flag("--timeline", b->timeline,
+                   "trace every kernel of the timed decode steps, inside CUDA graphs too (CUPTI, loaded at run "
+                   "time), and print per kernel the time the step waited for it (docs/profiling.md)");
+  b->app->add_option("--timeline-rows", b->timeline_rows, "kernels listed in each --timeline table (default 30)");
+  b->app->add_flag("--timeline-host-calls", b->timeline_host_calls,
+                   "with --timeline: also trace the host's CUDA runtime calls (CUPTI's instrumentation of them "
+                   "slows graph launches far more than kernels; docs/profiling.md)");
   b->app->add_option("--cuda-graph-sizes", b->cuda_graph_sizes, "decode batch sizes captured as CUDA graphs")
       ->delimiter(',')
       ->default_str("");
@@ -108,6 +117,14 @@ int BenchOfflineCommand::run() {
   o.kv_cache_dtype = kv_dtype;
   if (!cuda_graph_sizes.empty()) o.cuda_graph_sizes = cuda_graph_sizes;
   o.log_graphs = true;
+  // The trace starts before the executor captures its CUDA graphs (kernel_trace.h says why).
+  std::unique_ptr<cuda::KernelTrace> trace;
+  if (timeline) {
+    MOEFOLD_CHECK(!decode_batch.empty(), "bench offline: --timeline traces decode steps; give --decode-batch");
+    MOEFOLD_CHECK(!timeline_host_calls || timeline, "bench offline: --timeline-host-calls needs --timeline");
+    trace = cuda::KernelTrace::start(timeline_host_calls);
+    std::printf("kernel trace: CUPTI from %s\n", trace->library().c_str());
+  }
   auto t_load = Clock::now();
   validate(parallel);
   ModelRunner runner(parallel.tensor_parallel_size > 1
@@ -161,6 +178,7 @@ int BenchOfflineCommand::run() {
     results["prefill"].push_back({{"tokens", T}, {"median_s", med}, {"spread_s", spread}, {"flops", flops},
                                   {"fraction_of_bf16_peak", flops / med / peak}});
   }
+  std::string timeline_text;  // printed after the table
   for (int B : decode_batch) {
     std::vector<int32_t> seqs;
     std::vector<ModelRunner::Work> work;
@@ -171,6 +189,8 @@ int BenchOfflineCommand::run() {
     runner.step_sample(work, std::vector<RowSampling>(work.size(), RowSampling{&greedy, {}, {}}), {},
                        sampled);  // prefill all contexts in one step
     std::vector<double> times;
+    std::vector<prof::StepWindow> windows;
+    if (trace) trace->take();  // drop the records of the contexts' prefill
     std::mt19937 rng(7);
     for (int step = 0; step < decode_steps + 2; ++step) {
       work.clear();
@@ -179,9 +199,18 @@ int BenchOfflineCommand::run() {
         work.push_back({s, 1, false});
       }
       const std::vector<RowSampling> rows(work.size(), RowSampling{&greedy, {}, {}});
+      const int64_t w0 = trace ? trace->now() : 0;
       auto t0 = Clock::now();
       runner.step_sample(work, rows, {}, sampled);
       if (step >= 2) times.push_back(seconds_since(t0));
+      if (trace && step >= 2) windows.push_back({w0, trace->now()});
+    }
+    nlohmann::json timeline_json;
+    if (trace) {
+      const cuda::KernelTrace::Records records = trace->take();
+      const prof::TimelineSummary tl = prof::summarize_timeline(records.gpu, windows, records.host);
+      timeline_text += "\ndecode batch " + std::to_string(B) + ":\n" + prof::format_timeline(tl, timeline_rows);
+      timeline_json = prof::timeline_to_json(tl);
     }
     for (int32_t s : seqs) runner.release(s);
     // HBM floor of one step: every non-routed-expert weight once, the distinct routed experts a batch
@@ -205,6 +234,12 @@ int BenchOfflineCommand::run() {
     results["decode"].push_back({{"batch", B}, {"context", decode_context}, {"median_step_s", med},
                                  {"spread_s", spread}, {"tokens_per_s", B / med}, {"hbm_floor_s", floor_s},
                                  {"fraction_of_hbm_roofline", floor_s / med}});
+    if (trace) results["decode"].back()["timeline"] = timeline_json;
+  }
+  if (trace) {
+    std::printf("\nKernel timelines of the timed decode steps (CUPTI records: the step times above include its "
+                "instrumentation; compare them with a run without --timeline):\n%s",
+                timeline_text.c_str());
   }
   if (!json_out.empty()) std::ofstream(json_out) << results.dump(2) << "\n";
   return 0;

@@ -25,6 +25,9 @@ struct BenchOfflineCommand {
   std::string kv_cache_dtype = "auto";  ///< --kv-cache-dtype (runtime/kv_cache.h)
   bool enforce_eager = false;
   bool batch_invariant = true;
+  bool timeline = false;  ///< --timeline: trace the timed decode steps' kernels (CUPTI) and print exposed time
+  int timeline_rows = 30;  ///< --timeline-rows
+  bool timeline_host_calls = false;  ///< --timeline-host-calls: also the host's CUDA runtime calls
   std::vector<int32_t> cuda_graph_sizes;  ///< empty: the executor's default buckets
   ParallelConfig parallel;  ///< -tp / --enable-expert-parallel / --expert-parallel-size (cli/tp_cuda.h)
   /// Runs the benchmark and prints a table; returns the exit code. Throws moefold::Error (also
