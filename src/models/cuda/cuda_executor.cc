@@ -16,6 +16,7 @@
 #include "core/profiler.h"
 #include "models/cuda/cuda_tp_rank.h"
 #include "models/cuda/device_sampler.h"
+#include "models/cuda/step_metadata.h"
 #include "models/weight_loader.h"
 #include "ops/cpu/rope.h"
 #include "ops/cuda/attention.h"
@@ -239,14 +240,7 @@ class CudaExecutor : public Executor {
         c.rotary_dim, cpu::rope_inv_freq(c.rotary_dim, c.rope_theta, c.rope_llama3_factor, c.rope_llama3_low_freq,
                                          c.rope_llama3_high_freq, c.rope_llama3_original_max));
     // Batch metadata.
-    ids_ = DeviceBuffer<int32_t>(cap);
-    positions_ = DeviceBuffer<int32_t>(cap);
     slot_mapping_ = DeviceBuffer<int32_t>(cap);
-    logits_rows_ = DeviceBuffer<int32_t>(cap);
-    cu_seqlens_ = DeviceBuffer<int32_t>(S + 1);
-    context_lens_ = DeviceBuffer<int32_t>(S);
-    state_slots_ = DeviceBuffer<int32_t>(S);
-    counts_ = DeviceBuffer<int32_t>(kNumCounts);
     // Activations (zero-filled once: GEMM inputs of padding rows stay finite).
     auto act = [&](int64_t cols) {
       DeviceBuffer<bf16> b(size_t(cap * std::max<int64_t>(cols, 1)));
@@ -343,14 +337,14 @@ class CudaExecutor : public Executor {
       opt_.num_blocks = int32_t(std::min<int64_t>(blocks, 1 << 24));
     }
     if (opt_.max_blocks_per_seq <= 0 || opt_.max_blocks_per_seq > opt_.num_blocks) opt_.max_blocks_per_seq = opt_.num_blocks;
-    block_tables_ = DeviceBuffer<int32_t>(size_t(S) * size_t(opt_.max_blocks_per_seq));
+    meta_.reserve({cap, S, opt_.max_blocks_per_seq}, int64_t(kNumCounts));
+    bind_metadata();
     if (c.num_layers_of(LayerType::FullAttention)) {
       decode_ws_bytes_ = cuda::attention_decode_workspace_bytes(S, attention_shape(),
                                                                 int64_t(opt_.max_blocks_per_seq) * opt_.block_size);
       decode_ws_ = DeviceBuffer<uint8_t>(std::max<size_t>(decode_ws_bytes_, 1));
     }
     kv_elems_ = int64_t(opt_.num_blocks) * opt_.block_size * c.num_kv_heads * c.head_dim;
-    pad_cu_.reserve(size_t(S) + 1);
     kv_fp8_ = opt_.kv_cache_dtype == KvCacheDtype::Fp8E4m3;
     std::vector<float> scales;  // [layer][k | v][Hkv]: the checkpoint's, else 1
     for (int64_t l = 0; l < c.num_layers; ++l) {
@@ -551,6 +545,8 @@ class CudaExecutor : public Executor {
   cuda::CapturedGraph* graph_for(const ForwardBatch& b, StepDims& d);
   /// Captures the graph of a decode step of dims `d` (warm-up run first, outside the capture).
   cuda::CapturedGraph& capture(const StepDims& d);
+  /// Points the metadata views (ids_, counts_, ...) at meta_'s current layout.
+  void bind_metadata();
   /// Uploads the batch, padded to `d` (sequences beyond the batch have no rows and context -1).
   void upload_batch(const ForwardBatch& b, const StepDims& d);
   /// Every launch of a step with dims d: embedding, layers and (when d.logits_rows > 0) the first
@@ -588,8 +584,14 @@ class CudaExecutor : public Executor {
   std::unique_ptr<DeviceSampler> sampler_;  // created on the first forward_sample
   int32_t* oob_host_ = nullptr;              // pinned: the step's out-of-range flag
   std::unique_ptr<cuda::RopeFreqs> freqs_;
-  DeviceBuffer<int32_t> ids_, positions_, slot_mapping_, logits_rows_, cu_seqlens_, context_lens_, state_slots_,
-      block_tables_, counts_;
+  DeviceBuffer<int32_t> slot_mapping_;
+  // The step's int32 inputs: views into meta_'s arena for the current step's layout (bind_metadata).
+  struct MetaView {
+    int32_t* p = nullptr;
+    int32_t* data() const { return p; }
+  };
+  MetaView ids_, positions_, logits_rows_, cu_seqlens_, context_lens_, state_slots_, block_tables_, counts_;
+  cuda::StepMetadata meta_;
   DeviceBuffer<bf16> h_, x_, y_, qg_, k_, v_, o_, mixed_, conv_, z_, gb_, ga_, go_, gu_, ffn_act_, hr_;
   DeviceBuffer<float> logits_;
   DeviceBuffer<uint8_t> decode_ws_, moe_ws_mem_;
@@ -623,7 +625,6 @@ class CudaExecutor : public Executor {
   std::map<std::pair<int64_t, int32_t>, std::unique_ptr<cuda::CapturedGraph>> graphs_;
   std::vector<int32_t> graph_buckets_;       // sorted, each <= the executor's limits
   std::vector<int32_t> table_strides_;       // block-table strides of the KV-length classes, ascending
-  std::vector<int32_t> pad_cu_, pad_ctx_, pad_slots_, pad_tables_, pad_counts_;
   // A mixed step reordered by order_mixed: the batch uploaded, its row order, host staging.
   ForwardBatch perm_batch_;
   std::vector<int32_t> row_perm_, row_new_, seq_new_, perm_ids_;
@@ -761,34 +762,46 @@ cuda::CapturedGraph& CudaExecutor::capture(const StepDims& d) {
   return *(graphs_[{d.rows, d.table_stride}] = std::move(graph));
 }
 
+void CudaExecutor::bind_metadata() {
+  using F = cuda::StepMetadata::Field;
+  ids_.p = meta_.device(F::Ids);
+  positions_.p = meta_.device(F::Positions);
+  logits_rows_.p = meta_.device(F::LogitsRows);
+  state_slots_.p = meta_.device(F::StateSlots);
+  cu_seqlens_.p = meta_.device(F::CuSeqlens);
+  context_lens_.p = meta_.device(F::ContextLens);
+  block_tables_.p = meta_.device(F::BlockTables);
+  counts_.p = meta_.device(F::Counts);
+}
+
 void CudaExecutor::upload_batch(const ForwardBatch& b, const StepDims& d) {
+  using F = cuda::StepMetadata::Field;
   const int32_t T = b.num_rows(), S = b.num_seqs();
-  auto up = [&](DeviceBuffer<int32_t>& dst, const std::vector<int32_t>& h) {
-    if (!h.empty()) dst.upload(h.data(), h.size(), 0, stream_, true);
+  MOEFOLD_CHECK(T <= d.rows && S <= d.seqs && b.max_blocks_per_seq <= d.table_stride,
+                "step of {} rows and {} sequences does not fit its dims {} x {}", T, S, d.rows, d.seqs);
+  meta_.begin({d.rows, d.seqs, d.table_stride});
+  bind_metadata();
+  // Every word of the layout is written: the step's values, then padding that no kernel reads (rows
+  // and sequences past the live ones: -1; padded sequences have no rows and context -1).
+  auto put = [&](F f, const std::vector<int32_t>& h, int32_t pad) {
+    int32_t* dst = meta_.host(f);
+    std::copy(h.begin(), h.end(), dst);
+    std::fill(dst + h.size(), dst + meta_.size(f), pad);
   };
-  up(ids_, b.token_ids);
-  up(positions_, b.positions);
-  up(state_slots_, b.state_slots);
-  up(logits_rows_, b.logits_rows);
-  if (d.seqs == S && d.table_stride == b.max_blocks_per_seq) {
-    up(cu_seqlens_, b.cu_seqlens);
-    up(context_lens_, b.context_lens);
-    up(block_tables_, b.block_tables);
-  } else {  // padded: sequences S .. d.seqs have no rows and context -1 (never touched)
-    pad_cu_.assign(size_t(d.seqs) + 1, T);
-    std::copy(b.cu_seqlens.begin(), b.cu_seqlens.end(), pad_cu_.begin());
-    pad_ctx_.assign(size_t(d.seqs), -1);
-    std::copy(b.context_lens.begin(), b.context_lens.end(), pad_ctx_.begin());
-    pad_tables_.assign(size_t(d.seqs) * size_t(d.table_stride), -1);
-    for (int32_t s = 0; s < S; ++s)
-      std::copy_n(b.block_table(s), b.max_blocks_per_seq, pad_tables_.begin() + size_t(s) * size_t(d.table_stride));
-    up(cu_seqlens_, pad_cu_);
-    up(context_lens_, pad_ctx_);
-    up(block_tables_, pad_tables_);
-  }
+  put(F::Ids, b.token_ids, -1);
+  put(F::Positions, b.positions, -1);
+  put(F::StateSlots, b.state_slots, -1);
+  put(F::LogitsRows, b.logits_rows, -1);
+  put(F::CuSeqlens, b.cu_seqlens, T);
+  put(F::ContextLens, b.context_lens, -1);
+  int32_t* tables = meta_.host(F::BlockTables);
+  std::fill(tables, tables + meta_.size(F::BlockTables), -1);
+  for (int32_t s = 0; s < S; ++s)
+    std::copy_n(b.block_table(s), b.max_blocks_per_seq, tables + size_t(s) * size_t(d.table_stride));
   const int32_t sp = d.prefill_seqs;
-  pad_counts_ = {T, S, 0, int32_t(b.logits_rows.size()), sp, sp > 0 ? S - sp : 0};
-  up(counts_, pad_counts_);
+  const int32_t counts[kNumCounts] = {T, S, 0, int32_t(b.logits_rows.size()), sp, sp > 0 ? S - sp : 0};
+  std::copy_n(counts, kNumCounts, meta_.host(F::Counts));
+  meta_.upload(stream_);
 }
 
 bool CudaExecutor::run_step(const ForwardBatch& in) {
@@ -941,7 +954,7 @@ void CudaExecutor::forward(const ForwardBatch& b, std::vector<float>& logits) {
     }
   }
   int32_t oob = 0;
-  counts_.download(&oob, 1, 2, stream_, true);
+  MOEFOLD_CUDA_CHECK(cudaMemcpyAsync(&oob, counts_.data() + 2, sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
   MOEFOLD_CUDA_CHECK(cudaStreamSynchronize(stream_));
   restore_capture_order();
   MOEFOLD_CHECK(oob == 0, "a token id or logits row of this step is out of range");
