@@ -52,6 +52,7 @@
 #include "ops/cuda/decode_gemm.h"
 #include "ops/cuda/gemm_epilogue.cuh"
 #include "ops/cuda/kernel_util.cuh"
+#include "ops/cuda/l2_hint.h"
 #include "ops/cuda/launch_scope.h"
 #include "ops/cuda/pdl.cuh"
 #include "ops/cuda/ptx.cuh"
@@ -101,12 +102,19 @@ struct Params {
   bool pair_stores;  // (row, col) and (row, col + 1) stored as one aligned pair (even y_stride, aligned y)
   int max_rows, K, N, S, KC;  // KC = ceil(K / 64) chunks
   int pf_chunks;              // new config: chunks of its slice each block prefetches to L2 (0 = none)
+  int l2_hint;                // l2_stream_hint(): 1 weight copies evict_first, 2 the prefetch too
   int cluster;                // new config: 1 = split combine inside the (1, S, 1) cluster, 0 = workspace
 };
 
 /// Asks L2 to fetch [p, p + bytes) (16-byte aligned, bytes a multiple of 16) without waiting.
 __device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
+}
+
+/// prefetch_l2 with an L2 cache policy (ptx.cuh l2_policy).
+__device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes, uint64_t policy) {
+  asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;\n" ::"l"(p), "r"(bytes), "l"(policy)
+               : "memory");
 }
 
 /// Offset (elements) of 16-byte chunk `ch` of row `r` in a [rows, 64] bf16 tile, swizzled.
@@ -192,6 +200,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) decode_gemm_kernel(
   const int c_end = int((int64_t(split + 1) * p.KC) / p.S);
   const int nchunks = c_end - c_begin;
   const int tid = threadIdx.x;
+  const uint64_t w_policy = l2_policy(p.l2_hint >= 1);
 
   auto load_w = [&](int stage, int chunk) {
     __nv_bfloat16* wd = sW + stage * BN * kBK;
@@ -201,7 +210,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) decode_gemm_kernel(
       const int n = n0 + r, k = k0 + ch * 8;
       const bool ok = n < p.N && k < p.K;
       const __nv_bfloat16* src = ok ? p.w + int64_t(n) * p.K + k : p.w;
-      cp_async16(wd + swz(r, ch), src, ok);
+      cp_async16(wd + swz(r, ch), src, ok, w_policy);
     }
   };
 
@@ -209,7 +218,9 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) decode_gemm_kernel(
     // (a) The weights do not depend on any earlier kernel: ask L2 for them before waiting.
     if (p.pf_chunks > 0 && tid < BN && n0 + tid < p.N) {
       const int k0 = c_begin * kBK, k1 = min(min(c_end, c_begin + p.pf_chunks) * kBK, p.K);
-      if (k1 > k0) prefetch_l2(p.w + int64_t(n0 + tid) * p.K + k0, uint32_t(k1 - k0) * uint32_t(sizeof(__nv_bfloat16)));
+      const uint32_t bytes = uint32_t(k1 - k0) * uint32_t(sizeof(__nv_bfloat16));
+      if (k1 > k0 && p.l2_hint >= 2) prefetch_l2(p.w + int64_t(n0 + tid) * p.K + k0, bytes, w_policy);
+      else if (k1 > k0) prefetch_l2(p.w + int64_t(n0 + tid) * p.K + k0, bytes);
     }
   }
   pdl_begin();
@@ -566,6 +577,7 @@ void run(const char* name, const __nv_bfloat16* x, const __nv_bfloat16* w, const
     return prof::Work{double(N) * K * 2 + rows * (double(K) * 2 + double(N) * sizeof(OutT)),
                       2.0 * rows * double(N) * double(K)};
   });
+  p.l2_hint = l2_stream_hint();
   if (cfg == DecodeGemmCfg::Old || (cfg == DecodeGemmCfg::NewUpTo16 && which_cfg(max_rows) != Which::S)) {
     switch (which_cfg(max_rows)) {
       case Which::S: launch<CfgS, OutT, false>(p, stream); break;

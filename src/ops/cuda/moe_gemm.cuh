@@ -48,6 +48,7 @@ struct GemmParams {
   int topk = 1;
   int64_t b_expert_stride = 0;  // elements between consecutive experts' B
   int b_up_offset = 0;          // SwiGLU: row offset of the up half (= I)
+  int l2_hint = 0;              // streaming kernels: B copies evict_first when >= 1 (l2_hint.h)
 };
 
 using namespace ptx;

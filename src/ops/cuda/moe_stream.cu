@@ -40,6 +40,7 @@
 #include "core/error.h"
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/kernel_util.cuh"
+#include "ops/cuda/l2_hint.h"
 #include "ops/cuda/moe_gemm.cuh"
 #include "ops/cuda/moe_internal.h"
 #include "ops/cuda/pdl.cuh"
@@ -152,10 +153,12 @@ __global__ void __launch_bounds__(kW * 32, 1) moe_stream_kernel(const GemmParams
       b_src[q] = bexp + int64_t(grow) * K + ch * 8;
     }
   };
+  const uint64_t b_policy = l2_policy(p.l2_hint >= 1);  // weights: read once a step
   auto issue_b = [&](int slot, int kt) {
     bf16* b_dst = sB + slot * kTileElems;
 #pragma unroll
-    for (int q = 0; q < 4; ++q) cp_async16(b_dst + swz((lane >> 3) + 4 * q, ch), b_src[q] + kt * kBK, true);
+    for (int q = 0; q < 4; ++q)
+      cp_async16(b_dst + swz((lane >> 3) + 4 * q, ch), b_src[q] + kt * kBK, true, b_policy);
   };
   auto issue_a = [&](int slot, int kt) {
     bf16* a_dst = sA + slot * kTileElems;
@@ -329,7 +332,9 @@ void launch_cfg(const GemmParams& p, const StreamShared& sh, int groups, int max
   const int64_t items = (int64_t(max_tiles) + shared_tiles) * groups;
   if (items <= 0) return;
   const int grid = int(std::min<int64_t>((items + kW - 1) / kW, resident));
-  launch_pdl(kernel, dim3(grid), dim3(kThreads), smem, stream, p, sh, groups);
+  GemmParams q = p;
+  q.l2_hint = l2_stream_hint();
+  launch_pdl(kernel, dim3(grid), dim3(kThreads), smem, stream, q, sh, groups);
   MOEFOLD_CUDA_CHECK_LAUNCH();
 }
 
