@@ -1,5 +1,6 @@
 // Which weight-streaming loads carry an L2 evict_first policy (ptx.cuh l2_policy): the decode GEMM's
-// weight copies and L2 prefetch, and the streaming expert kernels' weight copies. A batch-1 decode step
+// weight copies and L2 prefetch, the streaming expert kernels' weight copies, and moe_gemm_kernel's in
+// steps of up to 8 rows (moe_experts.cu). A batch-1 decode step
 // streams ~5 GB of weights through a 50 MB L2 once; without a hint those lines evict what the step
 // reuses (activations, router logits, step metadata, the kernels' code), so the many small kernels
 // between the GEMMs miss in L2. MOEFOLD_L2_STREAM_HINT: 0 none, 1 the weight copies, 2 the copies and

@@ -12,6 +12,7 @@
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/elementwise.h"
 #include "ops/cuda/kernel_util.cuh"
+#include "ops/cuda/l2_hint.h"
 #include "ops/cuda/launch_scope.h"
 #include "ops/cuda/moe.h"
 #include "ops/cuda/moe_gemm.cuh"
@@ -120,12 +121,17 @@ void dispatch_expert_gemm(const GemmParams& p, const MoeShape& s, const MoeWorks
   // Row tiles of this step's shape (CTAs past the plan's num_tiles exit at once).
   const int cfg = moe_detail::expert_config(s);
   const int tiles = std::min(ws.max_tiles, moe_detail::max_row_tiles(s, moe_detail::expert_tile_rows(cfg)));
+  // Steps of up to kL2HintMaxRows rows read each touched expert's weights once: evict_first (l2_hint.h).
+  // Past that an expert's weights serve more tiles and stay worth keeping (batch 64 measured slower).
+  constexpr int kL2HintMaxRows = 8;
+  GemmParams q = p;
+  if (s.capacity <= kL2HintMaxRows) q.l2_hint = l2_stream_hint();
   switch (cfg) {
     case 0:
       if constexpr (MODE == GemmMode::kExpertGateUp)
-        launch_expert_gemm<CfgDecodeGateUp, MODE>(p, n_cols, tiles, stream);
+        launch_expert_gemm<CfgDecodeGateUp, MODE>(q, n_cols, tiles, stream);
       else
-        launch_expert_gemm<CfgDecodeDown, MODE>(p, n_cols, tiles, stream);
+        launch_expert_gemm<CfgDecodeDown, MODE>(q, n_cols, tiles, stream);
       break;
     case kMoeExpertStream:
       if constexpr (MODE == GemmMode::kExpertGateUp)
@@ -133,7 +139,7 @@ void dispatch_expert_gemm(const GemmParams& p, const MoeShape& s, const MoeWorks
       else
         moe_detail::launch_stream_down(p, tiles, stream);
       break;
-    case 1: launch_expert_gemm<CfgMedium, MODE>(p, n_cols, tiles, stream); break;
+    case 1: launch_expert_gemm<CfgMedium, MODE>(q, n_cols, tiles, stream); break;
     default:
       if (wgmma_selected(s, cfg)) {
         if constexpr (MODE == GemmMode::kExpertGateUp)

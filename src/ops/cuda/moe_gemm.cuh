@@ -48,7 +48,7 @@ struct GemmParams {
   int topk = 1;
   int64_t b_expert_stride = 0;  // elements between consecutive experts' B
   int b_up_offset = 0;          // SwiGLU: row offset of the up half (= I)
-  int l2_hint = 0;              // streaming kernels: B copies evict_first when >= 1 (l2_hint.h)
+  int l2_hint = 0;              // B copies evict_first when >= 1 (l2_hint.h; moe_experts.cu says where)
 };
 
 using namespace ptx;
@@ -113,6 +113,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) moe_gemm_kerne
   // First output column of this CTA (SwiGLU: act column; B rows n0.. and up_offset + n0..).
   const int n0 = blockIdx.x * (kSwiglu ? BN / 2 : BN);
 
+  const uint64_t b_policy = l2_policy(p.l2_hint >= 1);
   auto load_stage = [&](int stage, int kt) {
     __nv_bfloat16* a_dst = sA + stage * BM * BK;
     __nv_bfloat16* b_dst = sB + stage * BN * BK;
@@ -131,7 +132,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) moe_gemm_kerne
       } else {
         grow = n0 + r;
       }
-      cp_async16(b_dst + swz(r, ch), Bexp + int64_t(grow) * K + kofs + ch * 8, true);
+      cp_async16(b_dst + swz(r, ch), Bexp + int64_t(grow) * K + kofs + ch * 8, true, b_policy);
     }
   };
 
