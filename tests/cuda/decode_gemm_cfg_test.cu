@@ -23,6 +23,7 @@
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/decode_gemm.h"
 #include "ops/cuda/pdl.cuh"
+#include "spin_wait.cuh"
 
 using namespace moefold;
 using namespace moefold::test;
@@ -242,11 +243,7 @@ __global__ void fill_weights(bf16* w, size_t n, uint32_t seed) {
 /// it releases its dependents at once (pdl_begin), as every kernel of the backend does.
 __global__ void spin_kernel(long long ns) {
   cu::pdl_begin();
-  long long t0, t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-  do {
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  } while (t - t0 < ns);
+  moefold::test::spin_ns(ns);
 }
 
 double events_us(const std::function<void(int)>& f, int iters) {

@@ -11,6 +11,7 @@
 #include "contract.h"
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/pdl.cuh"
+#include "spin_wait.cuh"
 
 using namespace moefold;
 
@@ -19,11 +20,7 @@ namespace {
 /// Busy-waits about `ns` nanoseconds, then bumps a counter (so the work is not dead).
 __global__ void launch_perf_kernel(int64_t ns, int* out) {
   cuda::pdl_begin();
-  uint64_t t0 = 0, t = 0;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-  do {
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  } while (int64_t(t - t0) < ns);
+  test::spin_ns(ns);
   if (threadIdx.x == 0 && blockIdx.x == 0) atomicAdd(out, 1);
 }
 

@@ -10,6 +10,7 @@
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/kernel_trace.h"
 #include "ops/cuda/pdl.cuh"
+#include "spin_wait.cuh"
 
 using namespace moefold;
 
@@ -18,11 +19,7 @@ namespace {
 /// Busy-waits about `ns` nanoseconds on the SM's global timer, then writes its block index.
 __global__ void trace_spin_kernel(int64_t ns, int* out) {
   cuda::pdl_begin();
-  uint64_t t0 = 0, t = 0;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-  do {
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  } while (int64_t(t - t0) < ns);
+  test::spin_ns(ns);
   if (threadIdx.x == 0) out[blockIdx.x] = int(blockIdx.x);
 }
 
