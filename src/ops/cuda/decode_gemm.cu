@@ -218,9 +218,12 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) decode_gemm_kernel(
     // (a) The weights do not depend on any earlier kernel: ask L2 for them before waiting.
     if (p.pf_chunks > 0 && tid < BN && n0 + tid < p.N) {
       const int k0 = c_begin * kBK, k1 = min(min(c_end, c_begin + p.pf_chunks) * kBK, p.K);
-      const uint32_t bytes = uint32_t(k1 - k0) * uint32_t(sizeof(__nv_bfloat16));
-      if (k1 > k0 && p.l2_hint >= 2) prefetch_l2(p.w + int64_t(n0 + tid) * p.K + k0, bytes, w_policy);
-      else if (k1 > k0) prefetch_l2(p.w + int64_t(n0 + tid) * p.K + k0, bytes);
+      if (k1 > k0) {
+        const void* src = p.w + int64_t(n0 + tid) * p.K + k0;
+        const uint32_t bytes = uint32_t(k1 - k0) * uint32_t(sizeof(__nv_bfloat16));
+        if (p.l2_hint >= 2) prefetch_l2(src, bytes, w_policy);
+        else prefetch_l2(src, bytes);
+      }
     }
   }
   pdl_begin();

@@ -9,16 +9,20 @@
 #pragma once
 
 #include <cstdlib>
+#include <string>
+
+#include "core/error.h"
 
 namespace moefold::cuda {
 
-/// MOEFOLD_L2_STREAM_HINT (0, 1 or 2; default 1), read once.
+/// MOEFOLD_L2_STREAM_HINT (0, 1 or 2; default 1), read once. Another value throws moefold::Error.
 inline int l2_stream_hint() {
   static const int mode = [] {
     const char* v = std::getenv("MOEFOLD_L2_STREAM_HINT");
     if (!v || !*v) return 1;
-    const int m = std::atoi(v);
-    return m < 0 ? 0 : (m > 2 ? 2 : m);
+    const std::string s(v);
+    if (s == "0" || s == "1" || s == "2") return s[0] - '0';
+    throw Error("MOEFOLD_L2_STREAM_HINT=" + s + ": expected 0, 1 or 2");
   }();
   return mode;
 }

@@ -9,12 +9,23 @@
 
 namespace moefold::cuda::ptx {
 
+/// An L2 access policy (createpolicy): evict_first when `first` (data read once a step, such as
+/// streamed weights, so that it leaves the L2 to what is reused: activations, metadata, code), else
+/// evict_normal.
+__device__ __forceinline__ uint64_t l2_policy(bool first) {
+  uint64_t p;
+  if (first)
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p));
+  else
+    asm("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;\n" : "=l"(p));
+  return p;
+}
+
 /// 16 bytes at global p (16-byte aligned), for data read once (weights streamed by the decode
 /// kernels): the non-coherent read-only path, no L1 allocation, 256-byte L2 prefetch, and an L2
 /// evict_first policy so that the stream does not push out of L2 what the step reuses (l2_hint.h).
 __device__ __forceinline__ uint4 ld_stream16(const void* p) {
-  uint64_t policy;
-  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  const uint64_t policy = l2_policy(true);
   uint4 v;
   asm("ld.global.nc.L1::no_allocate.L2::cache_hint.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4], %5;\n"
       : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
@@ -59,18 +70,6 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
   const int n = valid ? 16 : 0;
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(n));
-}
-
-/// An L2 access policy (createpolicy): evict_first when `first` (data read once a step, such as
-/// streamed weights, so that it leaves the L2 to what is reused: activations, metadata, code), else
-/// evict_normal.
-__device__ __forceinline__ uint64_t l2_policy(bool first) {
-  uint64_t p;
-  if (first)
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p));
-  else
-    asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;\n" : "=l"(p));
-  return p;
 }
 
 /// cp_async16 with a source size and an L2 cache policy from l2_policy().
