@@ -87,14 +87,13 @@ struct Case {
     cnt.fill_bytes(0);
     sync();
   }
-  void gemm(cu::DecodeGemmCfg cfg, OutT* y, int64_t max_rows, const int32_t* live, cu::L2Range next = {}) {
+  void gemm(cu::DecodeGemmCfg cfg, OutT* y, int64_t max_rows, const int32_t* live) {
     const BiasT* bp = s.bias ? db.data() : nullptr;
     if constexpr (sizeof(OutT) == 4)
       cu::decode_gemm_bf16_f32out(dx.data(), dw.data(), bp, y, max_rows, s.K, s.N, live, ws.data(), nullptr, xs, ys,
                                   cfg);
     else
-      cu::decode_gemm_bf16(dx.data(), dw.data(), bp, y, max_rows, s.K, s.N, live, ws.data(), nullptr, xs, ys, cfg,
-                           next);
+      cu::decode_gemm_bf16(dx.data(), dw.data(), bp, y, max_rows, s.K, s.N, live, ws.data(), nullptr, xs, ys, cfg);
   }
   /// Adds to the device counters the bytes where y_new differs from y_old (cnt[0]) and the poison
   /// bytes of y_new outside its first `live` rows' N columns that were written (cnt[1]).
@@ -219,44 +218,6 @@ TEST(DecodeGemmCfg, SanitizerSmall) {
     EXPECT_TRUE(contract_exact("decode_gemm:new_equals_old_small", "N=" + std::to_string(s.N) + ",K=" +
                                    std::to_string(s.K) + ",M=1,17,100", size_t(c[0] + c[1])));
   }
-}
-
-// The L2 prefetch of a later kernel's weights (`next`, l2_hint.h) changes no output byte and touches
-// nothing past its range: sizes with a tail that is not a multiple of 16, a range larger than the
-// weight, both configurations, device live counts (this test also runs under compute-sanitizer).
-TEST(DecodeGemmCfg, NextPrefetchSameBits) {
-  MOEFOLD_REQUIRE_GPU();
-  DeviceBuffer<unsigned char> other(size_t(17) << 20);
-  other.fill_bytes(0x3C);
-  for (const Shape& s : std::vector<Shape>{{200, 1024, false, true, 8, 3}, {2048, 4096, false, false, 0, 0},
-                                           {12352, 2048, false, false, 0, 0}, {128, 160, false, false, 0, 0}}) {
-    Case<bf16> C(s, 21);
-    DeviceBuffer<int32_t> live = cu::to_device(std::vector<int32_t>{3});
-    for (size_t bytes : {size_t(16), size_t(1000003), size_t(17) << 20}) {
-      const cu::L2Range next{other.data(), bytes};
-      for (cu::DecodeGemmCfg cfg : {cu::DecodeGemmCfg::Old, cu::DecodeGemmCfg::New}) {
-        for (int64_t M : {int64_t(1), int64_t(4), int64_t(64)}) {
-          C.y_old.fill_bytes(0xFF);
-          C.y_new.fill_bytes(0xFF);
-          C.gemm(cfg, C.y_old.data(), M, nullptr);
-          C.gemm(cfg, C.y_new.data(), M, nullptr, next);
-          C.compare(M);
-        }
-        C.y_old.fill_bytes(0xFF);
-        C.y_new.fill_bytes(0xFF);
-        C.gemm(cfg, C.y_old.data(), 3, nullptr);
-        C.gemm(cfg, C.y_new.data(), 16, live.data(), next);
-        C.compare(3);
-      }
-    }
-    sync();
-    const std::vector<unsigned long long> c = C.cnt.download();
-    const std::string shape = "N=" + std::to_string(s.N) + ",K=" + std::to_string(s.K) + ",M=1,4,64,live 3 of 16";
-    EXPECT_TRUE(contract_exact("decode_gemm:next_prefetch_same_bits", shape, size_t(c[0])));
-    EXPECT_TRUE(contract_exact("decode_gemm:next_prefetch_padding_untouched", shape, size_t(c[1])));
-  }
-  const std::vector<unsigned char> o = other.download();
-  EXPECT_TRUE(std::all_of(o.begin(), o.end(), [](unsigned char v) { return v == 0x3C; })) << "the prefetched range was written";
 }
 
 TEST(DecodeGemmCfg, EnvResolves) {

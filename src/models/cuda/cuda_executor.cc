@@ -476,9 +476,9 @@ class CudaExecutor : public Executor {
     }
     return sh;
   }
-  void gemm(const Linear& l, const bf16* x, bf16* y, int64_t T, cuda::L2Range next = {}) {
+  void gemm(const Linear& l, const bf16* x, bf16* y, int64_t T) {
     const bf16* b = l.b.empty() ? nullptr : dev(l.b);
-    if (!l.w.device_scale) return dense(x, dev(l.w), b, y, T, l.in, l.out, 0, 0, 0, next);
+    if (!l.w.device_scale) return dense(x, dev(l.w), b, y, T, l.in, l.out);
     // FP8 weight: the FP8 GEMV for decode-sized steps, else a bf16 copy and the bf16 GEMMs (prefill).
     const auto* w8 = static_cast<const uint8_t*>(l.w.device);
     const auto* sc = static_cast<const float*>(l.w.device_scale);
@@ -496,30 +496,17 @@ class CudaExecutor : public Executor {
   /// with batch_invariant (default), every row count runs the decode GEMM's reduction order, which
   /// depends only on the weight's shape (the decode GEMM up to 256 rows, the prefill GEMM above, see
   /// invariant_gemm.h); otherwise up to 16 rows run the GEMV, the rest cuBLASLt.
-  /// next: a later kernel's weights the decode GEMM prefetches into L2 at its end (prefetch_next()).
   void dense(const bf16* x, const bf16* w, const bf16* b, bf16* y, int64_t T, int64_t in, int64_t out,
-             int64_t x_stride = 0, int64_t y_stride = 0, int live_index = 0, cuda::L2Range next = {}) {
+             int64_t x_stride = 0, int64_t y_stride = 0, int live_index = 0) {
     const int32_t* live = counts_.data() + live_index;
     if (opt_.batch_invariant && decode_gemm_fits(x, w, in, x_stride))  // decode GEMM, or its arithmetic above 256 rows
-      cuda::invariant_gemm_bf16(x, w, b, y, T, in, out, live, dgemm_ws_.data(), stream_, x_stride, y_stride, next);
+      cuda::invariant_gemm_bf16(x, w, b, y, T, in, out, live, dgemm_ws_.data(), stream_, x_stride, y_stride);
     else if (!opt_.batch_invariant && T <= kGemvRows)
       cuda::gemv_bf16(x, w, b, y, T, in, out, live, stream_, x_stride, y_stride);
     else
       cuda::gemm_bf16(x, w, b, y, T, in, out, stream_, false, x_stride, y_stride);
   }
   static constexpr int64_t kGemvRows = 16;
-  /// The bf16 weight of `l` as the L2 prefetch target of the projection before it in a step of T rows
-  /// (MOEFOLD_L2_PREFETCH's "n", l2_hint.h), or none: up to kPrefetchNextMaxRows rows, where the DeltaNet
-  /// or attention core between the two projections is short and touches little memory.
-  cuda::L2Range prefetch_next(const Linear& l, int64_t T) const {
-    if (!cuda::l2_prefetch().next || T > kPrefetchNextMaxRows || l.w.device_scale || !l.w.device) return {};
-    return {l.w.device, size_t(l.out) * size_t(l.in) * sizeof(bf16)};
-  }
-  static constexpr int64_t kPrefetchNextMaxRows = 4;
-  /// What layer l's output projection prefetches: its MoE router's weights (the router logits follow).
-  cuda::L2Range prefetch_after_mixer(size_t l, int64_t T) const {
-    return cfg_.layer_is_moe[l] ? prefetch_next(w_.layers[l].moe.router, T) : cuda::L2Range{};
-  }
   /// Whether this MoE layer's shared expert runs inside the streaming expert kernels at `step`
   /// (moe_forward_shared, switched by cuda::moe_shared_stream_enabled()): only where the separate chain
   /// would be batch-invariant dense GEMMs of bf16 weights without bias beside the bf16 routed experts
@@ -1013,7 +1000,7 @@ void CudaExecutor::attention(size_t l, const StepDims& d) {
   const Fused& f = fused_[l];
   if (f.w) {
     const int64_t W = f.rows;
-    dense(x_.data(), f.w, f.b, proj_.data(), T, c.hidden_size, W, 0, W, 0, prefetch_next(a.o_proj, T));
+    dense(x_.data(), f.w, f.b, proj_.data(), T, c.hidden_size, W, 0, W);
     q = proj_.data();
     k = q + a.q_proj.out;
     v = k + a.k_proj.out;
@@ -1091,7 +1078,7 @@ void CudaExecutor::attention(size_t l, const StepDims& d) {
   } else {
     prefill(d.seqs);
   }
-  gemm(a.o_proj, o_.data(), y_.data(), T, prefetch_after_mixer(l, T));
+  gemm(a.o_proj, o_.data(), y_.data(), T);
 }
 
 static_assert(sizeof(cuda::GdnSnapshot) == 3 * sizeof(int32_t), "the snapshot table is uploaded as int32 triples");
@@ -1125,7 +1112,7 @@ void CudaExecutor::deltanet(size_t l, const StepDims& d) {
   const Fused& f = fused_[l];
   if (f.w) {
     W = f.rows;
-    dense(x_.data(), f.w, f.b, proj_.data(), T, c.hidden_size, W, 0, W, 0, prefetch_next(g.out_proj, T));
+    dense(x_.data(), f.w, f.b, proj_.data(), T, c.hidden_size, W, 0, W);
     mixed = proj_.data();
     z = mixed + C;
     gb = z + g.in_proj_z.out;
@@ -1154,7 +1141,7 @@ void CudaExecutor::deltanet(size_t l, const StepDims& d) {
     const cuda::GdnDecodeGatedNorm norm{z, W ? W : Hv * c.linear_value_head_dim, dev(g.norm), float(c.rms_norm_eps)};
     if (cuda::gdn_decode_fused_supported(args, conv, norm, d.seqs, dims)) {
       cuda::gdn_decode_fused(args, conv, norm, d.seqs, dims, stream_);
-      gemm(g.out_proj, go_.data(), y_.data(), T, prefetch_after_mixer(l, T));
+      gemm(g.out_proj, go_.data(), y_.data(), T);
       return;
     }
   }
@@ -1184,7 +1171,7 @@ void CudaExecutor::deltanet(size_t l, const StepDims& d) {
   }
   cuda::gated_rms_norm(go_.data(), z, dev(g.norm), go_.data(), T, Hv, c.linear_value_head_dim,
                        float(c.rms_norm_eps), counts_.data(), stream_, W);
-  gemm(g.out_proj, go_.data(), y_.data(), T, prefetch_after_mixer(l, T));
+  gemm(g.out_proj, go_.data(), y_.data(), T);
 }
 
 // FFN with its residual add: h += MoE(x) (routed experts + gated shared expert, residual fused into

@@ -103,10 +103,19 @@ struct Params {
   int max_rows, K, N, S, KC;  // KC = ceil(K / 64) chunks
   int pf_chunks;              // new config: chunks of its slice each block prefetches to L2 (0 = none)
   int l2_hint;                // l2_stream_hint(): 1 weight copies evict_first, 2 the prefetch too
-  const void* next;           // weights prefetched to L2 once the block's stream is done (null = none)
-  uint64_t next_bytes;
   int cluster;                // new config: 1 = split combine inside the (1, S, 1) cluster, 0 = workspace
 };
+
+/// Asks L2 to fetch [p, p + bytes) (16-byte aligned, bytes a multiple of 16) without waiting.
+__device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
+}
+
+/// prefetch_l2 with an L2 cache policy (ptx.cuh l2_policy).
+__device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes, uint64_t policy) {
+  asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;\n" ::"l"(p), "r"(bytes), "l"(policy)
+               : "memory");
+}
 
 /// Offset (elements) of 16-byte chunk `ch` of row `r` in a [rows, 64] bf16 tile, swizzled.
 __device__ __forceinline__ int swz(int r, int ch) { return r * kBK + ((ch ^ (r & 7)) << 3); }
@@ -306,8 +315,6 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) decode_gemm_kernel(
     }
   }
   cp_async_wait_all();
-  if (p.next != nullptr && tid == 0)  // a later kernel's weights, while this one's split combine runs
-    prefetch_l2_share(p.next, p.next_bytes, blockIdx.y * gridDim.x + blockIdx.x, gridDim.x * gridDim.y, w_policy);
 
   const int g = lane >> 2, lc = (lane & 3) * 2;
   auto col_of = [&](int j) { return n0 + (wn * NF + j) * 8 + lc; };
@@ -528,7 +535,7 @@ bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u
 template <class OutT>
 void run(const char* name, const __nv_bfloat16* x, const __nv_bfloat16* w, const void* bias, OutT* y,
          int64_t max_rows, int64_t K, int64_t N, const int32_t* live_rows, void* workspace, cudaStream_t stream,
-         int64_t x_stride, int64_t y_stride, DecodeGemmCfg cfg, L2Range next = {}) {
+         int64_t x_stride, int64_t y_stride, DecodeGemmCfg cfg) {
   cfg = resolve(cfg);
   const int64_t xs = x_stride ? x_stride : K, ys = y_stride ? y_stride : N;
   // Built only for an error message (this runs for every dense projection of every step).
@@ -545,10 +552,7 @@ void run(const char* name, const __nv_bfloat16* x, const __nv_bfloat16* w, const
   if (max_rows == 0) return;
   if (!x || !w || !y) throw Error(shape() + ": null x, w or y");
   if (!aligned16(x) || !aligned16(w)) throw Error(shape() + ": x and w must be 16-byte aligned");
-  if (next.ptr && !aligned16(next.ptr)) throw Error(shape() + ": the next weights to prefetch must be 16-byte aligned");
   Params p{};
-  p.next = next.bytes > 0 ? next.ptr : nullptr;
-  p.next_bytes = next.bytes;
   p.x = x;
   p.w = w;
   p.bias = bias;
@@ -625,9 +629,9 @@ size_t decode_gemm_workspace_bytes(int64_t max_rows, int64_t N, int64_t K) {
 
 void decode_gemm_bf16(const __nv_bfloat16* x, const __nv_bfloat16* w, const __nv_bfloat16* bias, __nv_bfloat16* y,
                       int64_t max_rows, int64_t K, int64_t N, const int32_t* live_rows, void* workspace,
-                      cudaStream_t stream, int64_t x_stride, int64_t y_stride, DecodeGemmCfg cfg, L2Range next) {
+                      cudaStream_t stream, int64_t x_stride, int64_t y_stride, DecodeGemmCfg cfg) {
   run<__nv_bfloat16>("decode_gemm_bf16", x, w, bias, y, max_rows, K, N, live_rows, workspace, stream, x_stride,
-                     y_stride, cfg, next);
+                     y_stride, cfg);
 }
 
 void decode_gemm_bf16_f32out(const __nv_bfloat16* x, const __nv_bfloat16* w, const float* bias, float* y,

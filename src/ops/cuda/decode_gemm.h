@@ -27,8 +27,6 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "ops/cuda/l2_hint.h"
-
 namespace moefold::cuda {
 
 /// Launch configurations of the decode GEMM (decode_gemm.cu's header says what each does): every one
@@ -71,12 +69,10 @@ size_t decode_gemm_workspace_bytes(int64_t max_rows, int64_t N, int64_t K);
 /// stride; pairs of outputs are stored together when y_stride is even and y aligned to a pair),
 /// workspace non-null and 16-byte aligned when decode_gemm_workspace_bytes() > 0.
 /// Throws moefold::Error for a launch failure as well. cfg: the launch configuration (same bits).
-/// next: weights a later kernel of the stream reads (l2_hint.h): each block, once its own weight
-/// stream is done, prefetches its share of them into L2 (next.ptr 16-byte aligned; no effect on y).
 void decode_gemm_bf16(const __nv_bfloat16* x, const __nv_bfloat16* w, const __nv_bfloat16* bias, __nv_bfloat16* y,
                       int64_t max_rows, int64_t K, int64_t N, const int32_t* live_rows, void* workspace,
                       cudaStream_t stream, int64_t x_stride = 0, int64_t y_stride = 0,
-                      DecodeGemmCfg cfg = DecodeGemmCfg::Env, L2Range next = {});
+                      DecodeGemmCfg cfg = DecodeGemmCfg::Env);
 
 /// The same with fp32 output y (the lm_head's logits, N up to 248,320 and more); bias, if given, is
 /// fp32; the preconditions as decode_gemm_bf16.

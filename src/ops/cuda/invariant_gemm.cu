@@ -340,14 +340,13 @@ bool decode_range(int64_t max_rows, InvariantGemmPath path) {
 
 void invariant_gemm_bf16(const __nv_bfloat16* x, const __nv_bfloat16* w, const __nv_bfloat16* bias, __nv_bfloat16* y,
                          int64_t max_rows, int64_t K, int64_t N, const int32_t* live_rows, void* workspace,
-                         cudaStream_t stream, int64_t x_stride, int64_t y_stride, L2Range next) {
+                         cudaStream_t stream, int64_t x_stride, int64_t y_stride) {
   const InvariantGemmPath path = invariant_gemm_path();
   if (decode_range(max_rows, path)) {
     if (path == InvariantGemmPath::WgmmaAll)
       decode_gemm_wgmma_bf16(x, w, bias, y, max_rows, K, N, live_rows, workspace, stream, x_stride, y_stride);
     else
-      decode_gemm_bf16(x, w, bias, y, max_rows, K, N, live_rows, workspace, stream, x_stride, y_stride,
-                       DecodeGemmCfg::Env, next);
+      decode_gemm_bf16(x, w, bias, y, max_rows, K, N, live_rows, workspace, stream, x_stride, y_stride);
   } else if (path != InvariantGemmPath::Mma) {
     prefill_gemm_wgmma_bf16(x, w, bias, y, max_rows, K, N, live_rows, stream, x_stride, y_stride);
   } else {

@@ -33,8 +33,6 @@
 
 #include <cstdint>
 
-#include "ops/cuda/l2_hint.h"
-
 namespace moefold::cuda {
 
 /// y[r, n] (bf16) = sum_k x[r, k] * w[n, k] (+ bias[n] bf16, optional) for r < *live_rows (nullptr:
@@ -94,10 +92,9 @@ int64_t invariant_gemm_wgmma_min_rows();
 /// The batch-invariant projection for any row count: decode_gemm_bf16 for max_rows <= 256 (with its
 /// `workspace`, sized by decode_gemm_workspace_bytes(256, N, K) and zero-filled once), else
 /// prefill_gemm_bf16 (workspace unused); other kernels by invariant_gemm_path(). Same preconditions and errors as those two.
-/// next: a later kernel's weights, prefetched to L2 by decode_gemm_bf16 (ignored by the other kernels).
 void invariant_gemm_bf16(const __nv_bfloat16* x, const __nv_bfloat16* w, const __nv_bfloat16* bias, __nv_bfloat16* y,
                          int64_t max_rows, int64_t K, int64_t N, const int32_t* live_rows, void* workspace,
-                         cudaStream_t stream, int64_t x_stride = 0, int64_t y_stride = 0, L2Range next = {});
+                         cudaStream_t stream, int64_t x_stride = 0, int64_t y_stride = 0);
 
 /// The same with fp32 output.
 void invariant_gemm_bf16_f32out(const __nv_bfloat16* x, const __nv_bfloat16* w, const float* bias, float* y,

@@ -142,34 +142,22 @@ void moe_router_topk(const float* logits, const int32_t* num_rows, const MoeShap
 void moe_plan(const int32_t* ids, const int32_t* num_rows, const MoeShape& shape, const MoeWorkspace& ws,
               cudaStream_t stream);
 
-/// Per-expert weights the fused route prefetches into L2 for the experts it picks (l2_hint.h "r"):
-/// expert e's bytes [base + e * stride, + bytes); base 16-byte aligned, stride and bytes multiples of 16.
-struct MoeExpertPrefetch {
-  const void* base = nullptr;  // nullptr = none
-  int64_t stride = 0;          // bytes between experts
-  int64_t bytes = 0;           // bytes of one expert
-};
-
 /// moe_router_topk then moe_plan (ids, weights and the plan in ws, the same bits), in ONE launch when
 /// moe_route_fused(shape) (capacity <= 16, capacity * k <= 512, E <= 512: the decode steps), else the
-/// two calls. With `prefetch` (honoured by the fused launch when at most 32 pairs are live), the picked
-/// experts' weights of the first kRoutePrefetchBytes / prefetch.bytes pairs are prefetched into L2 as
-/// soon as the top-k is known; results are unchanged. Asynchronous; throws moefold::Error on a launch
-/// error or a misaligned prefetch.
+/// two calls. Asynchronous; throws moefold::Error on a launch error.
 void moe_route(const float* logits, const int32_t* num_rows, const MoeShape& shape, bool renormalize,
-               const MoeWorkspace& ws, cudaStream_t stream, const int32_t* replay = nullptr,
-               const MoeExpertPrefetch& prefetch = {});
+               const MoeWorkspace& ws, cudaStream_t stream, const int32_t* replay = nullptr);
 /// Whether moe_route runs as one fused kernel for `shape`.
 bool moe_route_fused(const MoeShape& shape);
 
 /// moe_router_logits then moe_route (the same bytes in ws.logits, ids, weights and the plan), in ONE
 /// launch when moe_router_cluster_fused(shape): a thread-block cluster of ceil(E / 16) CTAs computes the
 /// logits, then its first CTA the top-k and the plan. Otherwise (or when the device cannot run the
-/// cluster) the two calls. x, w_router as in moe_router_logits; `prefetch` as moe_route's (the cluster
-/// kernel does not prefetch). Asynchronous; throws moefold::Error on a launch error.
+/// cluster) the two calls. x, w_router as in moe_router_logits. Asynchronous; throws moefold::Error on a
+/// launch error.
 void moe_router_route(const __nv_bfloat16* x, const __nv_bfloat16* w_router, const int32_t* num_rows,
                       const MoeShape& shape, bool renormalize, const MoeWorkspace& ws, cudaStream_t stream,
-                      const int32_t* replay = nullptr, const MoeExpertPrefetch& prefetch = {});
+                      const int32_t* replay = nullptr);
 /// Whether moe_router_route tries the cluster-fused kernel for `shape`: switched on
 /// (MOEFOLD_MOE_ROUTER_CLUSTER=1), moe_route_fused(shape), E <= 256 (16 CTAs), the live rows' logits fit
 /// the logits kernel's shared memory (capacity * E * 4 <= 12 / 24 / 48 KB at H % 128 / 256 / 512 == 0).

@@ -591,9 +591,7 @@ void moe_forward(const __nv_bfloat16* x, const __nv_bfloat16* w_router, const __
                  const MoeNextNorm* next) {
   MOEFOLD_CHECK(shape.capacity <= ws.capacity, fmt::runtime("moe_forward: step capacity {} exceeds the workspace's {}"),
                 shape.capacity, ws.capacity);
-  // The picked experts' gate_up weights into L2 while the plan is made (l2_hint.h "r"; bf16 experts only).
-  moe_router_route(x, w_router, num_rows, shape, renormalize, ws, stream, replay,
-                   moe_detail::gate_up_prefetch(gate_up, int64_t(2) * shape.I * shape.H * 2));
+  moe_router_route(x, w_router, num_rows, shape, renormalize, ws, stream, replay);
   moe_expert_gate_up(x, gate_up, shape, ws, stream);
   moe_expert_down(down, shape, ws, stream);
   moe_combine(ws.weights, ws, shared_out, shared_gate_w, x, residual, num_rows, shape, out, stream, next);

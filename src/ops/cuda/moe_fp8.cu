@@ -333,9 +333,7 @@ void moe_fp8_forward(const bf16* x, const bf16* w_router, const uint8_t* gate_up
   check(s, ws, "moe_fp8_forward");
   MOEFOLD_CHECK(num_rows && x && w_router && out, "moe_fp8_forward: null pointer (num_rows is a device int32)");
   moe_router_logits(x, w_router, num_rows, s, ws.logits, stream);
-  // The picked experts' FP8 gate_up weights into L2 while the plan is made (l2_hint.h "r").
-  moe_route(ws.logits, num_rows, s, renormalize, ws, stream, replay,
-            moe_detail::gate_up_prefetch(gate_up, int64_t(2) * s.I * s.H));
+  moe_route(ws.logits, num_rows, s, renormalize, ws, stream, replay);
   moe_fp8_expert_gate_up(x, gate_up, gate_up_scale, s, ws, stream);
   moe_fp8_expert_down(down, down_scale, s, ws, stream);
   moe_combine(ws.weights, ws, shared_out, shared_gate_w, x, residual, num_rows, s, out, stream, next);

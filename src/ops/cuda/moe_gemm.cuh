@@ -49,7 +49,6 @@ struct GemmParams {
   int64_t b_expert_stride = 0;  // elements between consecutive experts' B
   int b_up_offset = 0;          // SwiGLU: row offset of the up half (= I)
   int l2_hint = 0;              // B copies evict_first when >= 1 (l2_hint.h; moe_experts.cu says where)
-  int l2_prefetch = 0;          // moe_stream_kernel: B rows prefetched to L2 at the start (l2_hint.h "s")
 };
 
 using namespace ptx;

@@ -8,17 +8,9 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "ops/cuda/l2_hint.h"
 #include "ops/cuda/moe.h"
 
 namespace moefold::cuda::moe_detail {
-
-/// The route's L2 prefetch of the picked experts' gate_up weights (l2_hint.h "r"): experts of `bytes`
-/// each, back to back from `base`; none when switched off or when base or bytes is not 16-byte aligned.
-inline MoeExpertPrefetch gate_up_prefetch(const void* base, int64_t bytes) {
-  if (!l2_prefetch().route || reinterpret_cast<uintptr_t>(base) % 16 != 0 || bytes % 16 != 0 || bytes <= 0) return {};
-  return MoeExpertPrefetch{base, bytes, bytes};
-}
 
 /// Expert-kernel configuration: without batch_invariant the small-batch GEMV (kMoeExpertGemv) for
 /// capacities up to kMoeSmallBatchMaxRows; with it the tensor-core streaming kernels (kMoeExpertStream,

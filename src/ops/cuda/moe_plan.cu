@@ -15,7 +15,6 @@
 #include <cub/block/block_radix_sort.cuh>
 #include <cub/block/block_scan.cuh>
 #include <cub/device/device_radix_sort.cuh>
-#include <algorithm>
 #include <cstdlib>
 #include <string_view>
 
@@ -26,9 +25,7 @@
 #include "ops/cuda/moe_internal.h"
 #include "ops/cuda/moe_plan_small.cuh"
 #include "ops/cuda/moe_topk.cuh"
-#include "ops/cuda/l2_hint.h"
 #include "ops/cuda/pdl.cuh"
-#include "ops/cuda/ptx.cuh"
 
 namespace moefold::cuda {
 namespace moe_detail {
@@ -240,8 +237,7 @@ __global__ void __launch_bounds__(kPlanThreads)
     router_topk_plan_fast_kernel(const float* __restrict__ logits, const int32_t* __restrict__ num_rows, int capacity,
                                  int E, int k, bool renormalize, const int32_t* __restrict__ replay, bool wide, int bm,
                                  int32_t* ids, float* weights, int32_t* counts, int32_t* offsets, int32_t* pairs,
-                                 int2* tiles, int32_t* num_tiles, int32_t* status, const MoeExpertPrefetch pf,
-                                 int pf_pairs) {
+                                 int2* tiles, int32_t* num_tiles, int32_t* status) {
   pdl_begin();
   __shared__ moe_detail::SmallPlanSmem<kPlanThreads> sm;
   __shared__ int s_ids[kPlanThreads];
@@ -266,22 +262,9 @@ __global__ void __launch_bounds__(kPlanThreads)
   }
   __syncthreads();  // s_ids of every live row; counts zeroed
   if (L <= 32) {
-    if (threadIdx.x < 32) {
+    if (threadIdx.x < 32)
       moe_detail::plan_warp<VPT>(s_ids, L, E, bm, sm.counts, sm.offsets, counts, offsets, pairs, tiles, num_tiles,
                                  status);
-    } else if (pf.base != nullptr) {  // the other warps: the picked experts' weights into L2, in 64 KB pieces
-      constexpr int64_t kPiece = 64 << 10;
-      const int n = min(L, pf_pairs), pieces = int((pf.bytes + kPiece - 1) / kPiece);
-      const uint64_t policy = ptx::l2_policy(true);
-      for (int i = threadIdx.x - 32; i < n * pieces; i += kPlanThreads - 32) {
-        const int j = i / pieces;
-        const int64_t off = int64_t(i - j * pieces) * kPiece;
-        const int e = s_ids[j];
-        if (e < 0 || e >= E) continue;  // a bad replayed id: the plan reports it
-        ptx::prefetch_l2(static_cast<const char*>(pf.base) + e * pf.stride + off,
-                         uint32_t(min(kPiece, pf.bytes - off)), policy);
-      }
-    }
     return;
   }
   moe_detail::plan_block_small<kPlanThreads>(s_ids, L, E, bm, sm, counts, offsets, pairs, tiles, num_tiles, status);
@@ -363,14 +346,11 @@ void moe_plan(const int32_t* ids, const int32_t* num_rows, const MoeShape& s, co
 namespace {
 template <int VPT>
 void launch_topk_plan(const float* logits, const int32_t* num_rows, const MoeShape& s, bool renormalize,
-                      const int32_t* replay, int tile_rows, const MoeWorkspace& ws, cudaStream_t stream,
-                      const MoeExpertPrefetch& pf) {
-  const int pf_pairs = pf.base ? int(std::min<int64_t>(int64_t(kRoutePrefetchBytes) / pf.bytes, 32)) : 0;
+                      const int32_t* replay, int tile_rows, const MoeWorkspace& ws, cudaStream_t stream) {
   if (moe_detail::route_fast())
     launch_pdl(router_topk_plan_fast_kernel<VPT>, dim3(1), dim3(kPlanThreads), 0, stream, logits, num_rows, s.capacity,
                s.E, s.k, renormalize, replay, moe_detail::route_wide(), tile_rows, ws.ids, ws.weights, ws.counts,
-               ws.offsets, ws.pairs, ws.tiles, ws.num_tiles, ws.status, pf_pairs > 0 ? pf : MoeExpertPrefetch{},
-               pf_pairs);
+               ws.offsets, ws.pairs, ws.tiles, ws.num_tiles, ws.status);
   else
     launch_pdl(router_topk_plan_kernel<VPT>, dim3(1), dim3(kPlanThreads), 0, stream, logits, num_rows, s.capacity,
                s.E, s.k, renormalize, replay, tile_rows, ws.ids, ws.weights, ws.counts, ws.offsets, ws.pairs,
@@ -380,12 +360,7 @@ void launch_topk_plan(const float* logits, const int32_t* num_rows, const MoeSha
 }  // namespace
 
 void moe_route(const float* logits, const int32_t* num_rows, const MoeShape& s, bool renormalize,
-               const MoeWorkspace& ws, cudaStream_t stream, const int32_t* replay, const MoeExpertPrefetch& pf) {
-  MOEFOLD_CHECK(!pf.base || ((reinterpret_cast<uintptr_t>(pf.base) | uint64_t(pf.stride) | uint64_t(pf.bytes)) % 16 == 0 &&
-                             pf.bytes > 0 && pf.stride >= 0),
-                fmt::runtime("moe_route: the expert prefetch needs a 16-byte aligned base, stride and size (stride={} "
-                             "bytes={})"),
-                pf.stride, pf.bytes);
+               const MoeWorkspace& ws, cudaStream_t stream, const int32_t* replay) {
   if (!moe_route_fused(s)) {
     moe_router_topk(logits, num_rows, s, renormalize, ws.ids, ws.weights, stream, replay);
     moe_plan(ws.ids, num_rows, s, ws, stream);
@@ -401,11 +376,11 @@ void moe_route(const float* logits, const int32_t* num_rows, const MoeShape& s, 
       return prof::Work{T * s.E * 4 + T * s.k * 16 + double(s.E) * 16, 0};
     });
     const int vpt = (s.E + 31) / 32;
-    if (vpt <= 1) launch_topk_plan<1>(logits, num_rows, s, renormalize, replay, tile_rows, ws, stream, pf);
-    else if (vpt <= 2) launch_topk_plan<2>(logits, num_rows, s, renormalize, replay, tile_rows, ws, stream, pf);
-    else if (vpt <= 4) launch_topk_plan<4>(logits, num_rows, s, renormalize, replay, tile_rows, ws, stream, pf);
-    else if (vpt <= 8) launch_topk_plan<8>(logits, num_rows, s, renormalize, replay, tile_rows, ws, stream, pf);
-    else launch_topk_plan<16>(logits, num_rows, s, renormalize, replay, tile_rows, ws, stream, pf);
+    if (vpt <= 1) launch_topk_plan<1>(logits, num_rows, s, renormalize, replay, tile_rows, ws, stream);
+    else if (vpt <= 2) launch_topk_plan<2>(logits, num_rows, s, renormalize, replay, tile_rows, ws, stream);
+    else if (vpt <= 4) launch_topk_plan<4>(logits, num_rows, s, renormalize, replay, tile_rows, ws, stream);
+    else if (vpt <= 8) launch_topk_plan<8>(logits, num_rows, s, renormalize, replay, tile_rows, ws, stream);
+    else launch_topk_plan<16>(logits, num_rows, s, renormalize, replay, tile_rows, ws, stream);
   }
   snapshot_device_ints(kCountsSnapshot, ws.counts, s.E, stream);
 }

@@ -332,7 +332,7 @@ bool moe_router_cluster_fused(const MoeShape& s) {
 
 void moe_router_route(const __nv_bfloat16* x, const __nv_bfloat16* w_router, const int32_t* num_rows,
                       const MoeShape& s, bool renormalize, const MoeWorkspace& ws, cudaStream_t stream,
-                      const int32_t* replay, const MoeExpertPrefetch& prefetch) {
+                      const int32_t* replay) {
   if (moe_router_cluster_fused(s)) {
     MOEFOLD_CHECK(ws.tile_rows > 0 && ws.pairs != nullptr, fmt::runtime("moe_router_route: workspace not bound"));
     MOEFOLD_CHECK(s.capacity <= ws.capacity,
@@ -356,7 +356,7 @@ void moe_router_route(const __nv_bfloat16* x, const __nv_bfloat16* w_router, con
     }
   }
   moe_router_logits(x, w_router, num_rows, s, ws.logits, stream);
-  moe_route(ws.logits, num_rows, s, renormalize, ws, stream, replay, prefetch);
+  moe_route(ws.logits, num_rows, s, renormalize, ws, stream, replay);
 }
 
 }  // namespace moefold::cuda

@@ -69,8 +69,7 @@ void moe_forward_shared(const __nv_bfloat16* x, const __nv_bfloat16* w_router, c
                 fmt::runtime("moe_forward_shared: null or unaligned (16 bytes) shared-expert buffers or live count"));
   const int H = shape.H, I = shape.I;
   moe_router_logits(x, w_router, num_rows, shape, ws.logits, stream);
-  moe_route(ws.logits, num_rows, shape, renormalize, ws, stream, replay,
-            moe_detail::gate_up_prefetch(gate_up, int64_t(2) * I * H * 2));
+  moe_route(ws.logits, num_rows, shape, renormalize, ws, stream, replay);
 
   GemmParams p;
   p.pairs = ws.pairs;

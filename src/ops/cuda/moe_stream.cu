@@ -94,28 +94,12 @@ int g_wide = wide_mode_from_env();  // -1: with shared items only, 0: never, 1: 
 // written by the kernel before it (complete once gate_up's blocks passed their own griddepcontrol.wait,
 // which precedes the launch of this grid), so the first item's weight steps are issued (plan read
 // through L2 with ld.cg) BEFORE waiting for gate_up; its act rows after.
-//
-// L2 prefetch (p.l2_prefetch, l2_hint.h "s"): a warp's ring holds only kStages - 1 weight steps in flight,
-// too few at batch 1 to keep the HBM busy from the first step on, so each warp first asks L2 for every
-// weight row of its items (up to kPrefetchItems; cp.async.bulk.prefetch.L2, one row a lane) and its ring
-// then mostly hits L2. gate_up also prefetches its share of the shared expert's weights before waiting
-// for the route (they do not depend on it); down (kEarly) prefetches before waiting for gate_up.
-constexpr int kPrefetchItems = 4;
-
 template <GemmMode MODE, bool kEarly, int kW>
 __global__ void __launch_bounds__(kW * 32, 1) moe_stream_kernel(const GemmParams p, const StreamShared sh, int groups) {
   static_assert(!kEarly || MODE == GemmMode::kExpertDown, "only down may start before its predecessor ends");
   constexpr int kStages = stages<MODE, kW>();
+  if constexpr (!kEarly) pdl_begin();
   constexpr bool kSwiglu = MODE == GemmMode::kExpertGateUp;
-  const uint64_t b_policy = l2_policy(p.l2_hint >= 1);  // weights: read once a step
-  if constexpr (!kEarly) {
-    if (p.l2_prefetch && sh.B != nullptr && threadIdx.x == 0) {  // the shared weights: gate rows, then up rows
-      const uint64_t half = uint64_t(kSwiglu ? 8 * groups : kRows * groups) * uint64_t(p.K) * sizeof(bf16);
-      prefetch_l2_share(sh.B, half, blockIdx.x, gridDim.x, b_policy);
-      if (kSwiglu) prefetch_l2_share(sh.B + int64_t(sh.up_offset) * p.K, half, blockIdx.x, gridDim.x, b_policy);
-    }
-    pdl_begin();
-  }
   extern __shared__ __align__(128) unsigned char smem_raw[];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   bf16* sA = reinterpret_cast<bf16*>(smem_raw) + size_t(warp) * kStages * 2 * kTileElems;
@@ -131,20 +115,6 @@ __global__ void __launch_bounds__(kW * 32, 1) moe_stream_kernel(const GemmParams
   if (w0 >= total) return;  // warps are independent: no block-wide barrier below
   const int K = p.K, KT = K / kBK;
   const int steps = ((total - w0 + nw - 1) / nw) * KT;
-  // Weight row r (0..15) of an item: gate_up gate rows 8g.. then up rows up_offset + 8g..; down rows 16g..
-  auto b_row = [&](int item, int r) {
-    const int t = item / groups, g = item - t * groups;
-    const bool routed = t < nt;
-    const bf16* bexp = routed ? p.B + int64_t(__ldcg(p.tiles + t).x) * p.b_expert_stride : sh.B;
-    const int up_offset = routed ? p.b_up_offset : sh.up_offset;
-    const int grow = kSwiglu ? (r < 8 ? 8 * g + r : up_offset + 8 * g + (r - 8)) : kRows * g + r;
-    return bexp + int64_t(grow) * K;
-  };
-  if (p.l2_prefetch && lane < kRows) {  // every weight row of the warp's first kPrefetchItems items
-    int item = w0;
-    for (int i = 0; i < kPrefetchItems && item < total; ++i, item += nw)
-      prefetch_l2(b_row(item, lane), uint32_t(K) * uint32_t(sizeof(bf16)), b_policy);
-  }
 
   // The chunks a lane copies per stage: rows (lane >> 3) + 4 q, 16-byte chunk lane & 7, q = 0..3.
   const int ch = lane & 7;
@@ -183,6 +153,7 @@ __global__ void __launch_bounds__(kW * 32, 1) moe_stream_kernel(const GemmParams
       b_src[q] = bexp + int64_t(grow) * K + ch * 8;
     }
   };
+  const uint64_t b_policy = l2_policy(p.l2_hint >= 1);  // weights: read once a step
   auto issue_b = [&](int slot, int kt) {
     bf16* b_dst = sB + slot * kTileElems;
 #pragma unroll
@@ -363,7 +334,6 @@ void launch_cfg(const GemmParams& p, const StreamShared& sh, int groups, int max
   const int grid = int(std::min<int64_t>((items + kW - 1) / kW, resident));
   GemmParams q = p;
   q.l2_hint = l2_stream_hint();
-  q.l2_prefetch = l2_prefetch().stream ? 1 : 0;
   launch_pdl(kernel, dim3(grid), dim3(kThreads), smem, stream, q, sh, groups);
   MOEFOLD_CUDA_CHECK_LAUNCH();
 }

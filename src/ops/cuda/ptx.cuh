@@ -33,32 +33,6 @@ __device__ __forceinline__ uint4 ld_stream16(const void* p) {
   return v;
 }
 
-/// Asks L2 to fetch [p, p + bytes) without waiting (cp.async.bulk.prefetch.L2, sm_90): p 16-byte
-/// aligned, bytes a multiple of 16. Only the L2 changes; nothing is read into the SM.
-__device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
-}
-
-/// prefetch_l2 with an L2 cache policy from l2_policy().
-__device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes, uint64_t policy) {
-  asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;\n" ::"l"(p), "r"(bytes), "l"(policy)
-               : "memory");
-}
-
-/// Part `part` of `parts` equal shares of [base, base + bytes) prefetched to L2 (prefetch_l2 in pieces of
-/// at most 64 KB, from the calling thread): base 16-byte aligned; the shares are cut on 16-byte
-/// boundaries and a tail of bytes % 16 is left out, so nothing past base + bytes is touched.
-__device__ __forceinline__ void prefetch_l2_share(const void* base, uint64_t bytes, int part, int parts,
-                                                  uint64_t policy) {
-  const uint64_t units = bytes >> 4;  // 16-byte units
-  const uint64_t u0 = units * uint64_t(part) / uint64_t(parts), u1 = units * uint64_t(part + 1) / uint64_t(parts);
-  const char* p = static_cast<const char*>(base);
-  for (uint64_t u = u0; u < u1; u += 4096) {
-    const uint64_t n = u1 - u < 4096 ? u1 - u : 4096;
-    prefetch_l2(p + (u << 4), uint32_t(n << 4), policy);
-  }
-}
-
 /// The shared-memory (state space) address of a generic pointer into shared memory.
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));

@@ -73,9 +73,8 @@ size_t byte_diff(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b) {
 
 // moe_route (fused at capacity <= 16, else top-k then plan) and moe_router_topk, old vs fast kernels
 // (the fused route's fast kernel both with a warp a row and, where live * ceil(E / 32) <= 16, with
-// topk_row_wide's ceil(E / 32) warps a row, and that one again prefetching the picked experts' weights
-// to L2, of a size with a partial 64 KB piece): identical bytes; padding rows' ids / weights unwritten
-// (stale ids kept); with replay, an invalid id.
+// topk_row_wide's ceil(E / 32) warps a row): identical bytes; padding rows' ids / weights unwritten (stale
+// ids kept); with replay, an invalid id.
 void check_route_old_vs_fast(int E, int k, int T, int cap, int kind, bool replay_on, bool renorm, uint64_t seed) {
   FastSwitches restore;
   const MoeShape shape{cap, E, k, 128, 64};
@@ -94,20 +93,16 @@ void check_route_old_vs_fast(int E, int k, int T, int cap, int kind, bool replay
   std::vector<int32_t> stale(P - L);
   for (size_t i = 0; i < stale.size(); ++i) stale[i] = int32_t((i * 7 + 3) % size_t(E));
   const int32_t* rp = replay_on ? d_rep.as<int32_t>() : nullptr;
-  std::vector<uint8_t> r[4], tk[4];
+  std::vector<uint8_t> r[3], tk[3];
   size_t pad = 0;
-  constexpr int64_t kPfStride = (64 << 10) + 64, kPfBytes = (64 << 10) + 48;
-  static DevBuf experts(size_t(512) * kPfStride);  // weights the prefetch reads (E <= 512)
-  MoeExpertPrefetch pf{};
-  for (int mode = 0; mode < 4; ++mode) {  // old, fast with a warp a row, fast (wide where it applies), + prefetch
+  for (int mode = 0; mode < 3; ++mode) {  // old, fast with a warp a row, fast (wide where it applies)
     const int fast = mode > 0 ? 1 : 0;
     moe_detail::set_route_fast(fast == 1);
-    moe_detail::set_route_wide(mode >= 2);
-    if (mode == 3) pf = MoeExpertPrefetch{experts.p, kPfStride, kPfBytes};
+    moe_detail::set_route_wide(mode == 2);
     const MoeWorkspace& w = ws[fast];
     MOEFOLD_CUDA_CHECK(cudaMemset(fast ? wb.p : wa.p, 0xFF, bytes));
     if (!stale.empty()) MOEFOLD_CUDA_CHECK(cudaMemcpy(w.ids + L, stale.data(), stale.size() * 4, cudaMemcpyHostToDevice));
-    moe_route(d_l.as<float>(), d_rows.as<int32_t>(), shape, renorm, w, nullptr, rp, pf);
+    moe_route(d_l.as<float>(), d_rows.as<int32_t>(), shape, renorm, w, nullptr, rp);
     MOEFOLD_CUDA_CHECK(cudaDeviceSynchronize());
     r[mode] = route_bytes(w, E, L);
     if (!stale.empty()) pad += download<int32_t>(w.ids + L, P - L) != stale;
@@ -127,7 +122,6 @@ void check_route_old_vs_fast(int E, int k, int T, int cap, int kind, bool replay
   const std::string shp = shape_str(E, k, 0, 0, T, cap) + extra;
   EXPECT_TRUE(contract_exact("moe_route_fast_eq_old", shp, byte_diff(r[0], r[1])));
   EXPECT_TRUE(contract_exact("moe_route_wide_eq_old", shp, byte_diff(r[0], r[2])));
-  EXPECT_TRUE(contract_exact("moe_route_prefetch_eq_old", shp, byte_diff(r[0], r[3])));
   EXPECT_TRUE(contract_exact("moe_router_topk_fast_eq_old", shp, byte_diff(tk[0], tk[1])));
   EXPECT_TRUE(contract_exact("moe_route_fast_padding", shp, pad));
   if (T > 0) {  // the plan's pair count: exactly the live valid pairs
