@@ -86,11 +86,6 @@ void launch_stream_down(const GemmParams& p, int max_tiles, cudaStream_t stream,
 /// tests; the bits do not change.
 void set_stream_early_down(bool on);
 bool stream_early_down();
-/// Whether the streaming kernels load A straight into registers and ring weights only (moe_stream.cu,
-/// kRegA; default on, MOEFOLD_MOE_STREAM_REG_A=0 stages A in the ring). The setter is for tests and A/B
-/// timing; the bits do not change.
-void set_stream_reg_a(int mode);
-int stream_reg_a();
 /// Whether the streaming kernels run the wide configuration (5 warps a CTA, shallower rings: moe_stream.cu;
 /// default off, MOEFOLD_MOE_STREAM_WIDE=1 turns it on). The setter is for A/B timing in tests; the bits
 /// do not change.

@@ -61,30 +61,17 @@ constexpr int kTileElems = kRows * kBK;    // one operand of one stage
 // runs (see kEarly below). Wide (kW = 5, MOEFOLD_MOE_STREAM_WIDE=1): gate_up 6 stages (120 KB), down 5
 // (100 KB): 660 gate_up and 1320 down warps on 132 SMs, so the 35B shape's batch-1 items with the shared
 // expert (576 gate_up, 1152 down) are one item a warp instead of two for some warps.
-//
-// Register A (kRegA, the default; MOEFOLD_MOE_STREAM_REG_A=0 stages A in the ring as well): at decode
-// sizes an item has one live A row (capacity 1: one token, k distinct experts), so half of every stage
-// held zero-filled A rows. With kRegA each lane loads its two A rows' fragment words (rows lane / 4 and
-// lane / 4 + 8, the mma.m16n8k16 A layout) straight from global memory (L2) at the top of the step, where
-// they land while the step waits for its weights, and the ring holds weights only: twice the stages, so
-// twice the weight bytes in flight, in the same shared memory. The mma operands are the same values, so
-// the bits are the same.
-// kA: 0 A in the ring; 1 A in registers, the same stages; 2 A in registers, twice the stages up to 9;
-// 3 A in registers, twice the stages.
-template <GemmMode MODE, int kW, int kA>
+template <GemmMode MODE, int kW>
 constexpr int stages() {
-  constexpr int base = kW == 4 ? (MODE == GemmMode::kExpertGateUp ? 8 : 6) : (MODE == GemmMode::kExpertGateUp ? 6 : 5);
-  return kA == 3 ? 2 * base : kA == 2 ? (2 * base < 9 ? 2 * base : 9) : base;
+  if constexpr (kW == 4) return MODE == GemmMode::kExpertGateUp ? 8 : 6;
+  return MODE == GemmMode::kExpertGateUp ? 6 : 5;
 }
-template <GemmMode MODE, int kW, int kA>
+template <GemmMode MODE, int kW>
 constexpr size_t smem_bytes() {
-  return size_t(kW) * stages<MODE, kW, kA>() * (kA ? 1 : 2) * kTileElems * sizeof(bf16);
+  return size_t(kW) * stages<MODE, kW>() * 2 * kTileElems * sizeof(bf16);
 }
-static_assert(smem_bytes<GemmMode::kExpertGateUp, 4, false>() + smem_bytes<GemmMode::kExpertDown, 4, false>() + 2048 <=
-              228 * 1024);
-static_assert(smem_bytes<GemmMode::kExpertGateUp, 5, false>() + smem_bytes<GemmMode::kExpertDown, 5, false>() + 2048 <=
-              228 * 1024);
-static_assert(smem_bytes<GemmMode::kExpertGateUp, 5, 3>() == smem_bytes<GemmMode::kExpertGateUp, 5, 0>());
+static_assert(smem_bytes<GemmMode::kExpertGateUp, 4>() + smem_bytes<GemmMode::kExpertDown, 4>() + 2048 <= 228 * 1024);
+static_assert(smem_bytes<GemmMode::kExpertGateUp, 5>() + smem_bytes<GemmMode::kExpertDown, 5>() + 2048 <= 228 * 1024);
 static_assert(kRows == expert_tile_rows(kMoeExpertStream), "the plan's tiles are the stream kernel's");
 
 bool g_early_down = [] {
@@ -102,34 +89,21 @@ int wide_mode_from_env() {
   return s == "1" ? 1 : 0;
 }
 int g_wide = wide_mode_from_env();  // -1: with shared items only, 0: never, 1: always
-int g_reg_a = [] {
-  const char* v = std::getenv("MOEFOLD_MOE_STREAM_REG_A");
-  const std::string s = v ? v : "";
-  MOEFOLD_CHECK(s.empty() || (s.size() == 1 && s[0] >= '0' && s[0] <= '3'),
-                fmt::runtime("MOEFOLD_MOE_STREAM_REG_A={}: expected 0, 1, 2 or 3"), s);
-  return s.empty() ? 3 : s[0] - '0';
-}();
-
-/// Two bf16 of global memory as one 32-bit word through L2 (written by an earlier kernel of the stream).
-__device__ __forceinline__ uint32_t ld_pair_cg(const bf16* p) {
-  return __ldcg(reinterpret_cast<const unsigned int*>(p));
-}
 
 // kEarly (down only): the weights do not depend on the previous kernel (gate_up) and the plan was
 // written by the kernel before it (complete once gate_up's blocks passed their own griddepcontrol.wait,
 // which precedes the launch of this grid), so the first item's weight steps are issued (plan read
 // through L2 with ld.cg) BEFORE waiting for gate_up; its act rows after.
-template <GemmMode MODE, bool kEarly, int kW, int kA>
+template <GemmMode MODE, bool kEarly, int kW>
 __global__ void __launch_bounds__(kW * 32, 1) moe_stream_kernel(const GemmParams p, const StreamShared sh, int groups) {
   static_assert(!kEarly || MODE == GemmMode::kExpertDown, "only down may start before its predecessor ends");
-  constexpr int kStages = stages<MODE, kW, kA>();
-  constexpr bool kRegA = kA != 0;
+  constexpr int kStages = stages<MODE, kW>();
   if constexpr (!kEarly) pdl_begin();
   constexpr bool kSwiglu = MODE == GemmMode::kExpertGateUp;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  bf16* sA = reinterpret_cast<bf16*>(smem_raw) + size_t(warp) * kStages * (kRegA ? 1 : 2) * kTileElems;
-  bf16* sB = kRegA ? sA : sA + kStages * kTileElems;  // kRegA: the ring holds weights only
+  bf16* sA = reinterpret_cast<bf16*>(smem_raw) + size_t(warp) * kStages * 2 * kTileElems;
+  bf16* sB = sA + kStages * kTileElems;
 
   // Routed plan tiles, then (with the shared expert) ceil(live / 16) tiles of the live token rows.
   const int nt = __ldcg(p.num_tiles);
@@ -180,15 +154,11 @@ __global__ void __launch_bounds__(kW * 32, 1) moe_stream_kernel(const GemmParams
     }
   };
   const uint64_t b_policy = l2_policy(p.l2_hint >= 1);  // weights: read once a step
-  // Byte offsets of this lane's four weight chunks inside a stage (rows (lane >> 3) + 4 q, chunk ch).
-  uint32_t b_off[4];
-#pragma unroll
-  for (int q = 0; q < 4; ++q) b_off[q] = uint32_t(swz((lane >> 3) + 4 * q, ch)) * uint32_t(sizeof(bf16));
-  const uint32_t sB_u32 = smem_u32(sB);
   auto issue_b = [&](int slot, int kt) {
-    const uint32_t b_dst = sB_u32 + uint32_t(slot) * uint32_t(kTileElems * sizeof(bf16));
+    bf16* b_dst = sB + slot * kTileElems;
 #pragma unroll
-    for (int q = 0; q < 4; ++q) cp_async16_u32(b_dst + b_off[q], b_src[q] + kt * kBK, b_policy);
+    for (int q = 0; q < 4; ++q)
+      cp_async16(b_dst + swz((lane >> 3) + 4 * q, ch), b_src[q] + kt * kBK, true, b_policy);
   };
   auto issue_a = [&](int slot, int kt) {
     bf16* a_dst = sA + slot * kTileElems;
@@ -205,14 +175,13 @@ __global__ void __launch_bounds__(kW * 32, 1) moe_stream_kernel(const GemmParams
   };
   auto issue = [&](int slot) {
     issue_b(slot, p_kt);
-    if constexpr (!kRegA) issue_a(slot, p_kt);
+    issue_a(slot, p_kt);
     advance();
   };
 
   // ---- consumer: the item being computed ----
   int c_item = w0, c_kt = 0, c_g = 0;
   int c_orow[2] = {-1, -1};  // output rows of tile rows (lane >> 2) and (lane >> 2) + 8
-  const bf16* c_arow[2] = {nullptr, nullptr};  // kRegA: A rows of tile rows (lane >> 2) and (lane >> 2) + 8
   float acc[2][4];
   // Shared-expert items: the split being accumulated, its end (K steps), the folded partials.
   bool c_shared = false;
@@ -233,8 +202,7 @@ __global__ void __launch_bounds__(kW * 32, 1) moe_stream_kernel(const GemmParams
       cp_async_commit();
     }
     pdl_begin();  // gate_up done: its act rows are visible
-    if constexpr (!kRegA)
-      for (int s = 0; s < first; ++s) issue_a(s, s);
+    for (int s = 0; s < first; ++s) issue_a(s, s);
     cp_async_commit();
     for (int s = 0; s < first; ++s) advance();
     cp_async_wait<0>();
@@ -248,7 +216,14 @@ __global__ void __launch_bounds__(kW * 32, 1) moe_stream_kernel(const GemmParams
     cp_async_commit();
   }
   for (int step = 0; step < steps; ++step) {
-    if (c_kt == 0) {  // a new item: its rows for the epilogue (used only at its end) and, kRegA, its A rows
+    cp_async_wait<kStages - 2>();
+    __syncwarp();
+    if (issued < steps) {
+      issue(issued % kStages);
+      ++issued;
+    }
+    cp_async_commit();
+    if (c_kt == 0) {  // a new item: its rows for the epilogue (used only at its end)
       const int t = c_item / groups;
       c_g = c_item - t * groups;
       c_shared = t >= nt;
@@ -260,15 +235,12 @@ __global__ void __launch_bounds__(kW * 32, 1) moe_stream_kernel(const GemmParams
         for (int h = 0; h < 2; ++h) {
           const int r = (lane >> 2) + 8 * h;
           c_orow[h] = r < c_n ? (kSwiglu ? c_j0 + r : p.pairs[c_j0 + r]) : -1;
-          if constexpr (kRegA)  // producer_item's A row of tile row r
-            c_arow[h] = r < c_n ? p.A + int64_t(kSwiglu ? p.pairs[c_j0 + r] / p.topk : c_j0 + r) * K : nullptr;
         }
       } else {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int r = kRows * (t - nt) + (lane >> 2) + 8 * h;
           c_orow[h] = r < s_live ? r : -1;
-          if constexpr (kRegA) c_arow[h] = r < s_live ? sh.A + int64_t(r) * K : nullptr;
         }
         c_split = 0;
         c_split_end = KT / sh.splits;
@@ -278,37 +250,12 @@ __global__ void __launch_bounds__(kW * 32, 1) moe_stream_kernel(const GemmParams
 #pragma unroll
         for (int q = 0; q < 4; ++q) acc[f][q] = 0.0f;
     }
-    // kRegA: this step's A fragments (a0 / a2: row lane / 4, columns 2 (lane % 4) and + 8 of each 16-column
-    // k step; a1 / a3: row lane / 4 + 8), loaded before the wait for the weights so that they land meanwhile.
-    uint32_t ar[kBK / 16][4];
-    if constexpr (kRegA) {
-      const int col = c_kt * kBK + 2 * (lane & 3);
-#pragma unroll
-      for (int ks = 0; ks < kBK / 16; ++ks)
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const bf16* row = c_arow[q & 1];
-          ar[ks][q] = row ? ld_pair_cg(row + col + ks * 16 + (q >> 1) * 8) : 0u;
-        }
-    }
-    cp_async_wait<kStages - 2>();
-    __syncwarp();
-    if (issued < steps) {
-      issue(issued % kStages);
-      ++issued;
-    }
-    cp_async_commit();
     const bf16* a_s = sA + (step % kStages) * kTileElems;
     const bf16* b_s = sB + (step % kStages) * kTileElems;
 #pragma unroll
     for (int ks = 0; ks < kBK / 16; ++ks) {
       uint32_t af[4], t[4];
-      if constexpr (kRegA) {
-#pragma unroll
-        for (int q = 0; q < 4; ++q) af[q] = ar[ks][q];
-      } else {
-        ldmatrix_x4(af, a_s + swz(lane & 15, ks * 2 + (lane >> 4)));
-      }
+      ldmatrix_x4(af, a_s + swz(lane & 15, ks * 2 + (lane >> 4)));
       ldmatrix_x4(t, b_s + swz((lane >> 4) * 8 + (lane & 7), ks * 2 + ((lane >> 3) & 1)));
       mma_bf16_16816(acc[0], af, t[0], t[1]);
       mma_bf16_16816(acc[1], af, t[2], t[3]);
@@ -368,11 +315,11 @@ __global__ void __launch_bounds__(kW * 32, 1) moe_stream_kernel(const GemmParams
   cp_async_wait<0>();
 }
 
-template <GemmMode MODE, bool kEarly, int kW, int kA>
+template <GemmMode MODE, bool kEarly, int kW>
 void launch_cfg(const GemmParams& p, const StreamShared& sh, int groups, int max_tiles, cudaStream_t stream) {
-  auto kernel = moe_stream_kernel<MODE, kEarly, kW, kA>;
+  auto kernel = moe_stream_kernel<MODE, kEarly, kW>;
   constexpr int kThreads = kW * 32;
-  constexpr size_t smem = smem_bytes<MODE, kW, kA>();
+  constexpr size_t smem = smem_bytes<MODE, kW>();
   static const int resident = [&] {
     MOEFOLD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     int dev = 0, sms = 0, per_sm = 0;
@@ -391,21 +338,12 @@ void launch_cfg(const GemmParams& p, const StreamShared& sh, int groups, int max
   MOEFOLD_CUDA_CHECK_LAUNCH();
 }
 
-template <GemmMode MODE, bool kEarly, int kA>
-void launch_a(const GemmParams& p, const StreamShared& sh, int groups, int max_tiles, cudaStream_t stream) {
-  if (g_wide == 1 || (g_wide == -1 && sh.B != nullptr))
-    launch_cfg<MODE, kEarly, 5, kA>(p, sh, groups, max_tiles, stream);
-  else
-    launch_cfg<MODE, kEarly, 4, kA>(p, sh, groups, max_tiles, stream);
-}
 template <GemmMode MODE, bool kEarly>
 void launch(const GemmParams& p, const StreamShared& sh, int groups, int max_tiles, cudaStream_t stream) {
-  switch (g_reg_a) {
-    case 0: launch_a<MODE, kEarly, 0>(p, sh, groups, max_tiles, stream); break;
-    case 1: launch_a<MODE, kEarly, 1>(p, sh, groups, max_tiles, stream); break;
-    case 2: launch_a<MODE, kEarly, 2>(p, sh, groups, max_tiles, stream); break;
-    default: launch_a<MODE, kEarly, 3>(p, sh, groups, max_tiles, stream); break;
-  }
+  if (g_wide == 1 || (g_wide == -1 && sh.B != nullptr))
+    launch_cfg<MODE, kEarly, 5>(p, sh, groups, max_tiles, stream);
+  else
+    launch_cfg<MODE, kEarly, 4>(p, sh, groups, max_tiles, stream);
 }
 
 }  // namespace
@@ -436,8 +374,6 @@ void launch_stream_down(const GemmParams& p, int max_tiles, cudaStream_t stream,
 }
 
 void set_stream_early_down(bool on) { g_early_down = on; }
-void set_stream_reg_a(int mode) { g_reg_a = std::clamp(mode, 0, 3); }
-int stream_reg_a() { return g_reg_a; }
 void set_stream_wide(bool on) { g_wide = on ? 1 : 0; }
 void reset_stream_wide() { g_wide = wide_mode_from_env(); }
 bool stream_wide() { return g_wide == 1; }

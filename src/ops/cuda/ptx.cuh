@@ -79,11 +79,6 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool vali
                "r"(n), "l"(policy));
 }
 
-/// cp_async16 of a full 16 bytes to the shared-memory address `dst` (smem_u32) with an L2 cache policy.
-__device__ __forceinline__ void cp_async16_u32(uint32_t dst, const void* src, uint64_t policy) {
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "l"(policy));
-}
-
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 
 /// Waits for every committed cp.async group (a compiler memory barrier as well).

@@ -105,9 +105,8 @@ TEST(MoeChain, E256k8RealShape) {
   check_chain(w, 1024, 0, false, ++seed);  // the medium tile configuration at the real shape
 }
 
-// Every tensor-core expert configuration (tiles of 16 / 64 / 128 rows, the streaming kernels with A in
-// registers or in the ring, with and without the early start of down) computes the same bits (same
-// per-element mma order), so the choice by capacity never changes results.
+// Every tensor-core expert configuration (tiles of 16 / 64 / 128 rows, the streaming kernels) computes
+// the same bits (same per-element mma order), so the choice by capacity never changes results.
 TEST(MoeChain, TileConfigsBitIdentical) {
   MOEFOLD_REQUIRE_GPU();
   for (MoeWeights* w : {&small_weights(), &real_weights()})
@@ -116,14 +115,10 @@ TEST(MoeChain, TileConfigsBitIdentical) {
       rand_bf16(size_t(T) * w->H, 77 + T, 1.0f, xh, nullptr);
       rand_bf16(size_t(T) * w->H, 78 + T, 0.5f, shh, nullptr);
       ChainRun base = run_chain(*w, T, T + 3, xh, shh, none, 0);
-      // -: down without the early start; +100: the streaming kernels with A staged in the ring
-      const int reg_a = moe_detail::stream_reg_a();  // MOEFOLD_MOE_STREAM_REG_A's form
-      for (int cfg : {1, 2, kMoeExpertStream, -kMoeExpertStream, 100 + kMoeExpertStream, -100 - kMoeExpertStream}) {
+      for (int cfg : {1, 2, kMoeExpertStream, -kMoeExpertStream}) {  // -: down without the early start
         moe_detail::set_stream_early_down(cfg >= 0);
-        moe_detail::set_stream_reg_a(std::abs(cfg) < 100 ? reg_a : 0);
-        ChainRun r = run_chain(*w, T, T + 3, xh, shh, none, std::abs(cfg) % 100);
+        ChainRun r = run_chain(*w, T, T + 3, xh, shh, none, std::abs(cfg));
         moe_detail::set_stream_early_down(true);
-        moe_detail::set_stream_reg_a(reg_a);
         size_t mis = 0;
         for (size_t i = 0; i < r.out.size(); ++i) mis += r.out[i] != base.out[i];
         mis += (r.pad_out_bytes_written + r.pad_act + r.pad_y) + (r.offsets != base.offsets) + (r.pairs != base.pairs);

@@ -250,11 +250,8 @@ const std::vector<int> kBucket128Lives = {1, 9, 33, 64, 113, 114, 127, 128, 2};
 TEST(MoeStream, SanitizeSmall) {
   MOEFOLD_REQUIRE_GPU();
   MoeWeights& w = small_weights();
-  const int reg_a = moe_detail::stream_reg_a();  // MOEFOLD_MOE_STREAM_REG_A's form
-  for (int cfg = 0; cfg < 4; ++cfg) {  // early start of down or not, A in registers or in the ring
-    const bool early = cfg < 2;
+  for (bool early : {true, false}) {
     moe_detail::set_stream_early_down(early);
-    moe_detail::set_stream_reg_a(cfg % 2 == 0 ? reg_a : 0);
     for (int T : {3, 40}) {
       std::vector<uint16_t> xh, shh, none;
       std::vector<float> xf, shf, resf;
@@ -262,15 +259,13 @@ TEST(MoeStream, SanitizeSmall) {
       rand_bf16(size_t(T) * w.H, 951 + T, 0.5f, shh, &shf);
       ChainRun g = run_chain(w, T, T + 2, xh, shh, none, kMoeExpertStream);
       const std::vector<float> ref = reference_rows(w, w.k, T, xf, shf, resf, g.ids.data(), g.weights.data());
-      const std::string shp = shape_str(w.E, w.k, w.H, w.I, T, T + 2) + (early ? ",early_down" : ",late_down") +
-                              (cfg % 2 == 0 ? ",reg_a" : ",ring_a");
+      const std::string shp = shape_str(w.E, w.k, w.H, w.I, T, T + 2) + (early ? ",early_down" : ",late_down");
       EXPECT_TRUE(contract("moe_stream_forced", shp, rel_err(from_bf16(g.out), ref), 1e-2));
       EXPECT_TRUE(contract_exact("moe_stream_forced_padding", shp,
                                  g.pad_out_bytes_written + g.pad_logits + g.pad_ids + g.pad_weights + g.pad_act + g.pad_y));
     }
   }
   moe_detail::set_stream_early_down(true);
-  moe_detail::set_stream_reg_a(reg_a);
 }
 
 TEST(MoeStream, GraphReplayFixtureShapes) {

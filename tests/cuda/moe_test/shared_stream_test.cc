@@ -189,8 +189,7 @@ MoeWeights& uneven_weights() {  // H = 640: gate_up's 10 K steps in S(128, 640) 
 // The 35B shape at capacity 1 (the decode graph of one sequence; S = 16 gate_up splits, 4 down), every
 // routing; the small shape at capacity 1 (S = 2 / 1) and forced at 20 rows (two shared tiles, live
 // counts across the tile boundary); uneven splits.
-// Both kernel configurations (4 warps a CTA, and the wide 5-warp one), each with A in registers and in
-// the ring.
+// Both kernel configurations (4 warps a CTA, and the wide 5-warp one).
 TEST(MoeSharedStream, BitwiseVsSeparate) {
   MOEFOLD_REQUIRE_GPU();
   static std::unique_ptr<SharedWeights> s35 = make_shared_weights(2048, 512, 6000);
@@ -200,11 +199,8 @@ TEST(MoeSharedStream, BitwiseVsSeparate) {
   EXPECT_EQ(decode_gemm_splits(2 * 64, 640), 4);  // 10 K steps: splits of 2, 3, 2, 3
   EXPECT_EQ(decode_gemm_splits(2 * 512, 2048), 16);
   EXPECT_EQ(decode_gemm_splits(2048, 512), 4);
-  const int reg_a = moe_detail::stream_reg_a();  // MOEFOLD_MOE_STREAM_REG_A's form
-  for (int cfg = 0; cfg < 4; ++cfg) {
-    const bool wide = cfg & 1;
+  for (bool wide : {false, true}) {
     moe_detail::set_stream_wide(wide);
-    moe_detail::set_stream_reg_a(cfg < 2 ? reg_a : 0);
     uint64_t seed = 6010;
     for (Route r : {Route::kTopk, Route::kExpert0, Route::kExpertLast, Route::kMixed})
       check_eager(real_weights(), *s35, 1, -1, {1}, r, ++seed);
@@ -215,7 +211,6 @@ TEST(MoeSharedStream, BitwiseVsSeparate) {
     check_eager(uneven_weights(), *suneven, 5, kMoeExpertStream, {5, 2}, Route::kMixed, ++seed);
   }
   moe_detail::reset_stream_wide();
-  moe_detail::set_stream_reg_a(reg_a);
 }
 
 // The fused layer captured once in a graph at capacity 1 and replayed at live 1 (two input sets) and 0:
