@@ -10,6 +10,9 @@ build=${1:-build-cuda}; shift || true
 cmake -S "$root" -B "$root/$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOEFOLD_PORTABLE=ON \
   -DCMAKE_CUDA_ARCHITECTURES=90a >/dev/null
 cmake --build "$root/$build" -j2 ${@:+--target "$@"}
+# The SASS of the CUDA objects rebuilt since the last scan, for a known ptxas miscompilation
+# (scripts/gpu/check_sass.sh; MOEFOLD_SASS_CHECK=0 skips it).
+bash "$root/scripts/gpu/check_sass.sh" "$build"
 mkdir -p "$root/$build/lib"
 for bin in "$root/$build"/moefold "$root/$build"/tests/*_test; do
   [ -x "$bin" ] || continue
