@@ -5,10 +5,12 @@
 #include <cuda_bf16.h>
 
 #include "ops/cuda/causal_conv1d.h"
+#include "ops/cuda/silu_approx.cuh"
 
 namespace moefold::cuda::conv1d {
 
-__device__ __forceinline__ float silu(float x) { return x / (1.0f + __expf(-x)); }
+/// The conv output's SiLU: silu_approx (silu_approx.cuh), shared with the gated RMSNorm kernels.
+__device__ __forceinline__ float silu(float x) { return silu_approx(x); }
 
 /// The window of one channel: its K - 1 state values st[0..K-2] (oldest first), then the new input x;
 /// entries past K - 1 are zero.

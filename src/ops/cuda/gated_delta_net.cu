@@ -30,6 +30,7 @@
 #include "ops/cuda/gated_delta_net_tc.h"
 #include "ops/cuda/launch_scope.h"
 #include "ops/cuda/kernel_util.cuh"
+#include "ops/cuda/silu_approx.cuh"
 #include "ops/cuda/pdl.cuh"
 #include "ops/cuda/row_norm.cuh"
 
@@ -573,8 +574,7 @@ __global__ void __launch_bounds__(kThreads, R > 16 ? 1 : (CPL == 4 ? 2 : (CPL ==
   __syncthreads();
   if (tid < TW && jt < dv) {
     const float f = o_tile[tid], zz = bf(gn.z[row * gn.z_stride + int64_t(h) * dv + jt]), g = bf(gn.w[jt]);
-    const float silu = zz / (1.0f + __expf(-zz));
-    p.out[(row * Hv + h) * dv + jt] = __float2bfloat16(g * (f * inv_s) * silu);
+    p.out[(row * Hv + h) * dv + jt] = __float2bfloat16(g * (f * inv_s) * silu_approx(zz));
   }
   if (qk_ch >= 0 && cluster.block_rank() == 0) conv1d::store_state(cst + size_t(qk_ch) * (K - 1), K, win_qk);
   cluster.sync();  // o_tile stays alive until the cluster's other blocks have read it

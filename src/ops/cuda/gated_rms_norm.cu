@@ -10,6 +10,7 @@
 #include "ops/cuda/launch_scope.h"
 #include "ops/cuda/pdl.cuh"
 #include "ops/cuda/row_norm.cuh"
+#include "ops/cuda/silu_approx.cuh"
 
 namespace moefold::cuda {
 using namespace detail;
@@ -43,8 +44,7 @@ __global__ void __launch_bounds__(1024) gated_rms_norm_kernel(const __nv_bfloat1
   const float inv = rsqrtf(ss / float(dim) + eps);
 #pragma unroll
   for (int e = 0; e < V; ++e) {
-    const float silu = zz[e] / (1.0f + __expf(-zz[e]));
-    f[e] = g[e] * (f[e] * inv) * silu;
+    f[e] = g[e] * (f[e] * inv) * silu_approx(zz[e]);
   }
   store_bf16<V>(y + xo, f);
 }
