@@ -111,6 +111,14 @@ void set_combine_fast(bool on);
 bool combine_fast();
 /// Tests: whether moe_combine may fuse the next norm into the combine (MOEFOLD_FUSE_COMBINE_NORM's switch).
 void set_combine_norm_fused(bool on);
+/// Capacity (rows) from which moe_router_logits runs the 128 x 128-tile kernel (router_logits_wide_kernel)
+/// instead of the 16 x 16 tiles: a prefill-sized step. Both give the same bytes.
+inline constexpr int kRouterWideMinRows = 2048;
+/// The router logits kernel: 0 automatic (by kRouterWideMinRows), 1 the 16 x 16 tiles, 2 the wide tiles
+/// (MOEFOLD_MOE_ROUTER_LOGITS=tile|wide sets it at start-up). The setter is for A/B tests.
+void set_router_logits_kind(int kind);
+/// Whether moe_router_logits takes the wide-tile kernel at this capacity.
+bool router_logits_wide(int capacity);
 /// Whether moe_router_route runs the cluster-fused router logits + top-k + plan kernel where it applies
 /// (moe_router_cluster_fused); default off, MOEFOLD_MOE_ROUTER_CLUSTER=1 turns it on (the same bytes).
 /// The setter is for A/B tests.

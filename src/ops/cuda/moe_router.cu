@@ -130,6 +130,128 @@ void launch_router_logits(const __nv_bfloat16* x, const __nv_bfloat16* w, const 
   MOEFOLD_CUDA_CHECK_LAUNCH();
 }
 
+// ---- router logits of large steps: 128 x 128 tiles, the same bits -----------------------------------------
+// router_logits_kernel re-reads each x row once per 16 experts, which leaves a prefill step's router far
+// below the tensor cores' rate. This kernel computes a 128-row x 128-expert tile per CTA (8 warps as 4 x 2,
+// a 32 x 64 tile each) from one 4-stage cp.async pipeline over all of K, and keeps each logit's arithmetic
+// exactly that of router_logits_kernel: for each of the KSPLIT contiguous K ranges, an accumulator that
+// starts at zero and takes the range's m16n8k16 products in K order; the range partials are then added in
+// range order (p0 + p1 + ...), as that kernel's warp-order reduction does. mma.sync computes each output
+// element from its own row, column and accumulator only, so the tile shape does not change the bits.
+constexpr int kWideBM = 128, kWideBN = 128, kWideStages = 4, kWideThreads = 256;
+constexpr int kWideSmem = kWideStages * (kWideBM + kWideBN) * kRouterBK * 2;
+static_assert(kWideBM == kWideBN, "the load loop below copies one A row and one B row per chunk index");
+
+template <int KSPLIT>
+__global__ void __launch_bounds__(kWideThreads, 1)
+    router_logits_wide_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ w,
+                              const int32_t* __restrict__ num_rows, int capacity, int H, int E,
+                              float* __restrict__ logits) {
+  using namespace moe_detail;
+  pdl_begin();
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  int live = *num_rows;
+  live = live < 0 ? 0 : (live > capacity ? capacity : live);
+  const int m0 = blockIdx.y * kWideBM, n0 = blockIdx.x * kWideBN;
+  if (m0 >= live) return;
+  const int nrows = min(kWideBM, live - m0);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, wm = warp >> 1, wn = warp & 1;
+  constexpr int kTileA = kWideBM * kRouterBK, kTileB = kWideBN * kRouterBK;
+  __nv_bfloat16* sA = reinterpret_cast<__nv_bfloat16*>(smem_raw);
+  __nv_bfloat16* sB = sA + kWideStages * kTileA;
+  const int KT = H / kRouterBK, KTs = KT / KSPLIT;  // k-tiles in all, and in each K range
+  auto load = [&](int stage, int kt) {
+    const int kofs = kt * kRouterBK;
+#pragma unroll
+    for (int c = threadIdx.x; c < kWideBM * 8; c += kWideThreads) {
+      const int r = c >> 3, ch = c & 7;
+      const bool a_ok = r < nrows, b_ok = n0 + r < E;
+      cp_async16(sA + stage * kTileA + swz(r, ch), x + (a_ok ? int64_t(m0 + r) * H + kofs + ch * 8 : 0), a_ok);
+      cp_async16(sB + stage * kTileB + swz(r, ch), w + (b_ok ? int64_t(n0 + r) * H + kofs + ch * 8 : 0), b_ok);
+    }
+  };
+  float acc[2][8][4], total[2][8][4];
+#pragma unroll
+  for (int s = 0; s < kWideStages - 1; ++s) {
+    if (s < KT) load(s, s);
+    cp_async_commit();
+  }
+  for (int kt = 0; kt < KT; ++kt) {
+    cp_async_wait<kWideStages - 2>();
+    __syncthreads();  // stage kt landed for every thread; stage kt - 1 is free to refill
+    {
+      const int nk = kt + kWideStages - 1;
+      if (nk < KT) load(nk % kWideStages, nk);
+      cp_async_commit();
+    }
+    if (kt % KTs == 0) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
+    }
+    const __nv_bfloat16* a_s = sA + (kt % kWideStages) * kTileA;
+    const __nv_bfloat16* b_s = sB + (kt % kWideStages) * kTileB;
+#pragma unroll
+    for (int ks = 0; ks < kRouterBK / 16; ++ks) {
+      uint32_t af[2][4];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) ldmatrix_x4(af[i], a_s + swz(32 * wm + 16 * i + (lane & 15), ks * 2 + (lane >> 4)));
+#pragma unroll
+      for (int jp = 0; jp < 4; ++jp) {
+        uint32_t bf[4];
+        ldmatrix_x4(bf, b_s + swz(64 * wn + 16 * jp + (lane >> 4) * 8 + (lane & 7), ks * 2 + ((lane >> 3) & 1)));
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          mma_bf16_16816(acc[i][2 * jp], af[i], bf[0], bf[1]);
+          mma_bf16_16816(acc[i][2 * jp + 1], af[i], bf[2], bf[3]);
+        }
+      }
+    }
+    if (kt % KTs == KTs - 1) {  // end of K range kt / KTs: fold its partial in, in range order
+      const bool first = kt < KTs;
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) total[i][j][e] = first ? acc[i][j][e] : total[i][j][e] + acc[i][j][e];
+    }
+  }
+  cp_async_wait<0>();
+  const int lr = lane >> 2, lc = (lane & 3) * 2;
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = 32 * wm + 16 * i + lr + 8 * h;
+      if (r >= nrows) continue;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int e = n0 + 64 * wn + 8 * j + lc;  // E is even, so e < E implies e + 1 < E
+        if (e < E)
+          *reinterpret_cast<float2*>(logits + int64_t(m0 + r) * E + e) =
+              make_float2(total[i][j][2 * h], total[i][j][2 * h + 1]);
+      }
+    }
+}
+
+template <int KSPLIT>
+void launch_router_logits_wide(const __nv_bfloat16* x, const __nv_bfloat16* w, const int32_t* num_rows,
+                               const MoeShape& s, float* logits, cudaStream_t stream) {
+  auto kernel = router_logits_wide_kernel<KSPLIT>;
+  static bool attr_set = false;  // per instantiation; setting it twice is harmless
+  if (!attr_set) {
+    MOEFOLD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kWideSmem));
+    attr_set = true;
+  }
+  const dim3 grid((s.E + kWideBN - 1) / kWideBN, (s.capacity + kWideBM - 1) / kWideBM);
+  launch_pdl(kernel, grid, dim3(kWideThreads), kWideSmem, stream, x, w, num_rows, s.capacity, s.H, s.E, logits);
+  MOEFOLD_CUDA_CHECK_LAUNCH();
+}
+
 // ---- router logits + top-k + plan of a small step in one launch (a thread-block cluster) ----------------
 // One cluster of ceil(E / 16) CTAs (<= 16: E <= 256; capacity <= 16, one row tile): CTA i computes the
 // logits of experts [16 i, 16 i + 16) exactly as router_logits_kernel does (logits_tile, the same KSPLIT
@@ -181,6 +303,15 @@ __global__ void __launch_bounds__(KSPLIT * 32)
 }
 
 std::atomic<int64_t> g_cluster_launches{0};
+
+/// MOEFOLD_MOE_ROUTER_LOGITS: "tile" (router_logits_kernel always), "wide" (router_logits_wide_kernel
+/// always), else automatic (wide from kRouterWideMinRows rows of capacity). The same bytes either way.
+int g_router_logits_kind = [] {
+  const char* v = std::getenv("MOEFOLD_MOE_ROUTER_LOGITS");
+  if (v && std::string_view(v) == "tile") return 1;
+  if (v && std::string_view(v) == "wide") return 2;
+  return 0;
+}();
 
 bool g_router_cluster = [] {
   const char* v = std::getenv("MOEFOLD_MOE_ROUTER_CLUSTER");
@@ -261,6 +392,7 @@ void launch_topk(const float* logits, const int32_t* num_rows, const MoeShape& s
 }
 
 const prof::Kernel kRouterLogits{"router_logits_kernel", prof::Category::MoeRouting};
+const prof::Kernel kRouterLogitsWide{"router_logits_wide_kernel", prof::Category::MoeRouting};
 const prof::Kernel kRouterTopk{"router_topk_kernel", prof::Category::MoeRouting};
 const prof::Kernel kRouterRouteCluster{"router_route_cluster_kernel", prof::Category::MoeRouting};
 const prof::Kernel kCountsSnapshotRoute{"profiler:moe_counts_snapshot", prof::Category::Other};  // as moe_plan.cu
@@ -271,17 +403,22 @@ void moe_router_logits(const __nv_bfloat16* x, const __nv_bfloat16* w_router, co
                        const MoeShape& s, float* logits, cudaStream_t stream) {
   MOEFOLD_CHECK(s.capacity >= 1 && s.E >= 2 && s.E % 2 == 0 && s.H % (2 * kRouterBK) == 0,
                 fmt::runtime("moe_router_logits: unsupported shape capacity={} E={} H={}"), s.capacity, s.E, s.H);
-  LaunchScope launch(kRouterLogits, stream, [&] {  // W, live x rows read, fp32 logits written
+  const bool wide = moe_detail::router_logits_wide(s.capacity);
+  // W, live x rows read, fp32 logits written.
+  LaunchScope launch(wide ? kRouterLogitsWide : kRouterLogits, stream, [&] {
     const double T = double(work_rows(s.capacity, num_rows));
     return prof::Work{double(s.E) * s.H * 2 + T * s.H * 2 + T * s.E * 4, 2.0 * T * s.H * s.E};
   });
-  // The K split depends on H only (bit-identical logits at every capacity).
+  // The K split depends on H only (bit-identical logits at every capacity, with either kernel).
   if (s.H % (8 * kRouterBK) == 0)
-    launch_router_logits<8>(x, w_router, num_rows, s, logits, stream);
+    wide ? launch_router_logits_wide<8>(x, w_router, num_rows, s, logits, stream)
+         : launch_router_logits<8>(x, w_router, num_rows, s, logits, stream);
   else if (s.H % (4 * kRouterBK) == 0)
-    launch_router_logits<4>(x, w_router, num_rows, s, logits, stream);
+    wide ? launch_router_logits_wide<4>(x, w_router, num_rows, s, logits, stream)
+         : launch_router_logits<4>(x, w_router, num_rows, s, logits, stream);
   else
-    launch_router_logits<2>(x, w_router, num_rows, s, logits, stream);
+    wide ? launch_router_logits_wide<2>(x, w_router, num_rows, s, logits, stream)
+         : launch_router_logits<2>(x, w_router, num_rows, s, logits, stream);
 }
 
 void moe_router_topk(const float* logits, const int32_t* num_rows, const MoeShape& s, bool renormalize,
@@ -301,6 +438,10 @@ void moe_router_topk(const float* logits, const int32_t* num_rows, const MoeShap
 }
 
 namespace moe_detail {
+void set_router_logits_kind(int kind) { g_router_logits_kind = kind; }
+bool router_logits_wide(int capacity) {
+  return g_router_logits_kind == 2 || (g_router_logits_kind == 0 && capacity >= kRouterWideMinRows);
+}
 void set_router_cluster(bool on) { g_router_cluster = on; }
 bool router_cluster() { return g_router_cluster; }
 int64_t router_cluster_launches() { return g_cluster_launches.load(std::memory_order_relaxed); }

@@ -240,5 +240,54 @@ TEST(MoePlan, MatchesCpuAndCountsLivePairsOnly) {
   check_plan(256, 8, 1500, 300, 3, ++seed); // same on the device-sort path
 }
 
+// ---- router logits: the wide-tile kernel against the 16 x 16-tile one ---------------------------------------
+// Bytes of the live logits equal between router_logits_wide_kernel and router_logits_kernel (the same
+// arithmetic per logit), both against the CPU, padding rows of x poisoned (NaN bytes) and the padding rows
+// of the logits unwritten. H covers every K split (8, 4, 2), E a partial 128-expert tile and the smallest E.
+void check_wide_logits(int E, int H, int T, int cap, uint64_t seed) {
+  std::vector<uint16_t> xh, wh;
+  std::vector<float> xf, wf;
+  rand_bf16(size_t(T) * H, seed, 1.0f, xh, &xf);
+  rand_bf16(size_t(E) * H, seed + 1, 2.0f / std::sqrt(float(H)), wh, &wf);
+  xh.resize(size_t(cap) * H, 0xFFFF);  // padding rows: NaN
+  DevBuf d_x(xh.size() * 2), d_w(wh.size() * 2), d_rows(4), d_tile(size_t(cap) * E * 4), d_wide(size_t(cap) * E * 4);
+  upload(d_x.p, xh);
+  upload(d_w.p, wh);
+  upload(d_rows.p, std::vector<int32_t>{T});
+  MOEFOLD_CUDA_CHECK(cudaMemset(d_tile.p, 0xFF, d_tile.bytes));
+  MOEFOLD_CUDA_CHECK(cudaMemset(d_wide.p, 0xFF, d_wide.bytes));
+  const MoeShape shape{cap, E, 8 < E ? 8 : 1, H, 64};
+  moe_detail::set_router_logits_kind(1);
+  moe_router_logits(d_x.as<__nv_bfloat16>(), d_w.as<__nv_bfloat16>(), d_rows.as<int32_t>(), shape, d_tile.as<float>(),
+                    nullptr);
+  moe_detail::set_router_logits_kind(2);
+  moe_router_logits(d_x.as<__nv_bfloat16>(), d_w.as<__nv_bfloat16>(), d_rows.as<int32_t>(), shape, d_wide.as<float>(),
+                    nullptr);
+  moe_detail::set_router_logits_kind(0);
+  MOEFOLD_CUDA_CHECK(cudaDeviceSynchronize());
+  const std::string shp = shape_str(E, shape.k, H, 0, T, cap);
+  auto tile = download<uint32_t>(d_tile.p, size_t(T) * E);
+  auto wide = download<uint32_t>(d_wide.p, size_t(T) * E);
+  size_t mis = 0;
+  for (size_t i = 0; i < tile.size(); ++i) mis += tile[i] != wide[i];
+  EXPECT_TRUE(contract_exact("router_logits_wide_eq_tile", shp, mis));
+  std::vector<float> lref(size_t(T) * E), lw(size_t(T) * E);
+  cpu::linear(xf.data(), wf.data(), nullptr, lref.data(), T, H, E);
+  std::memcpy(lw.data(), wide.data(), lw.size() * 4);
+  EXPECT_TRUE(contract("router_logits_wide", shp, rel_err(lw, lref), 1e-5));
+  const size_t pad = size_t(cap - T) * E * 4;
+  EXPECT_TRUE(contract_exact("router_logits_wide_padding", shp,
+                             count_unpoisoned(d_wide.as<float>() + size_t(T) * E, pad) +
+                                 count_unpoisoned(d_tile.as<float>() + size_t(T) * E, pad)));
+}
+
+TEST(MoeRouter, WideLogitsEqualTileLogits) {
+  MOEFOLD_REQUIRE_GPU();
+  uint64_t seed = 900;
+  for (auto [E, H] : {std::pair{256, 2048}, std::pair{160, 768}, std::pair{64, 384}, std::pair{2, 128}})
+    for (auto [T, cap] : {std::pair{1, 5}, std::pair{17, 130}, std::pair{129, 300}, std::pair{4100, 4200}})
+      check_wide_logits(E, H, T, cap, seed += 7);
+}
+
 }  // namespace
 }  // namespace moefold::cuda::moe_test
