@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Session 16's last H200 call: the router logits' wide-tile kernel against the 16 x 16-tile one (bitwise,
 # memcheck), the approximate SiLU of the conv1d and the gated RMSNorm (DeltaNet contract tests, fused
-# decode == three launches), qk_norm_rope's loads ahead of its cos / sin table, the end-to-end GPU suites, then a 32k-token prefill of the 35B shape profiled
-# A B B A (A: main before the session, B: this tree), B again with two and four norm rows a thread, and the
-# kernel table of the first B run.
+# decode == three launches), qk_norm_rope's loads ahead of its cos / sin table, the end-to-end GPU suites,
+# then a 32k-token prefill of the 35B shape profiled A B B A (A: main before the session, B: this tree), B
+# again with two and four norm rows a thread, and the kernel table of the first B run.
 # Usage: [SUITES='name:filter ...'] [RUNS='old new ...'] scripts/gpu/session16_final.sh BIN_DIR OUT_DIR
 #   BIN_DIR: moefold_old, moefold, moe_test, gated_delta_net_test, and the suites' *_test binaries.
 #   SUITES, RUNS: the test binaries (with gtest filters) and the profile runs, in place of the defaults below.

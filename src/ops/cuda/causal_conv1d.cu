@@ -14,6 +14,7 @@
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/launch_scope.h"
 #include "ops/cuda/pdl.cuh"
+#include "ops/cuda/silu_approx.cuh"
 
 namespace moefold::cuda {
 namespace {
@@ -37,8 +38,6 @@ prof::Work conv_work(int64_t rows, int64_t seqs, int C, int K) {
     if (!(cond)) ::moefold::fail(fmt::runtime(f), __VA_ARGS__); \
   } while (0)
 
-using conv1d::silu;
-__device__ __forceinline__ float silu_f(float x) { return silu(x); }
 
 // Largest s in [0, n) with cu[s] <= r (cu non-decreasing, cu[0] <= r < cu[n]).
 __device__ __forceinline__ int find_seq(const int32_t* cu, int n, int r) {
@@ -76,7 +75,7 @@ __global__ void __launch_bounds__(kConvThreads)
 #pragma unroll
     for (int j = 0; j < kMaxConvKernel; ++j)
       if (j < K) acc += wc[j] * __bfloat162float(x[size_t(r - Km1 + j) * xs + c]);
-    y[size_t(r) * C + c] = __float2bfloat16(silu_f(acc));
+    y[size_t(r) * C + c] = __float2bfloat16(silu_approx(acc));
     return;
   }
   if (t != 0) return;  // rows 1..K-2 are produced by the t == 0 thread below
@@ -102,7 +101,7 @@ __global__ void __launch_bounds__(kConvThreads)
 #pragma unroll
     for (int j = 0; j < kMaxConvKernel; ++j)
       if (j < K) acc += wc[j] * buf[tt + j];
-    y[size_t(bos + tt) * C + c] = __float2bfloat16(silu_f(acc));
+    y[size_t(bos + tt) * C + c] = __float2bfloat16(silu_approx(acc));
   }
   // New state: the last K-1 entries of [state | x_0 .. x_{len-1}].
 #pragma unroll
@@ -158,7 +157,7 @@ __device__ void conv_head8(const __nv_bfloat16* __restrict__ x, const float (&wc
       float acc = 0.0f;
 #pragma unroll
       for (int j = 0; j < kVecK; ++j) acc += wc[ch][j] * buf[tt + j];
-      y[size_t(bos + tt) * C + c] = __float2bfloat16(silu_f(acc));
+      y[size_t(bos + tt) * C + c] = __float2bfloat16(silu_approx(acc));
     }
 #pragma unroll
     for (int j = 0; j < Km1; ++j) {
@@ -182,7 +181,7 @@ __device__ __forceinline__ uint4 conv_row8(const float (&wc)[8][kVecK], const ui
     float acc = 0.0f;
 #pragma unroll
     for (int j = 0; j < kVecK; ++j) acc += wc[ch][j] * in[j][ch];
-    o[ch] = __float2bfloat16(silu_f(acc));
+    o[ch] = __float2bfloat16(silu_approx(acc));
   }
   return *reinterpret_cast<const uint4*>(o);
 }
@@ -343,7 +342,7 @@ __global__ void __launch_bounds__(kTileThreads)
           acc_a += wa[j] * a[i + j];
           acc_b += wb[j] * b[i + j];
         }
-        const __nv_bfloat162 o = __floats2bfloat162_rn(silu_f(acc_a), silu_f(acc_b));
+        const __nv_bfloat162 o = __floats2bfloat162_rn(silu_approx(acc_a), silu_approx(acc_b));
         set_word(out[i], p, *reinterpret_cast<const uint32_t*>(&o));
       }
     }

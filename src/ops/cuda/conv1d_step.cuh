@@ -9,9 +9,6 @@
 
 namespace moefold::cuda::conv1d {
 
-/// The conv output's SiLU: silu_approx (silu_approx.cuh), shared with the gated RMSNorm kernels.
-__device__ __forceinline__ float silu(float x) { return silu_approx(x); }
-
 /// The window of one channel: its K - 1 state values st[0..K-2] (oldest first), then the new input x;
 /// entries past K - 1 are zero.
 __device__ __forceinline__ void load_window(const __nv_bfloat16* st, __nv_bfloat16 x, int K,
@@ -32,7 +29,7 @@ __device__ __forceinline__ __nv_bfloat16 output(const __nv_bfloat16* w, int K,
 #pragma unroll
   for (int j = 0; j < kMaxConvKernel; ++j)
     if (j < K) acc += __bfloat162float(w[j]) * __bfloat162float(win[j]);
-  return __float2bfloat16(silu(acc));
+  return __float2bfloat16(silu_approx(acc));
 }
 
 /// The new state: the window shifted by one (oldest value dropped, x appended).

@@ -114,9 +114,10 @@ void set_combine_norm_fused(bool on);
 /// Capacity (rows) from which moe_router_logits runs the 128 x 128-tile kernel (router_logits_wide_kernel)
 /// instead of the 16 x 16 tiles: a prefill-sized step. Both give the same bytes.
 inline constexpr int kRouterWideMinRows = 2048;
-/// The router logits kernel: 0 automatic (by kRouterWideMinRows), 1 the 16 x 16 tiles, 2 the wide tiles
+/// The router logits kernel: automatic (by kRouterWideMinRows), the 16 x 16 tiles or the wide tiles
 /// (MOEFOLD_MOE_ROUTER_LOGITS=tile|wide sets it at start-up). The setter is for A/B tests.
-void set_router_logits_kind(int kind);
+enum class RouterLogitsKind { kAuto, kTile, kWide };
+void set_router_logits_kind(RouterLogitsKind kind);
 /// Whether moe_router_logits takes the wide-tile kernel at this capacity.
 bool router_logits_wide(int capacity);
 /// Whether moe_router_route runs the cluster-fused router logits + top-k + plan kernel where it applies

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <string_view>
+#include <type_traits>
 
 #include "core/error.h"
 #include "ops/cuda/cuda_check.h"
@@ -28,6 +29,10 @@ namespace {
 // each logit with the same operations in the same order: padded and unpadded runs agree bit for bit.
 // Decode (1 row) is latency-bound: the K split puts KSPLIT independent load streams on each tile.
 constexpr int kRouterBM = 16, kRouterBN = 16, kRouterBK = 64, kRouterStages = 3;
+
+/// KSPLIT of the router logits for H: it depends on H only, and every logits kernel (16 x 16 tiles, wide
+/// tiles, the cluster-fused route) must use the same one to give the same bits.
+int router_ksplit(int H) { return H % (8 * kRouterBK) == 0 ? 8 : (H % (4 * kRouterBK) == 0 ? 4 : 2); }
 
 // The 16 x 16 logit tile at rows m0.., experts n0.. (nrows live rows of it) by the CTA's KSPLIT warps:
 // router_logits_kernel's body, shared with the cluster-fused router + route kernel (the same bits).
@@ -306,11 +311,12 @@ std::atomic<int64_t> g_cluster_launches{0};
 
 /// MOEFOLD_MOE_ROUTER_LOGITS: "tile" (router_logits_kernel always), "wide" (router_logits_wide_kernel
 /// always), else automatic (wide from kRouterWideMinRows rows of capacity). The same bytes either way.
-int g_router_logits_kind = [] {
+moe_detail::RouterLogitsKind g_router_logits_kind = [] {
+  using K = moe_detail::RouterLogitsKind;
   const char* v = std::getenv("MOEFOLD_MOE_ROUTER_LOGITS");
-  if (v && std::string_view(v) == "tile") return 1;
-  if (v && std::string_view(v) == "wide") return 2;
-  return 0;
+  if (v && std::string_view(v) == "tile") return K::kTile;
+  if (v && std::string_view(v) == "wide") return K::kWide;
+  return K::kAuto;
 }();
 
 bool g_router_cluster = [] {
@@ -410,15 +416,15 @@ void moe_router_logits(const __nv_bfloat16* x, const __nv_bfloat16* w_router, co
     return prof::Work{double(s.E) * s.H * 2 + T * s.H * 2 + T * s.E * 4, 2.0 * T * s.H * s.E};
   });
   // The K split depends on H only (bit-identical logits at every capacity, with either kernel).
-  if (s.H % (8 * kRouterBK) == 0)
-    wide ? launch_router_logits_wide<8>(x, w_router, num_rows, s, logits, stream)
-         : launch_router_logits<8>(x, w_router, num_rows, s, logits, stream);
-  else if (s.H % (4 * kRouterBK) == 0)
-    wide ? launch_router_logits_wide<4>(x, w_router, num_rows, s, logits, stream)
-         : launch_router_logits<4>(x, w_router, num_rows, s, logits, stream);
-  else
-    wide ? launch_router_logits_wide<2>(x, w_router, num_rows, s, logits, stream)
-         : launch_router_logits<2>(x, w_router, num_rows, s, logits, stream);
+  auto run = [&](auto ksplit) {
+    constexpr int KS = decltype(ksplit)::value;
+    wide ? launch_router_logits_wide<KS>(x, w_router, num_rows, s, logits, stream)
+         : launch_router_logits<KS>(x, w_router, num_rows, s, logits, stream);
+  };
+  const int ks = router_ksplit(s.H);
+  if (ks == 8) run(std::integral_constant<int, 8>{});
+  else if (ks == 4) run(std::integral_constant<int, 4>{});
+  else run(std::integral_constant<int, 2>{});
 }
 
 void moe_router_topk(const float* logits, const int32_t* num_rows, const MoeShape& s, bool renormalize,
@@ -438,9 +444,10 @@ void moe_router_topk(const float* logits, const int32_t* num_rows, const MoeShap
 }
 
 namespace moe_detail {
-void set_router_logits_kind(int kind) { g_router_logits_kind = kind; }
+void set_router_logits_kind(RouterLogitsKind kind) { g_router_logits_kind = kind; }
 bool router_logits_wide(int capacity) {
-  return g_router_logits_kind == 2 || (g_router_logits_kind == 0 && capacity >= kRouterWideMinRows);
+  return g_router_logits_kind == RouterLogitsKind::kWide ||
+         (g_router_logits_kind == RouterLogitsKind::kAuto && capacity >= kRouterWideMinRows);
 }
 void set_router_cluster(bool on) { g_router_cluster = on; }
 bool router_cluster() { return g_router_cluster; }
@@ -448,8 +455,6 @@ int64_t router_cluster_launches() { return g_cluster_launches.load(std::memory_o
 }  // namespace moe_detail
 
 namespace {
-/// KSPLIT of moe_router_logits for H (the cluster kernel must use the same one: the same bits).
-int router_ksplit(int H) { return H % (8 * kRouterBK) == 0 ? 8 : (H % (4 * kRouterBK) == 0 ? 4 : 2); }
 int cluster_smem_bytes(int ksplit) {
   return ksplit == 8 ? cluster_smem<8>() : (ksplit == 4 ? cluster_smem<4>() : cluster_smem<2>());
 }

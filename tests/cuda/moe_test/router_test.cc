@@ -257,13 +257,13 @@ void check_wide_logits(int E, int H, int T, int cap, uint64_t seed) {
   MOEFOLD_CUDA_CHECK(cudaMemset(d_tile.p, 0xFF, d_tile.bytes));
   MOEFOLD_CUDA_CHECK(cudaMemset(d_wide.p, 0xFF, d_wide.bytes));
   const MoeShape shape{cap, E, 8 < E ? 8 : 1, H, 64};
-  moe_detail::set_router_logits_kind(1);
+  moe_detail::set_router_logits_kind(moe_detail::RouterLogitsKind::kTile);
   moe_router_logits(d_x.as<__nv_bfloat16>(), d_w.as<__nv_bfloat16>(), d_rows.as<int32_t>(), shape, d_tile.as<float>(),
                     nullptr);
-  moe_detail::set_router_logits_kind(2);
+  moe_detail::set_router_logits_kind(moe_detail::RouterLogitsKind::kWide);
   moe_router_logits(d_x.as<__nv_bfloat16>(), d_w.as<__nv_bfloat16>(), d_rows.as<int32_t>(), shape, d_wide.as<float>(),
                     nullptr);
-  moe_detail::set_router_logits_kind(0);
+  moe_detail::set_router_logits_kind(moe_detail::RouterLogitsKind::kAuto);
   MOEFOLD_CUDA_CHECK(cudaDeviceSynchronize());
   const std::string shp = shape_str(E, shape.k, H, 0, T, cap);
   auto tile = download<uint32_t>(d_tile.p, size_t(T) * E);
