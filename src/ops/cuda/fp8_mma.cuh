@@ -20,12 +20,12 @@
 // added in warp order 0, 1, .., WK-1 by the kernels (block_reduce). Each mma output depends on its own
 // row and token only, so a token's result is bitwise the same alone or in any batch.
 //
-// Exact decoding: the 7 magnitude bits of an e4m3 byte placed at bit 4 of a bf16 (sign at bit 15) are
-// the bf16 of f8 * 2^-120 (bf16 subnormals for e4m3 subnormals: both formats put the mantissa after the
-// same implicit bit), and a bf16 multiply by 2^120 (exact: a power of two, result normal) gives f8.
+// Exact decoding (e4m3x2_bf16x2): Hopper's e4m3 -> f16 conversion, then f16 -> bf16 through fp32; every
+// finite e4m3 value is exact in both (at most 4 significant bits, exponents in range).
 // Needs K % 16 == 0 and 16-byte aligned weight rows and token rows.
 #pragma once
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <cstdint>
 
@@ -36,12 +36,16 @@ namespace moefold::cuda::fp8mma {
 constexpr int kBlockK = 128;  // scale block = one pipeline unit of K
 
 /// bf16x2 of two e4m3 bytes of w, exactly: sel 0x1404 takes bytes 0 (low half) and 1, 0x3424 bytes 2, 3.
+/// Hopper's conversion (cvt.rn.f16x2.e4m3x2, one instruction for the pair: f16 holds every e4m3 value),
+/// then f16 -> fp32 -> bf16 (exact: 4 significant bits): four instructions per pair.
 __device__ __forceinline__ uint32_t e4m3x2_bf16x2(uint32_t w, uint32_t sel) {
-  uint32_t h = __byte_perm(w, 0u, sel);  // each byte at bits 8..15 of its 16-bit half
-  h = (h & 0x80008000u) | ((h >> 4) & 0x07f007f0u);
-  const uint32_t k = 0x7b807b80u;  // bf16x2 (2^120, 2^120)
-  __nv_bfloat162 v = *reinterpret_cast<const __nv_bfloat162*>(&h);
-  v = __hmul2(v, *reinterpret_cast<const __nv_bfloat162*>(&k));
+  uint32_t h;
+  if (sel == 0x1404u)
+    asm("{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %1;\ncvt.rn.f16x2.e4m3x2 %0, lo;\n}\n" : "=r"(h) : "r"(w));
+  else
+    asm("{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %1;\ncvt.rn.f16x2.e4m3x2 %0, hi;\n}\n" : "=r"(h) : "r"(w));
+  const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
+  const __nv_bfloat162 v = __floats2bfloat162_rn(f.x, f.y);
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
