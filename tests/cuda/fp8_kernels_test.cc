@@ -32,6 +32,7 @@
 #include "cuda/cuda_test_util.h"
 #include "ops/cpu/fp8_ideal.h"
 #include "ops/cuda/cuda_check.h"
+#include "ops/cuda/elementwise.h"
 #include "ops/cuda/fp8_gemv.h"
 #include "ops/cuda/moe_fp8.h"
 
@@ -310,6 +311,7 @@ TEST(MoeFp8, ContractVsIdealChain) {
     if (E != 256)
       for (int T : {113, 114, 128}) moe_case(m, T, 128);
     moe_case(m, 17, 17);
+    moe_case(m, 1, 1);  // one token: the stream kernels (moe_fp8_stream.cu)
   }
 }
 
@@ -323,6 +325,105 @@ TEST(MoeFp8, OnlyFirstOrOnlyLastExpert) {
       std::vector<int32_t> rep(64, which);
       moe_case(m, 64, 64, &rep, which == 0 ? ",only_expert_0" : ",only_expert_E-1");
       moe_case(m, 17, 64, &rep, which == 0 ? ",only_expert_0" : ",only_expert_E-1");
+      const std::vector<int32_t> one(1, which);
+      moe_case(m, 1, 1, &one, which == 0 ? ",only_expert_0" : ",only_expert_E-1");
+    }
+  }
+}
+
+// The one-token stream kernels (moe_fp8_stream.cu) against the register-fed ones: the same bytes in ids,
+// act, y and out, at shapes with partial scale blocks (I 64 .. 2112) and every warps-along-K split
+// (WK 1, 2, 4), with the stream kernels proven to have run; a step with no live row writes nothing.
+TEST(MoeFp8, StreamEqualsRegisterFedBitwise) {
+  MOEFOLD_REQUIRE_GPU();
+  std::vector<std::array<int, 4>> shapes = {{8, 2, 128, 64},  {16, 4, 256, 192}, {256, 8, 2048, 512}, {512, 10, 512, 128},
+                                            {32, 4, 256, 448}, {8, 2, 384, 576},  {8, 1, 128, 2112},  {64, 8, 1024, 320}};
+  if (small_only()) shapes = {{8, 2, 128, 64}, {16, 4, 256, 192}, {8, 1, 128, 2112}};
+  for (auto [E, k, H, I] : shapes) {
+    std::unique_ptr<MoeCase> own;
+    MoeCase& m = E == 256 ? real_shape() : *(own = std::make_unique<MoeCase>(E, k, H, I));
+    const std::string shape = m.name(1, 1);
+    MoeShape s1{1, E, k, H, I};
+    s1.expert_tiles = kMoeExpertGemv;
+    ASSERT_TRUE(moe_fp8_stream_supported(s1)) << shape;
+    for (uint64_t seed : {1u, 2u, 3u}) {
+      const std::vector<float> x = test::rand_bf16(size_t(H), seed * 7919 + uint64_t(E));
+      auto dx = test::dev_bf16(x);
+      set_moe_fp8_stream(false);
+      const int64_t before = moe_fp8_stream_launches();
+      const MoeRun b = run_moe(m, dx, 1, 1, nullptr);
+      EXPECT_EQ(moe_fp8_stream_launches(), before) << shape << ": the register-fed run took the stream kernels";
+      set_moe_fp8_stream(true);
+      const int64_t n0 = moe_fp8_stream_launches();
+      const MoeRun a = run_moe(m, dx, 1, 1, nullptr);
+      EXPECT_EQ(moe_fp8_stream_launches() - n0, 2) << shape << ": the stream kernels did not run";
+      size_t diff = a.ids != b.ids;
+      for (size_t i = 0; i < a.act.size(); ++i) diff += a.act[i] != b.act[i];
+      for (size_t i = 0; i < a.y.size(); ++i) diff += a.y[i] != b.y[i];
+      for (size_t i = 0; i < a.out.size(); ++i) diff += a.out[i] != b.out[i];
+      EXPECT_TRUE(contract_exact("moe_fp8_stream:bitwise_vs_register_fed", shape + ",seed=" + std::to_string(seed), diff));
+    }
+    const std::vector<float> x = test::rand_bf16(size_t(H), 5);
+    auto dx = test::dev_bf16(x);
+    const MoeRun none = run_moe(m, dx, 0, 1, nullptr);
+    EXPECT_TRUE(contract_exact("moe_fp8_stream:no_live_row_writes_nothing", shape,
+                               test::touched(none.act, 0, none.act.size()) + test::touched(none.y, 0, none.y.size()) +
+                                   test::touched(none.out, 0, none.out.size())));
+  }
+}
+
+// The FP8 shared expert inside the stream kernels (moe_fp8_forward_shared) against its dense chain
+// (fp8_gemv gate_up, swiglu, fp8_gemv down, then moe_fp8_forward with that shared_out): the same bytes in
+// the shared act, shared_out, the routed y and the layer output; with no live row nothing is written.
+TEST(MoeFp8, SharedExpertInStreamEqualsDenseChainBitwise) {
+  MOEFOLD_REQUIRE_GPU();
+  std::vector<std::array<int, 4>> shapes = {{8, 2, 128, 64}, {16, 4, 256, 192}, {256, 8, 2048, 512}, {8, 1, 128, 2112},
+                                            {64, 8, 1024, 320}};
+  if (small_only()) shapes = {{8, 2, 128, 64}, {16, 4, 256, 192}};
+  for (auto [E, k, H, I] : shapes) {
+    std::unique_ptr<MoeCase> own;
+    MoeCase& m = E == 256 ? real_shape() : *(own = std::make_unique<MoeCase>(E, k, H, I));
+    const std::string shape = m.name(1, 1) + ",shared_I=" + std::to_string(I);
+    MoeShape s{1, E, k, H, I};
+    s.expert_tiles = kMoeExpertGemv;
+    ASSERT_TRUE(moe_fp8_shared_fusable(s, I)) << shape;
+    DevFp8 sgu(rand_fp8(2 * I, H, uint64_t(E + 101))), sdn(rand_fp8(H, I, uint64_t(E + 102)));
+    auto gate = test::dev_bf16(test::rand_bf16(size_t(H), 17, 1.0f / std::sqrt(float(H))));
+    for (int live_rows : {1, 0}) {
+      const std::string sh = shape + ",live=" + std::to_string(live_rows);
+      auto dx = test::dev_bf16(test::rand_bf16(size_t(H), uint64_t(E * 3 + H)));
+      DeviceBuffer<int32_t> live(1);
+      live.upload(std::vector<int32_t>{live_rows});
+      DeviceBuffer<uint8_t> wsa(moe_workspace_bytes(s)), wsb(moe_workspace_bytes(s));
+      MoeWorkspace wa = moe_workspace_bind(wsa.data(), wsa.size(), s), wb = moe_workspace_bind(wsb.data(), wsb.size(), s);
+      DeviceBuffer<bf16> gu{size_t(2 * I)}, act_a{size_t(I)}, act_b{size_t(I)}, so_a{size_t(H)}, so_b{size_t(H)},
+          out_a{size_t(H)}, out_b{size_t(H)};
+      for (auto* b : {&act_a, &act_b, &so_a, &so_b, &out_a, &out_b}) b->fill_bytes(0xFF);
+      fill_device_bytes(wa.y, 0xFF, size_t(k) * H * 2, nullptr);
+      fill_device_bytes(wb.y, 0xFF, size_t(k) * H * 2, nullptr);
+      // A: the dense chain, as the executor runs it without the fusion.
+      fp8_gemv(dx.data(), sgu.q.data(), sgu.s.data(), nullptr, gu.data(), 1, H, 2 * I, live.data(), nullptr);
+      swiglu(gu.data(), act_a.data(), 1, I, live.data(), nullptr);
+      fp8_gemv(act_a.data(), sdn.q.data(), sdn.s.data(), nullptr, so_a.data(), 1, I, H, live.data(), nullptr);
+      moe_fp8_forward(dx.data(), m.drouter.data(), m.dgu->q.data(), m.dgu->s.data(), m.ddn->q.data(), m.ddn->s.data(),
+                      so_a.data(), gate.data(), nullptr, live.data(), s, true, wa, out_a.data(), nullptr);
+      // B: the shared expert as items of the stream kernels.
+      const int64_t n0 = moe_fp8_stream_launches();
+      const MoeFp8SharedExpert shared{sgu.q.data(), sgu.s.data(), sdn.q.data(), sdn.s.data(), I, act_b.data(), so_b.data()};
+      moe_fp8_forward_shared(dx.data(), m.drouter.data(), m.dgu->q.data(), m.dgu->s.data(), m.ddn->q.data(),
+                             m.ddn->s.data(), shared, gate.data(), nullptr, live.data(), s, true, wb, out_b.data(), nullptr);
+      MOEFOLD_CUDA_CHECK(cudaDeviceSynchronize());
+      EXPECT_EQ(moe_fp8_stream_launches() - n0, 2) << sh << ": the stream kernels did not run";
+      const auto aa = bits_of(act_a), ab = bits_of(act_b), sa = bits_of(so_a), sb = bits_of(so_b), oa = bits_of(out_a),
+                 ob = bits_of(out_b);
+      std::vector<uint16_t> ya(size_t(k) * H), yb(size_t(k) * H);
+      MOEFOLD_CUDA_CHECK(cudaMemcpy(ya.data(), wa.y, ya.size() * 2, cudaMemcpyDeviceToHost));
+      MOEFOLD_CUDA_CHECK(cudaMemcpy(yb.data(), wb.y, yb.size() * 2, cudaMemcpyDeviceToHost));
+      size_t diff = (aa != ab) + (sa != sb) + (oa != ob) + (ya != yb);
+      if (live_rows == 0)  // nothing written by either
+        diff += test::touched(ab, 0, ab.size()) + test::touched(sb, 0, sb.size()) + test::touched(ob, 0, ob.size()) +
+                test::touched(yb, 0, yb.size());
+      EXPECT_TRUE(contract_exact("moe_fp8_stream:shared_expert_bitwise_vs_dense_chain", sh, diff));
     }
   }
 }
@@ -393,6 +494,40 @@ TEST(Fp8Bench, DecodeBandwidth) {
                 T, touched, tg, pct(gu_bytes, tg), td, pct(dn_bytes, td), (gu_bytes + dn_bytes) / (tg + td) * 1e-3,
                 pct(gu_bytes + dn_bytes, tg + td), tgs, tds, pct(gu_bytes + dn_bytes, tgs + tds));
   }
+  // One token: the register-fed expert kernels beside the stream kernels (moe_fp8_stream.cu), each alone
+  // with L2 flushed, then the routed chain (router to combine) either way.
+  {
+    MoeShape s{1, m.E, m.k, m.H, m.I};
+    s.expert_tiles = kMoeExpertGemv;
+    DeviceBuffer<uint8_t> wsb(moe_workspace_bytes(s));
+    MoeWorkspace ws = moe_workspace_bind(wsb.data(), wsb.size(), s);
+    auto dx = test::dev_bf16(test::rand_bf16(size_t(m.H), 11));
+    DeviceBuffer<bf16> out(size_t(m.H));
+    DeviceBuffer<int32_t> live(1);
+    live.upload(std::vector<int32_t>{1});
+    auto chain = [&] {
+      moe_fp8_forward(dx.data(), m.drouter.data(), m.dgu->q.data(), m.dgu->s.data(), m.ddn->q.data(), m.ddn->s.data(),
+                      nullptr, nullptr, nullptr, live.data(), s, true, ws, out.data(), nullptr);
+    };
+    chain();
+    MOEFOLD_CUDA_CHECK(cudaDeviceSynchronize());
+    const double gu_bytes = double(m.k) * 2 * m.I * (m.H + double(m.H / 128) * 4);
+    const double dn_bytes = double(m.k) * m.H * (m.I + double(m.I / 128) * 4);
+    auto pct = [&](double bytes, double us) { return 100 * bytes / us * 1e-3 / peak; };
+    const double tg = time_cold([&] { moe_fp8_expert_gate_up(dx.data(), m.dgu->q.data(), m.dgu->s.data(), s, ws, nullptr); });
+    const double td = time_cold([&] { moe_fp8_expert_down(m.ddn->q.data(), m.ddn->s.data(), s, ws, nullptr); });
+    set_moe_fp8_stream(false);
+    const double tc = time_cold(chain);
+    set_moe_fp8_stream(true);
+    std::printf("BENCH moe_fp8_batch1 register-fed: gate_up us=%.1f (%.0f%%) down us=%.1f (%.0f%%) chain us=%.1f\n", tg,
+                pct(gu_bytes, tg), td, pct(dn_bytes, td), tc);
+    const double sg = time_cold([&] { moe_fp8_stream_gate_up(dx.data(), m.dgu->q.data(), m.dgu->s.data(), s, ws, nullptr); });
+    const double sd = time_cold([&] { moe_fp8_stream_down(m.ddn->q.data(), m.ddn->s.data(), s, ws, nullptr); });
+    const double sc = time_cold(chain);
+    std::printf("BENCH moe_fp8_batch1 stream: gate_up us=%.1f (%.0f%%) down us=%.1f (%.0f%%) chain us=%.1f\n", sg,
+                pct(gu_bytes, sg), sd, pct(dn_bytes, sd), sc);
+  }
+  if (std::getenv("MOEFOLD_FP8_BENCH_MOE_ONLY")) return;
   // Dense projections of that model: q|gate (8192 x 2048), o_proj (2048 x 4096), DeltaNet qkv|z (12288 x 2048).
   for (auto [N, K] : std::vector<std::pair<int64_t, int64_t>>{{8192, 2048}, {2048, 4096}, {12288, 2048}, {1024, 2048}}) {
     const Fp8Weight w = rand_fp8(N, K, 1);

@@ -520,6 +520,23 @@ class CudaExecutor : public Executor {
            decode_gemm_fits(x_.data(), dev(gu.w), gu.in, 0) && decode_gemm_fits(ffn_act_.data(), dev(dn.w), dn.in, 0) &&
            cuda::moe_shared_fusable(step, int(Is));
   }
+  /// Whether this MoE layer's FP8 shared expert runs inside the one-token FP8 stream kernels
+  /// (moe_fp8_forward_shared; MOEFOLD_MOE_SHARED_STREAM's switch too): FP8 routed and shared weights
+  /// without bias on one GPU, a one-row step, and the dense chain it replaces (fp8_gemv, swiglu, fp8_gemv)
+  /// is what gemm() would run, so both give the same bits.
+  bool fp8_shared_expert_fusable(const MoeWeights& m, const cuda::MoeShape& step) const {
+    const int64_t Is = cfg_.shared_expert_intermediate_size;
+    const Linear &gu = m.shared_gate_up, &dn = m.shared_down;
+    if (!cuda::moe_shared_stream_enabled() || Is <= 0 || tp_ || step.capacity != 1 || !m.gate_up.device_scale ||
+        !gu.w.device_scale || !dn.w.device_scale || !gu.b.empty() || !dn.b.empty() || gu.out != 2 * Is ||
+        gu.in != cfg_.hidden_size || dn.in != Is || dn.out != cfg_.hidden_size ||
+        !cuda::fp8_gemv_supported(gu.in, x_.data(), 0, gu.w.device) ||
+        !cuda::fp8_gemv_supported(dn.in, ffn_act_.data(), 0, dn.w.device))
+      return false;
+    cuda::MoeShape s = step;
+    s.expert_tiles = cuda::kMoeExpertGemv;
+    return cuda::moe_fp8_shared_fusable(s, int(Is));
+  }
   /// The decode GEMM's preconditions (decode_gemm.h): K a multiple of 8, 16-byte rows of x and w.
   static bool decode_gemm_fits(const void* x, const void* w, int64_t in, int64_t x_stride) {
     auto al = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
@@ -1200,9 +1217,10 @@ bool CudaExecutor::ffn(size_t l, int64_t T, size_t moe_index) {
     // The shared expert inside the streaming expert kernels (moe_forward_shared: the same bits as the
     // dense chain below) where this step runs them, else decode GEMM + swiglu + decode GEMM.
     const bool fused_shared = shared_expert_fusable(m, step_shape);
+    const bool fused_shared_fp8 = !fused_shared && fp8_shared_expert_fusable(m, step_shape);
     if (c.shared_expert_intermediate_size > 0) {
       shared_out = y_.data();
-      if (!fused_shared) {
+      if (!fused_shared && !fused_shared_fp8) {
         const int64_t Is = c.shared_expert_intermediate_size;
         gemm(m.shared_gate_up, x_.data(), gu_.data(), T);
         cuda::swiglu(gu_.data(), ffn_act_.data(), T, Is, num_rows, stream_);
@@ -1215,6 +1233,17 @@ bool CudaExecutor::ffn(size_t l, int64_t T, size_t moe_index) {
                                          int(c.shared_expert_intermediate_size), ffn_act_.data(), y_.data()};
       cuda::moe_forward_shared(x_.data(), dev(m.router.w), dev(m.gate_up), dev(m.down), shared, shared_gate, h_.data(),
                                num_rows, step_shape, c.norm_topk_prob, moe_ws_, h_.data(), stream_, replay, next);
+    } else if (fused_shared_fp8) {  // FP8 experts and shared expert, one token: the stream kernels
+      const cuda::MoeFp8SharedExpert shared{static_cast<const uint8_t*>(m.shared_gate_up.w.device),
+                                            static_cast<const float*>(m.shared_gate_up.w.device_scale),
+                                            static_cast<const uint8_t*>(m.shared_down.w.device),
+                                            static_cast<const float*>(m.shared_down.w.device_scale),
+                                            int(c.shared_expert_intermediate_size), ffn_act_.data(), y_.data()};
+      cuda::moe_fp8_forward_shared(x_.data(), dev(m.router.w), static_cast<const uint8_t*>(m.gate_up.device),
+                                   static_cast<const float*>(m.gate_up.device_scale),
+                                   static_cast<const uint8_t*>(m.down.device),
+                                   static_cast<const float*>(m.down.device_scale), shared, shared_gate, h_.data(),
+                                   num_rows, step_shape, c.norm_topk_prob, moe_ws_, h_.data(), stream_, replay, next);
     } else if (tp_) {  // this rank's experts and shared-expert part, summed over the ranks into h
       tp_->moe(x_.data(), dev(m.router.w), dev(m.gate_up), dev(m.down), shared_out, shared_gate, h_.data(), T, num_rows,
                c.norm_topk_prob, opt_.batch_invariant, replay);

@@ -334,9 +334,34 @@ void moe_fp8_forward(const bf16* x, const bf16* w_router, const uint8_t* gate_up
   MOEFOLD_CHECK(num_rows && x && w_router && out, "moe_fp8_forward: null pointer (num_rows is a device int32)");
   moe_router_logits(x, w_router, num_rows, s, ws.logits, stream);
   moe_route(ws.logits, num_rows, s, renormalize, ws, stream, replay);
-  moe_fp8_expert_gate_up(x, gate_up, gate_up_scale, s, ws, stream);
-  moe_fp8_expert_down(down, down_scale, s, ws, stream);
+  if (moe_fp8_stream_enabled() && moe_fp8_stream_supported(s)) {  // one token: the bulk-copy kernels, same bits
+    moe_fp8_stream_gate_up(x, gate_up, gate_up_scale, s, ws, stream);
+    moe_fp8_stream_down(down, down_scale, s, ws, stream);
+  } else {
+    moe_fp8_expert_gate_up(x, gate_up, gate_up_scale, s, ws, stream);
+    moe_fp8_expert_down(down, down_scale, s, ws, stream);
+  }
   moe_combine(ws.weights, ws, shared_out, shared_gate_w, x, residual, num_rows, s, out, stream, next);
+}
+
+void moe_fp8_forward_shared(const bf16* x, const bf16* w_router, const uint8_t* gate_up, const float* gate_up_scale,
+                            const uint8_t* down, const float* down_scale, const MoeFp8SharedExpert& shared,
+                            const bf16* shared_gate_w, const bf16* residual, const int32_t* num_rows,
+                            const MoeShape& shape, bool renormalize, const MoeWorkspace& ws, bf16* out,
+                            cudaStream_t stream, const int32_t* replay, const MoeNextNorm* next) {
+  MoeShape s = shape;
+  s.expert_tiles = kMoeExpertGemv;  // the plan's 8-pair tiles
+  check(s, ws, "moe_fp8_forward_shared");
+  MOEFOLD_CHECK(num_rows && x && w_router && out, "moe_fp8_forward_shared: null pointer (num_rows is a device int32)");
+  MOEFOLD_CHECK(moe_fp8_shared_fusable(s, shared.I),
+                "moe_fp8_forward_shared: the shared expert (I={}) cannot run in the stream kernels at capacity {} "
+                "(routed I={}); use moe_fp8_forward",
+                shared.I, s.capacity, s.I);
+  moe_router_logits(x, w_router, num_rows, s, ws.logits, stream);
+  moe_route(ws.logits, num_rows, s, renormalize, ws, stream, replay);
+  moe_fp8_stream_gate_up(x, gate_up, gate_up_scale, s, ws, stream, &shared, num_rows);
+  moe_fp8_stream_down(down, down_scale, s, ws, stream, &shared, num_rows);
+  moe_combine(ws.weights, ws, shared.out, shared_gate_w, x, residual, num_rows, s, out, stream, next);
 }
 
 }  // namespace moefold::cuda

@@ -42,8 +42,44 @@ void moe_fp8_expert_gate_up_simt(const __nv_bfloat16* x, const uint8_t* gate_up,
 void moe_fp8_expert_down_simt(const uint8_t* down, const float* down_scale, const MoeShape& shape,
                               const MoeWorkspace& ws, cudaStream_t stream);
 
+/// A block-scaled FP8 shared expert (no bias), run inside the stream kernels.
+struct MoeFp8SharedExpert {
+  const uint8_t* gate_up = nullptr;     // [2 I, H] e4m3: gate rows 0..I-1, then up rows I..2I-1
+  const float* gate_up_scale = nullptr;  // [2 I, ceil(H / 128)]
+  const uint8_t* down = nullptr;        // [H, I] e4m3
+  const float* down_scale = nullptr;    // [H, ceil(I / 128)]
+  int I = 0;                            // its intermediate size
+  __nv_bfloat16* act = nullptr;         // [capacity, I] scratch: swiglu of its gate / up
+  __nv_bfloat16* out = nullptr;         // [capacity, H]: its output (combine's shared_out)
+};
+
+/// The same two functions for a one-token step (shape.capacity == 1), with the weights fed to shared
+/// memory by the bulk copy engine (moe_fp8_stream.cu): the same bits as moe_fp8_expert_gate_up / _down.
+/// With `shared` (and num_rows, the device live count) the shared expert's items too, with the bits of
+/// its dense chain (fp8_gemv gate_up, swiglu, fp8_gemv down): shared->act, then shared->out.
+/// Preconditions as theirs and moe_fp8_stream_supported(shape) (with `shared`: moe_fp8_shared_fusable);
+/// moefold::Error otherwise. Asynchronous.
+void moe_fp8_stream_gate_up(const __nv_bfloat16* x, const uint8_t* gate_up, const float* gate_up_scale,
+                            const MoeShape& shape, const MoeWorkspace& ws, cudaStream_t stream,
+                            const MoeFp8SharedExpert* shared = nullptr, const int32_t* num_rows = nullptr);
+void moe_fp8_stream_down(const uint8_t* down, const float* down_scale, const MoeShape& shape, const MoeWorkspace& ws,
+                         cudaStream_t stream, const MoeFp8SharedExpert* shared = nullptr,
+                         const int32_t* num_rows = nullptr);
+/// Whether a shared expert of intermediate size shared_I can run inside the stream kernels of `shape`
+/// (enabled and supported, shared_I == shape.I, and the dense chain's K split equal to the items').
+bool moe_fp8_shared_fusable(const MoeShape& shape, int shared_I);
+/// Whether the stream kernels take `shape`: capacity 1, H % 128 == 0, I % 64 == 0, and a stage of
+/// 16-row items fits their shared memory (H up to ~4,000 bytes a row for gate_up).
+bool moe_fp8_stream_supported(const MoeShape& shape);
+/// Whether moe_fp8_forward runs them where supported (default on; MOEFOLD_MOE_FP8_STREAM=0 turns them
+/// off). The setter is for A/B tests; the bits do not change.
+void set_moe_fp8_stream(bool on);
+bool moe_fp8_stream_enabled();
+/// Stream-kernel launches issued by this process (tests: proof that they ran).
+int64_t moe_fp8_stream_launches();
+
 /// The routed chain of moe_forward with FP8 experts: router logits -> moe_route (GEMV tiles) -> FP8
-/// gate_up -> FP8 down -> moe_combine (fp32, slot order, + gated shared expert + residual).
+/// gate_up -> FP8 down (the stream kernels at capacity 1 where enabled and supported) -> moe_combine (fp32, slot order, + gated shared expert + residual).
 /// shape.capacity <= kMoeFp8MaxRows. Arguments otherwise as moe_forward.
 void moe_fp8_forward(const __nv_bfloat16* x, const __nv_bfloat16* w_router, const uint8_t* gate_up,
                      const float* gate_up_scale, const uint8_t* down, const float* down_scale,
@@ -51,6 +87,16 @@ void moe_fp8_forward(const __nv_bfloat16* x, const __nv_bfloat16* w_router, cons
                      const __nv_bfloat16* residual, const int32_t* num_rows, const MoeShape& shape, bool renormalize,
                      const MoeWorkspace& ws, __nv_bfloat16* out, cudaStream_t stream,
                      const int32_t* replay = nullptr, const MoeNextNorm* next = nullptr);
+
+/// moe_fp8_forward with the shared expert inside the two stream kernels (three launches fewer than its
+/// dense chain, the same bits): moe_fp8_shared_fusable(shape with 8-pair tiles, shared.I) must hold.
+/// Arguments as moe_fp8_forward, shared_out being shared.out.
+void moe_fp8_forward_shared(const __nv_bfloat16* x, const __nv_bfloat16* w_router, const uint8_t* gate_up,
+                            const float* gate_up_scale, const uint8_t* down, const float* down_scale,
+                            const MoeFp8SharedExpert& shared, const __nv_bfloat16* shared_gate_w,
+                            const __nv_bfloat16* residual, const int32_t* num_rows, const MoeShape& shape,
+                            bool renormalize, const MoeWorkspace& ws, __nv_bfloat16* out, cudaStream_t stream,
+                            const int32_t* replay = nullptr, const MoeNextNorm* next = nullptr);
 
 // ---- prefill sizes: W8A8 on the FP8 warpgroup tensor cores (moe_fp8_wgmma.cu) ----------------------
 
