@@ -92,6 +92,29 @@ __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
+/// One scale block of the single-token-fragment chain: p[mf] = the 8 chained mma steps from zero over the
+/// block, weights v[mf][h][c] (the lane's 32 bytes of rows g, g + 8 of fragment mf) decoded right before
+/// each mma, tokens xa (the lane's 64 bytes of token g), in the K permutation of the header. Shared by
+/// warp_mma_fp8 and the one-token stream kernels (moe_fp8_stream.cu), so their chains are one code.
+template <int MF>
+__device__ __forceinline__ void block_partials(const uint4 (&v)[MF][2][2], const uint4 (&xa)[4], float (&p)[MF][4]) {
+#pragma unroll
+  for (int mf = 0; mf < MF; ++mf)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) p[mf][q] = 0.0f;
+#pragma unroll
+  for (int st = 0; st < 8; ++st) {
+    const uint32_t bb0 = word(xa[st >> 1], (st & 1) * 2), bb1 = word(xa[st >> 1], (st & 1) * 2 + 1);
+#pragma unroll
+    for (int mf = 0; mf < MF; ++mf) {
+      const uint32_t w0 = word(v[mf][0][st >> 2], st & 3), w1 = word(v[mf][1][st >> 2], st & 3);
+      const uint32_t a[4] = {e4m3x2_bf16x2(w0, 0x1404u), e4m3x2_bf16x2(w1, 0x1404u), e4m3x2_bf16x2(w0, 0x3424u),
+                             e4m3x2_bf16x2(w1, 0x3424u)};
+      ptx::mma_bf16_16816(p[mf], a, bb0, bb1);
+    }
+  }
+}
+
 /// acc[mf][nt][0..3] (the mma C fragment: rows g, g + 8 of fragment mf; tokens 2t, 2t+1 of token
 /// fragment nt) += the weight rows . the tokens over blocks kb0, kb0 + WK, .. < KB (see the header).
 /// row/sc: the lane's weight rows (load_block); tok(nt): the lane's token g of fragment nt (null: none);
@@ -128,21 +151,7 @@ __device__ __forceinline__ void warp_mma_fp8(const uint8_t* const (&row)[MF][2],
     for (int c = 0; c < 4; ++c) xa[c] = b.x0[c];
     load_block<MF>(b, row, sc, t0, kb + 2 * WK, KB, K);  // refill while the mma work runs
     float p[MF][4];
-#pragma unroll
-    for (int mf = 0; mf < MF; ++mf)
-#pragma unroll
-      for (int q = 0; q < 4; ++q) p[mf][q] = 0.0f;
-#pragma unroll
-    for (int st = 0; st < 8; ++st) {
-      const uint32_t bb0 = word(xa[st >> 1], (st & 1) * 2), bb1 = word(xa[st >> 1], (st & 1) * 2 + 1);
-#pragma unroll
-      for (int mf = 0; mf < MF; ++mf) {
-        const uint32_t w0 = word(v[mf][0][st >> 2], st & 3), w1 = word(v[mf][1][st >> 2], st & 3);
-        const uint32_t a[4] = {e4m3x2_bf16x2(w0, 0x1404u), e4m3x2_bf16x2(w1, 0x1404u), e4m3x2_bf16x2(w0, 0x3424u),
-                               e4m3x2_bf16x2(w1, 0x3424u)};
-        ptx::mma_bf16_16816(p[mf], a, bb0, bb1);
-      }
-    }
+    block_partials<MF>(v, xa, p);
 #pragma unroll
     for (int mf = 0; mf < MF; ++mf) {
       acc[mf][0][0] = fmaf(p[mf][0], s[mf][0], acc[mf][0][0]);

@@ -457,14 +457,6 @@ GemmParams plan_params(const MoeWorkspace& ws) {
   p.offsets = ws.offsets;
   return p;
 }
-moe_detail::PlanView plan_view(const MoeWorkspace& ws) {
-  moe_detail::PlanView v;
-  v.pairs = ws.pairs;
-  v.tiles = ws.tiles;
-  v.num_tiles = ws.num_tiles;
-  v.offsets = ws.offsets;
-  return v;
-}
 // Worst-case plan tiles of the GEMV path at this step's capacity (8 pairs a tile).
 int gemv_max_tiles(const MoeShape& s, const MoeWorkspace& ws) {
   return std::min(ws.max_tiles, moe_detail::max_row_tiles(s, moe_detail::expert_tile_rows(kMoeExpertGemv)));
@@ -494,7 +486,7 @@ void moe_expert_gate_up(const __nv_bfloat16* x, const __nv_bfloat16* gate_up, co
                      [&] { return expert_work_bound(true, s); });
   set_expert_work(launch, true, s, ws);
   if (cfg == kMoeExpertGemv)
-    moe_detail::launch_gemv_gate_up(x, gate_up, plan_view(ws), s.k, s.H, s.I, gemv_max_tiles(s, ws), ws.act, stream);
+    moe_detail::launch_gemv_gate_up(x, gate_up, moe_detail::plan_view(ws), s.k, s.H, s.I, gemv_max_tiles(s, ws), ws.act, stream);
   else
     dispatch_expert_gemm<GemmMode::kExpertGateUp>(p, s, ws, s.I, stream);
 }
@@ -515,7 +507,7 @@ void moe_expert_down(const __nv_bfloat16* down, const MoeShape& s, const MoeWork
                      [&] { return expert_work_bound(false, s); });
   set_expert_work(launch, false, s, ws);
   if (cfg == kMoeExpertGemv)
-    moe_detail::launch_gemv_down(ws.act, down, plan_view(ws), s.H, s.I, gemv_max_tiles(s, ws), ws.y, stream);
+    moe_detail::launch_gemv_down(ws.act, down, moe_detail::plan_view(ws), s.H, s.I, gemv_max_tiles(s, ws), ws.y, stream);
   else
     dispatch_expert_gemm<GemmMode::kExpertDown>(p, s, ws, s.H, stream);
 }

@@ -243,14 +243,6 @@ void check(const MoeShape& s, const MoeWorkspace& ws, const char* what) {
                 ws.capacity, kMoeFp8MaxRows, s.E, s.k, s.H, s.I);
 }
 
-PlanView plan_of(const MoeWorkspace& ws) {
-  PlanView v;
-  v.pairs = ws.pairs;
-  v.tiles = ws.tiles;
-  v.num_tiles = ws.num_tiles;
-  v.offsets = ws.offsets;
-  return v;
-}
 
 int max_tiles(const MoeShape& s, const MoeWorkspace& ws) {
   return std::min(ws.max_tiles, moe_detail::max_row_tiles(s, kTilePairs));
@@ -278,7 +270,7 @@ void moe_fp8_expert_gate_up_simt(const bf16* x, const uint8_t* gate_up, const fl
   if (items <= 0) return;
   LaunchScope launch(kGateUp, stream, [&] { return work(true, s); });
   launch_pdl(moe_fp8_gate_up_kernel, dim3(int(std::min<int64_t>(items, resident))), dim3(kThreads), 0, stream, x,
-             gate_up, gate_up_scale, plan_of(ws), s.k, s.H, s.I, ws.act);
+             gate_up, gate_up_scale, moe_detail::plan_view(ws), s.k, s.H, s.I, ws.act);
   MOEFOLD_CUDA_CHECK_LAUNCH();
 }
 
@@ -291,7 +283,7 @@ void moe_fp8_expert_down_simt(const uint8_t* down, const float* down_scale, cons
   if (items <= 0) return;
   LaunchScope launch(kDown, stream, [&] { return work(false, s); });
   launch_pdl(moe_fp8_down_kernel, dim3(int(std::min<int64_t>(items, resident))), dim3(kThreads), 0, stream, ws.act,
-             down, down_scale, plan_of(ws), s.H, s.I, ws.y);
+             down, down_scale, moe_detail::plan_view(ws), s.H, s.I, ws.y);
   MOEFOLD_CUDA_CHECK_LAUNCH();
 }
 
@@ -305,7 +297,7 @@ void moe_fp8_expert_gate_up(const bf16* x, const uint8_t* gate_up, const float* 
   if (items <= 0) return;
   LaunchScope launch(kMmaGateUp, stream, [&] { return work(true, s); });
   launch_pdl(moe_fp8_mma_gate_up_kernel, dim3(int(std::min<int64_t>(items, resident))), dim3(kMmaThreads), 0, stream,
-             x, gate_up, gate_up_scale, plan_of(ws), s.k, s.H, s.I, WK, ws.act);
+             x, gate_up, gate_up_scale, moe_detail::plan_view(ws), s.k, s.H, s.I, WK, ws.act);
   MOEFOLD_CUDA_CHECK_LAUNCH();
 }
 
@@ -319,7 +311,7 @@ void moe_fp8_expert_down(const uint8_t* down, const float* down_scale, const Moe
   if (items <= 0) return;
   LaunchScope launch(kMmaDown, stream, [&] { return work(false, s); });
   launch_pdl(moe_fp8_mma_down_kernel, dim3(int(std::min<int64_t>(items, resident))), dim3(kMmaThreads), 0, stream,
-             ws.act, down, down_scale, plan_of(ws), s.H, s.I, WK, ws.y);
+             ws.act, down, down_scale, moe_detail::plan_view(ws), s.H, s.I, WK, ws.y);
   MOEFOLD_CUDA_CHECK_LAUNCH();
 }
 

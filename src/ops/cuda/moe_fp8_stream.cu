@@ -290,21 +290,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_fp8_stream_kernel(const __gri
       for (int c = 0; c < 4; ++c)
         xa[c] = g < it.n && k0 + 8 * c < K ? lds128(xs + size_t(k0 + 8 * c) * 2) : make_uint4(0, 0, 0, 0);
       float pp[P][4];
-#pragma unroll
-      for (int p = 0; p < P; ++p)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) pp[p][i] = 0.0f;
-#pragma unroll
-      for (int stp = 0; stp < 8; ++stp) {
-        const uint32_t bb0 = fp8mma::word(xa[stp >> 1], (stp & 1) * 2), bb1 = fp8mma::word(xa[stp >> 1], (stp & 1) * 2 + 1);
-#pragma unroll
-        for (int p = 0; p < P; ++p) {
-          const uint32_t w0 = fp8mma::word(v[p][0][stp >> 2], stp & 3), w1 = fp8mma::word(v[p][1][stp >> 2], stp & 3);
-          const uint32_t af[4] = {fp8mma::e4m3x2_bf16x2(w0, 0x1404u), fp8mma::e4m3x2_bf16x2(w1, 0x1404u),
-                                  fp8mma::e4m3x2_bf16x2(w0, 0x3424u), fp8mma::e4m3x2_bf16x2(w1, 0x3424u)};
-          ptx::mma_bf16_16816(pp[p], af, bb0, bb1);
-        }
-      }
+      fp8mma::block_partials<P>(v, xa, pp);
 #pragma unroll
       for (int p = 0; p < P; ++p) {
         acc[p][0] = fmaf(pp[p][0], sc[p][0], acc[p][0]);
@@ -372,14 +358,6 @@ int sm_count() {
   return n;
 }
 
-PlanView plan_of(const MoeWorkspace& ws) {
-  PlanView v;
-  v.pairs = ws.pairs;
-  v.tiles = ws.tiles;
-  v.num_tiles = ws.num_tiles;
-  v.offsets = ws.offsets;
-  return v;
-}
 
 template <bool kGateUp>
 void launch(const bf16* act_in, const uint8_t* w, const float* scale, const MoeShape& s, const MoeWorkspace& ws,
@@ -391,7 +369,7 @@ void launch(const bf16* act_in, const uint8_t* w, const float* scale, const MoeS
   a.a = act_in;
   a.w = w;
   a.scale = scale;
-  a.plan = plan_of(ws);
+  a.plan = moe_detail::plan_view(ws);
   a.out = kGateUp ? ws.act : ws.y;
   a.H = s.H;
   a.I = s.I;

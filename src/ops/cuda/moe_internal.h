@@ -47,6 +47,8 @@ struct PlanView {
   const int32_t* num_tiles = nullptr;
   const int32_t* offsets = nullptr;
 };
+/// The plan a workspace holds, as the expert kernels read it.
+inline PlanView plan_view(const MoeWorkspace& ws) { return PlanView{ws.pairs, ws.tiles, ws.num_tiles, ws.offsets}; }
 
 /// Small-batch gate_up + SwiGLU (moe_gemv.cu): act[j, c] = bf16(silu(g) * u) for every planned pair j,
 /// [g | u] the fp32 dot products of x[pairs[j] / k] with gate row c and up row I + c of its expert.
