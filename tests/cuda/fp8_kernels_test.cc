@@ -332,12 +332,16 @@ TEST(MoeFp8, OnlyFirstOrOnlyLastExpert) {
 }
 
 // The one-token stream kernels (moe_fp8_stream.cu) against the register-fed ones: the same bytes in ids,
-// act, y and out, at shapes with partial scale blocks (I 64 .. 2112) and every warps-along-K split
-// (WK 1, 2, 4), with the stream kernels proven to have run; a step with no live row writes nothing.
+// act, y and out, at shapes with partial scale blocks (I 64 .. 2112), every warps-along-K split (WK 1, 2,
+// 4), rings cut to fewer slots (one stage and eight items a CTA: I = 2048; a stage count that was not a
+// multiple of the slots: H = 768, the 35B down), and a replay naming one expert twice (a two-pair tile at
+// capacity 1), with the stream kernels proven to have run; a step with no live row writes nothing.
 TEST(MoeFp8, StreamEqualsRegisterFedBitwise) {
   MOEFOLD_REQUIRE_GPU();
-  std::vector<std::array<int, 4>> shapes = {{8, 2, 128, 64},  {16, 4, 256, 192}, {256, 8, 2048, 512}, {512, 10, 512, 128},
-                                            {32, 4, 256, 448}, {8, 2, 384, 576},  {8, 1, 128, 2112},  {64, 8, 1024, 320}};
+  std::vector<std::array<int, 4>> shapes = {{8, 2, 128, 64},    {16, 4, 256, 192}, {256, 8, 2048, 512},
+                                            {512, 10, 512, 128}, {32, 4, 256, 448}, {8, 2, 384, 576},
+                                            {8, 1, 128, 2112},   {64, 8, 1024, 320}, {16, 8, 2048, 2048},
+                                            {16, 4, 768, 256}};
   if (small_only()) shapes = {{8, 2, 128, 64}, {16, 4, 256, 192}, {8, 1, 128, 2112}};
   for (auto [E, k, H, I] : shapes) {
     std::unique_ptr<MoeCase> own;
@@ -365,6 +369,19 @@ TEST(MoeFp8, StreamEqualsRegisterFedBitwise) {
     }
     const std::vector<float> x = test::rand_bf16(size_t(H), 5);
     auto dx = test::dev_bf16(x);
+    if (k >= 2) {  // one expert named twice: its tile holds both pairs of the token
+      std::vector<int32_t> rep(static_cast<size_t>(k));
+      for (int i = 0; i < k; ++i) rep[size_t(i)] = i < 2 ? E - 1 : i;
+      set_moe_fp8_stream(false);
+      const MoeRun b = run_moe(m, dx, 1, 1, &rep);
+      set_moe_fp8_stream(true);
+      const MoeRun a = run_moe(m, dx, 1, 1, &rep);
+      size_t diff = a.ids != b.ids;
+      for (size_t i = 0; i < a.act.size(); ++i) diff += a.act[i] != b.act[i];
+      for (size_t i = 0; i < a.y.size(); ++i) diff += a.y[i] != b.y[i];
+      for (size_t i = 0; i < a.out.size(); ++i) diff += a.out[i] != b.out[i];
+      EXPECT_TRUE(contract_exact("moe_fp8_stream:bitwise_vs_register_fed", shape + ",replay_expert_twice", diff));
+    }
     const MoeRun none = run_moe(m, dx, 0, 1, nullptr);
     EXPECT_TRUE(contract_exact("moe_fp8_stream:no_live_row_writes_nothing", shape,
                                test::touched(none.act, 0, none.act.size()) + test::touched(none.y, 0, none.y.size()) +

@@ -58,7 +58,9 @@ struct MoeFp8SharedExpert {
 /// With `shared` (and num_rows, the device live count) the shared expert's items too, with the bits of
 /// its dense chain (fp8_gemv gate_up, swiglu, fp8_gemv down): shared->act, then shared->out.
 /// Preconditions as theirs and moe_fp8_stream_supported(shape) (with `shared`: moe_fp8_shared_fusable);
-/// moefold::Error otherwise. Asynchronous.
+/// moefold::Error otherwise. Asynchronous. moe_fp8_stream_down must be launched right after
+/// moe_fp8_stream_gate_up on the same stream: it reads the plan and requests its weights before its PDL
+/// wait, which is safe only because gate_up's blocks passed theirs (so the route is complete).
 void moe_fp8_stream_gate_up(const __nv_bfloat16* x, const uint8_t* gate_up, const float* gate_up_scale,
                             const MoeShape& shape, const MoeWorkspace& ws, cudaStream_t stream,
                             const MoeFp8SharedExpert* shared = nullptr, const int32_t* num_rows = nullptr);

@@ -12,7 +12,8 @@
 // CTA: 8 consumer warps + 1 producer warp, one CTA an SM (grid = min(items, SMs)); items b, b + grid, ..
 // of the (tile, group) list: the plan's routed tiles (its live count read from device memory: padding
 // costs nothing), then one tile of the token row for the shared expert when there is a live row.
-// Consumers work in Q = 8 / WK slots of WK warps: warp wk of a slot takes the scale blocks kb = wk,
+// Consumers work in Q <= 8 / WK slots of WK warps (S a multiple of Q, so that every use of a stage is
+// one slot's and a stage's mbarrier parities stay in step): warp wk of a slot takes the scale blocks kb = wk,
 // wk + WK, .. of the slot's items, exactly as warp wk of the register-fed kernels' block, and the WK
 // partial accumulators are added in warp order 0, 1, .. (fp8mma::block_reduce's order). Each lane reads
 // its 32 bytes a row and block from shared memory in the K permutation of fp8_mma.cuh, and every mma
@@ -106,6 +107,15 @@ Geom geom(bool gate_up, const MoeShape& s) {
   const uint32_t budget = gate_up ? kBudgetGateUp : kBudgetDown;
   const uint32_t fixed = g.stage_off + 128u;  // + alignment slack of the dynamic base
   g.S = fixed < budget ? int(std::min<uint32_t>(kMaxStages, (budget - fixed) / g.stage)) : 0;
+  // Stage j % S and parity (j / S) & 1 are right only if every use of a stage belongs to one slot (a
+  // slot's try_wait on a stage two phases behind would pass at once), so S is made a multiple of Q:
+  // the most slots that cost at most one stage (the 35B down: 7 stages of 4 slots -> 6 of 3).
+  if (g.S > 0) {
+    int q = std::min(g.Q, g.S);
+    while (q > 1 && g.S % q > 1) --q;
+    g.Q = q;
+    g.S -= g.S % q;
+  }
   g.smem = size_t(fixed) + size_t(g.S) * g.stage;
   return g;
 }
@@ -322,9 +332,10 @@ __global__ void __launch_bounds__(kThreads, 2) moe_fp8_stream_kernel(const __gri
 #pragma unroll
             for (int i = 0; i < 4; ++i) acc[p][i] += red[(size_t((c - 1) * P + p) * 4 + i) * 32 + lane];
     }
-    if (wk == 0 && t == 0 && it.n > 0) {  // token 0 of the fragment: C elements 0 (row g) and 2 (row g + 8)
-      const int pr = kGateUp || it.expert < 0 ? 0 : __ldcg(a.plan.pairs + it.j0);
-#pragma unroll
+    // Token 0 of the fragment: C elements 0 (row g) and 2 (row g + 8). At capacity 1 every pair of a tile
+    // is the one token's (n > 1 only for repeated ids in a replay): the same A row, so the same bits in
+    // each pair's output row, as the register-fed kernels give.
+    if (wk == 0 && t == 0 && it.n > 0) {
       for (int h = 0; h < 2; ++h) {
         const int row = it.grp * kRows + g + 8 * h;
         if (it.expert < 0) {  // the dense chain: fp8_gemv's bf16 outputs, then swiglu_kernel
@@ -336,9 +347,11 @@ __global__ void __launch_bounds__(kThreads, 2) moe_fp8_stream_kernel(const __gri
             a.sout[row] = __float2bfloat16_rn(acc[0][2 * h]);
           }
         } else if constexpr (kGateUp) {
-          a.out[int64_t(it.j0) * a.I + row] = __float2bfloat16_rn(moe_detail::silu_f32(acc[0][2 * h]) * acc[1][2 * h]);
+          const bf16 v = __float2bfloat16_rn(moe_detail::silu_f32(acc[0][2 * h]) * acc[1][2 * h]);
+          for (int p = 0; p < it.n; ++p) a.out[int64_t(it.j0 + p) * a.I + row] = v;
         } else {
-          a.out[int64_t(pr) * a.H + row] = __float2bfloat16_rn(acc[0][2 * h]);
+          const bf16 v = __float2bfloat16_rn(acc[0][2 * h]);
+          for (int p = 0; p < it.n; ++p) a.out[int64_t(__ldcg(a.plan.pairs + it.j0 + p)) * a.H + row] = v;
         }
       }
     }
