@@ -331,6 +331,15 @@ TEST(MoeFp8, OnlyFirstOrOnlyLastExpert) {
   }
 }
 
+/// Differing elements of two runs' ids (1 if any differ), act, y and out.
+size_t differing(const MoeRun& a, const MoeRun& b) {
+  size_t diff = a.ids != b.ids;
+  for (size_t i = 0; i < a.act.size(); ++i) diff += a.act[i] != b.act[i];
+  for (size_t i = 0; i < a.y.size(); ++i) diff += a.y[i] != b.y[i];
+  for (size_t i = 0; i < a.out.size(); ++i) diff += a.out[i] != b.out[i];
+  return diff;
+}
+
 // The one-token stream kernels (moe_fp8_stream.cu) against the register-fed ones: the same bytes in ids,
 // act, y and out, at shapes with partial scale blocks (I 64 .. 2112), every warps-along-K split (WK 1, 2,
 // 4), rings cut to fewer slots (one stage and eight items a CTA: I = 2048; a stage count that was not a
@@ -361,10 +370,7 @@ TEST(MoeFp8, StreamEqualsRegisterFedBitwise) {
       const int64_t n0 = moe_fp8_stream_launches();
       const MoeRun a = run_moe(m, dx, 1, 1, nullptr);
       EXPECT_EQ(moe_fp8_stream_launches() - n0, 2) << shape << ": the stream kernels did not run";
-      size_t diff = a.ids != b.ids;
-      for (size_t i = 0; i < a.act.size(); ++i) diff += a.act[i] != b.act[i];
-      for (size_t i = 0; i < a.y.size(); ++i) diff += a.y[i] != b.y[i];
-      for (size_t i = 0; i < a.out.size(); ++i) diff += a.out[i] != b.out[i];
+      const size_t diff = differing(a, b);
       EXPECT_TRUE(contract_exact("moe_fp8_stream:bitwise_vs_register_fed", shape + ",seed=" + std::to_string(seed), diff));
     }
     const std::vector<float> x = test::rand_bf16(size_t(H), 5);
@@ -376,10 +382,7 @@ TEST(MoeFp8, StreamEqualsRegisterFedBitwise) {
       const MoeRun b = run_moe(m, dx, 1, 1, &rep);
       set_moe_fp8_stream(true);
       const MoeRun a = run_moe(m, dx, 1, 1, &rep);
-      size_t diff = a.ids != b.ids;
-      for (size_t i = 0; i < a.act.size(); ++i) diff += a.act[i] != b.act[i];
-      for (size_t i = 0; i < a.y.size(); ++i) diff += a.y[i] != b.y[i];
-      for (size_t i = 0; i < a.out.size(); ++i) diff += a.out[i] != b.out[i];
+      const size_t diff = differing(a, b);
       EXPECT_TRUE(contract_exact("moe_fp8_stream:bitwise_vs_register_fed", shape + ",replay_expert_twice", diff));
     }
     const MoeRun none = run_moe(m, dx, 0, 1, nullptr);
