@@ -48,40 +48,6 @@ using namespace fp8test;
 
 
 
-/// Activations for the f16-product chain (fp8_mma.cuh): [rows, K] values whose 128-column blocks span 4 to
-/// 45 binades (past ~32 some values fall below f16's grid and the block runs the bf16 chain), with some
-/// special blocks: all zero, below 2^-60, holding a bf16 subnormal, and with `nonfinite` a NaN or an infinity.
-std::vector<float> wide_range_x(int64_t rows, int64_t K, uint64_t seed, bool nonfinite = false) {
-  std::vector<float> x(size_t(rows * K));
-  uint64_t st = seed * 0x9E3779B97F4A7C15ULL + 977;
-  auto next = [&] {
-    st = st * 6364136223846793005ULL + 1442695040888963407ULL;
-    return uint32_t(st >> 33);
-  };
-  const int ranges[] = {4, 20, 30, 34, 45};
-  const int64_t KB = (K + 127) / 128;
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t kb = 0; kb < KB; ++kb) {
-      const int range = ranges[next() % 5], top = int(next() % 24) - 12;
-      const int64_t c0 = kb * 128, c1 = std::min<int64_t>(K, c0 + 128);
-      float* row = x.data() + r * K;
-      for (int64_t c = c0; c < c1; ++c) {
-        const float v = std::ldexp(1.0f + float(next() % 256) / 256.0f, top - int(next() % uint32_t(range)));
-        row[c] = next() & 1 ? -v : v;
-      }
-      const int64_t c = c0 + int64_t(next() % uint32_t(c1 - c0));
-      switch ((r * KB + kb + int64_t(seed)) % 23) {
-        case 3: std::fill(row + c0, row + c1, 0.0f); break;
-        case 7: for (int64_t j = c0; j < c1; ++j) row[j] = std::ldexp(row[j], -70); break;
-        case 11: if (nonfinite) row[c] = std::nanf(""); break;
-        case 13: if (nonfinite) row[c] = -INFINITY; break;
-        case 17: row[c] = std::ldexp(1.0f, -130); break;
-        default: break;
-      }
-    }
-  return x;
-}
-
 // ---- dense ---------------------------------------------------------------------------------------
 
 enum class Dense { Mma, Simt };
@@ -192,6 +158,68 @@ TEST(Fp8Gemv, F32OutAndExactDecoding) {
     for (auto& v : ref) v += 0.25;
     EXPECT_TRUE(contract("fp8_gemv_f32out", "K=576,N=1000,T=" + std::to_string(t),
                          cpu::rel_err(got.data(), ref.data(), got.size()), 1e-5));
+  }
+}
+
+// The f16-product chain (fp8_mma.cuh; fp8_gemv at max_rows <= 8) gives the bf16 chain's bits for every
+// input: rows of 1 .. 8 (f16 products) against the same rows inside a batch of 64 (the bf16 chain), on
+// activations whose 128-column blocks span 4 to 45 binades (past ~32, some values fall below f16's grid
+// and the block runs the bf16 chain), an all-zero block, a block below 2^-60, and a block holding a NaN, an
+// infinity or a bf16 subnormal.
+TEST(Fp8Gemv, F16ProductsEqualBf16ChainBitwise) {
+  MOEFOLD_REQUIRE_GPU();
+  std::vector<std::pair<int64_t, int64_t>> shapes = {{2048, 512}, {4096, 272}, {576, 192}, {2112, 300}, {64, 80}};
+  if (small_only()) shapes = {{576, 192}, {2112, 300}};
+  const int64_t cap = 64;
+  for (auto [K, N] : shapes) {
+    const Fp8Weight w = rand_fp8(N, K, uint64_t(K + 5 * N));
+    DevFp8 dw(w);
+    const int64_t KB = (K + 127) / 128;
+    std::vector<float> x(size_t(cap * K));
+    uint64_t st = uint64_t(K * 977 + N);
+    auto next = [&] {
+      st = st * 6364136223846793005ULL + 1442695040888963407ULL;
+      return uint32_t(st >> 33);
+    };
+    const int ranges[] = {4, 20, 30, 34, 45};
+    for (int64_t r = 0; r < cap; ++r)
+      for (int64_t kb = 0; kb < KB; ++kb) {
+        const int range = ranges[next() % 5], top = int(next() % 24) - 12;
+        const int64_t c0 = kb * 128, c1 = std::min<int64_t>(K, c0 + 128);
+        for (int64_t c = c0; c < c1; ++c) {
+          const float m = 1.0f + float(next() % 256) / 256.0f;
+          const float v = std::ldexp(m, top - int(next() % uint32_t(range)));
+          x[size_t(r * K + c)] = next() & 1 ? -v : v;
+        }
+        const int64_t c = c0 + int64_t(next() % uint32_t(c1 - c0));
+        switch ((r * KB + kb) % 23) {  // a few special blocks
+          case 3: std::fill(x.begin() + r * K + c0, x.begin() + r * K + c1, 0.0f); break;
+          case 7: for (int64_t j = c0; j < c1; ++j) x[size_t(r * K + j)] = std::ldexp(x[size_t(r * K + j)], -70); break;
+          case 11: x[size_t(r * K + c)] = std::nanf(""); break;
+          case 13: x[size_t(r * K + c)] = -INFINITY; break;
+          case 17: x[size_t(r * K + c)] = std::ldexp(1.0f, -130); break;
+          default: break;
+        }
+      }
+    auto dx = test::dev_bf16(x);
+    DeviceBuffer<bf16> yb(size_t(cap * N));
+    fp8_gemv(dx.data(), dw.q.data(), dw.s.data(), nullptr, yb.data(), cap, K, N, nullptr, nullptr);
+    MOEFOLD_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto big = bits_of(yb);
+    for (int64_t T : {1, 2, 5, 8})
+      for (int64_t r0 = 0; r0 + T <= cap; r0 += 8) {
+        DeviceBuffer<bf16> y(size_t(T * N));
+        y.fill_bytes(0xFF);
+        fp8_gemv(dx.data() + r0 * K, dw.q.data(), dw.s.data(), nullptr, y.data(), T, K, N, nullptr, nullptr);
+        MOEFOLD_CUDA_CHECK(cudaDeviceSynchronize());
+        const auto yt = bits_of(y);
+        size_t diff = 0;
+        for (int64_t i = 0; i < T * N; ++i) diff += yt[size_t(i)] != big[size_t(r0 * N + i)];
+        EXPECT_TRUE(contract_exact("fp8_gemv:f16_products_bitwise",
+                                   "K=" + std::to_string(K) + ",N=" + std::to_string(N) + ",T=" +
+                                       std::to_string(T) + ",r0=" + std::to_string(r0),
+                                   diff));
+      }
   }
 }
 
@@ -393,9 +421,8 @@ TEST(MoeFp8, StreamEqualsRegisterFedBitwise) {
     MoeShape s1{1, E, k, H, I};
     s1.expert_tiles = kMoeExpertGemv;
     ASSERT_TRUE(moe_fp8_stream_supported(s1)) << shape;
-    for (uint64_t seed : {1u, 2u, 3u, 4u, 5u, 6u}) {  // 4..6: wide-range x (the f16 products' bf16 blocks)
-      const std::vector<float> x = seed <= 3 ? test::rand_bf16(size_t(H), seed * 7919 + uint64_t(E))
-                                             : wide_range_x(1, H, seed * 31 + uint64_t(E));
+    for (uint64_t seed : {1u, 2u, 3u}) {
+      const std::vector<float> x = test::rand_bf16(size_t(H), seed * 7919 + uint64_t(E));
       auto dx = test::dev_bf16(x);
       set_moe_fp8_stream(false);
       const int64_t before = moe_fp8_stream_launches();
@@ -444,10 +471,9 @@ TEST(MoeFp8, SharedExpertInStreamEqualsDenseChainBitwise) {
     ASSERT_TRUE(moe_fp8_shared_fusable(s, I)) << shape;
     DevFp8 sgu(rand_fp8(2 * I, H, uint64_t(E + 101))), sdn(rand_fp8(H, I, uint64_t(E + 102)));
     auto gate = test::dev_bf16(test::rand_bf16(size_t(H), 17, 1.0f / std::sqrt(float(H))));
-    for (int run : {0, 1, 2}) {  // 1: wide-range x (the f16 products' bf16 blocks); 2: no live row
-      const int live_rows = run == 2 ? 0 : 1;
-      const std::string sh = shape + ",live=" + std::to_string(live_rows) + (run == 1 ? ",wide_range_x" : "");
-      auto dx = test::dev_bf16(run == 1 ? wide_range_x(1, H, uint64_t(E + H)) : test::rand_bf16(size_t(H), uint64_t(E * 3 + H)));
+    for (int live_rows : {1, 0}) {
+      const std::string sh = shape + ",live=" + std::to_string(live_rows);
+      auto dx = test::dev_bf16(test::rand_bf16(size_t(H), uint64_t(E * 3 + H)));
       DeviceBuffer<int32_t> live(1);
       live.upload(std::vector<int32_t>{live_rows});
       DeviceBuffer<uint8_t> wsa(moe_workspace_bytes(s)), wsb(moe_workspace_bytes(s));

@@ -35,21 +35,15 @@ namespace moefold::cuda::fp8mma {
 
 constexpr int kBlockK = 128;  // scale block = one pipeline unit of K
 
-/// f16x2 of two e4m3 bytes of w, exactly (f16 holds every e4m3 value), in one instruction (Hopper's
-/// cvt.rn.f16x2.e4m3x2): sel 0x1404 takes bytes 0 (low half) and 1, 0x3424 bytes 2, 3.
-__device__ __forceinline__ uint32_t e4m3x2_f16x2(uint32_t w, uint32_t sel) {
+/// bf16x2 of two e4m3 bytes of w, exactly: sel 0x1404 takes bytes 0 (low half) and 1, 0x3424 bytes 2, 3.
+/// Hopper's conversion (cvt.rn.f16x2.e4m3x2, one instruction for the pair: f16 holds every e4m3 value),
+/// then f16 -> fp32 -> bf16 (exact: 4 significant bits): four instructions per pair.
+__device__ __forceinline__ uint32_t e4m3x2_bf16x2(uint32_t w, uint32_t sel) {
   uint32_t h;
   if (sel == 0x1404u)
     asm("{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %1;\ncvt.rn.f16x2.e4m3x2 %0, lo;\n}\n" : "=r"(h) : "r"(w));
   else
     asm("{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %1;\ncvt.rn.f16x2.e4m3x2 %0, hi;\n}\n" : "=r"(h) : "r"(w));
-  return h;
-}
-
-/// bf16x2 of the same two bytes, exactly: e4m3x2_f16x2, then f16 -> fp32 -> bf16 (exact: 4 significant
-/// bits): four instructions per pair.
-__device__ __forceinline__ uint32_t e4m3x2_bf16x2(uint32_t w, uint32_t sel) {
-  const uint32_t h = e4m3x2_f16x2(w, sel);
   const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
   const __nv_bfloat162 v = __floats2bfloat162_rn(f.x, f.y);
   return *reinterpret_cast<const uint32_t*>(&v);
@@ -232,20 +226,29 @@ __device__ __forceinline__ void warp_mma_fp8(const uint8_t* const (&row)[MF][2],
   }
 }
 
-// ---- f16 products ------------------------------------------------------------------------------------
-// The same chain on f16 operands, for fewer instructions where the decoding is the bound (the one-token
-// stream kernels, moe_fp8_stream.cu): a weight pair decodes in one instruction (cvt.rn.f16x2.e4m3x2)
-// instead of four, and the activations are converted once per CTA (stage_tokens_f16). Each (token, scale
-// block) of the activations is staged in shared memory as f16 times 2^e, e chosen from the block's max |x|
-// so that the scaled max lies in [2^14, 2^15). Where every scaled value of the block is exact in f16
-// (checked while staging), each product is 2^e times the bf16 chain's product exactly, the block's partial
-// is 2^e times the bf16 chain's partial (the mma's sums of exact products scale with them; the block's max
-// >= 2^-60 keeps them far from fp32's subnormals), and partial * 2^-e before the fma with the block scale
-// gives the bf16 chain's bits (checked bit for bit by fp8_kernels_test). A block whose f16 copy is not
-// exact (a value below f16's grid relative to the block's max, a max below 2^-60, a NaN or an infinity)
-// runs the bf16 chain itself. So a token's bits are the bf16 chain's for every input.
-// (fp8_gemv's register-fed kernel measured slower with it: its staging sits on the critical path of a
-// latency-bound kernel; docs/benchmarks.md, session 18.)
+// ---- f16 products (one token fragment: decode batches of <= 8 rows) -------------------------------
+// The same chain on f16 operands, for fewer instructions: a weight pair decodes in one instruction
+// (cvt.rn.f16x2.e4m3x2) instead of four, and the activations are converted once per CTA (stage_tokens_f16)
+// instead of being read as bf16 by every warp for every block. Each (token, scale block) of the activations
+// is staged in shared memory as f16 times 2^e, e chosen from the block's max |x| so that the scaled max
+// lies in [2^14, 2^15). Where every scaled value of the block is exact in f16 (checked while staging), each
+// product is 2^e times the bf16 chain's product exactly, the block's partial is 2^e times the bf16 chain's
+// partial (the mma's sums of exact products scale with them; the block's max >= 2^-60 keeps them far from
+// fp32's subnormals), and partial * 2^-e before the fma with the block scale gives the bf16 chain's bits
+// (checked bit for bit by fp8_kernels_test). A block whose f16 copy is not exact for some token (a value
+// below f16's grid relative to the block's max, a max below 2^-60, a NaN or an infinity) runs the bf16 chain
+// itself, decided per block for the whole warp. So a token's bits are the bf16 chain's for every input, and
+// do not depend on the batch or on which kernel ran.
+
+/// f16x2 of two e4m3 bytes of w (sel as e4m3x2_bf16x2), exactly: one instruction.
+__device__ __forceinline__ uint32_t e4m3x2_f16x2(uint32_t w, uint32_t sel) {
+  uint32_t h;
+  if (sel == 0x1404u)
+    asm("{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %1;\ncvt.rn.f16x2.e4m3x2 %0, lo;\n}\n" : "=r"(h) : "r"(w));
+  else
+    asm("{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %1;\ncvt.rn.f16x2.e4m3x2 %0, hi;\n}\n" : "=r"(h) : "r"(w));
+  return h;
+}
 
 /// block_partials on f16 operands: xa = the lane's 64 bytes of token g's block as staged (f16 x 2^e);
 /// p = 2^e x block_partials' p (see above).
@@ -294,12 +297,12 @@ __device__ __forceinline__ F16Stage f16_stage_at(void* smem, int K, int slots) {
   return F16Stage{x, reinterpret_cast<float*>(x + size_t(KB) * 4 * slots * 4), slots};
 }
 
-/// Stages tokens 0 .. live-1 (live <= st.slots) of x ([live, K] bf16 in global or shared memory, row
-/// stride x_stride, 16-byte aligned rows, K % 16 == 0) into st. Called by threads tid = 0 .. nth-1 (nth a
-/// multiple of 32, whole warps); the caller synchronises them before st is read.
+/// Stages tokens 0 .. live-1 (live <= st.slots) of x ([live, K] bf16, row stride x_stride, 16-byte
+/// aligned rows, K % 16 == 0) into st. Called by every thread of the block (ends with __syncthreads).
 __device__ __forceinline__ void stage_tokens_f16(const F16Stage& st, const __nv_bfloat16* x, int64_t x_stride,
-                                                 int live, int K, int tid, int nth) {
+                                                 int live, int K) {
   const int KB = (K + kBlockK - 1) / kBlockK, per_tok = KB * 16, total = live * per_tok;
+  const int tid = int(threadIdx.x), nth = int(blockDim.x);
   for (int i = tid; i < KB * kF16Slots; i += nth)
     if (i % kF16Slots >= live) st.mul[i] = 1.0f;
   // Thread i of a round takes 8 columns (one 16-byte chunk): the 16 chunks of a (token, block) are 16
@@ -309,12 +312,12 @@ __device__ __forceinline__ void stage_tokens_f16(const F16Stage& st, const __nv_
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
       const int i = base + u * nth + tid, p = i / per_tok, col = (i - p * per_tok) * 8;
-      v[u] = i < total && col < K ? *reinterpret_cast<const uint4*>(x + int64_t(p) * x_stride + col)
+      v[u] = i < total && col < K ? __ldg(reinterpret_cast<const uint4*>(x + int64_t(p) * x_stride + col))
                                   : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
-      if (base + u * nth >= total) break;  // uniform over the nth threads
+      if (base + u * nth >= total) break;  // block-uniform
       const int i = base + u * nth + tid;
       float f[8];
 #pragma unroll
@@ -350,6 +353,73 @@ __device__ __forceinline__ void stage_tokens_f16(const F16Stage& st, const __nv_
         if (q == 0) st.mul[kb * kF16Slots + p] = all ? inv : 0.0f;
       }
     }
+  }
+  __syncthreads();
+}
+
+/// warp_mma_fp8 with one token fragment on f16 products, the same bits (see above): acc[mf][0][..] +=
+/// the weight rows . tokens of st over blocks kb0, kb0 + WK, .. . tok_g: the lane's token g in global
+/// memory (null: g >= live), read only by blocks that run the bf16 chain. `prologue` runs once the first
+/// two blocks' weight loads are issued (a kernel stages its tokens there; it may contain __syncthreads,
+/// every thread of the block then calls this). Called by all 32 lanes (convergent).
+template <int MF, class Prologue>
+__device__ __forceinline__ void warp_mma_fp8_f16(const uint8_t* const (&row)[MF][2], const float* const (&sc)[MF][2],
+                                                 const F16Stage& st, const __nv_bfloat16* tok_g, int K, int kb0,
+                                                 int WK, float (&acc)[MF][1][4], Prologue&& prologue) {
+  const int KB = (K + kBlockK - 1) / kBlockK, lane = int(threadIdx.x & 31), g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int mf = 0; mf < MF; ++mf)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) acc[mf][0][q] = 0.0f;
+  WBlock<MF> b0, b1;
+  load_block<MF>(b0, row, sc, nullptr, kb0, KB, K);
+  load_block<MF>(b1, row, sc, nullptr, kb0 + WK, KB, K);
+  prologue();
+  auto step = [&](WBlock<MF>& b, int kb) {
+    uint4 v[MF][2][2];
+    float s[MF][2];
+#pragma unroll
+    for (int mf = 0; mf < MF; ++mf)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        v[mf][h][0] = b.v[mf][h][0];
+        v[mf][h][1] = b.v[mf][h][1];
+        s[mf][h] = b.s[mf][h];
+      }
+    load_block<MF>(b, row, sc, nullptr, kb + 2 * WK, KB, K);  // refill while the mma work runs
+    const float m0 = st.mul[kb * kF16Slots + 2 * t], m1 = st.mul[kb * kF16Slots + 2 * t + 1];
+    float p[MF][4];
+    uint4 xa[4];
+    if (__any_sync(0xffffffffu, m0 == 0.0f || m1 == 0.0f)) {  // warp-uniform: the bf16 chain
+      load_tok(xa, tok_g, kb, K);
+      block_partials<MF>(v, xa, p);
+#pragma unroll
+      for (int mf = 0; mf < MF; ++mf) {
+        acc[mf][0][0] = fmaf(p[mf][0], s[mf][0], acc[mf][0][0]);
+        acc[mf][0][1] = fmaf(p[mf][1], s[mf][0], acc[mf][0][1]);
+        acc[mf][0][2] = fmaf(p[mf][2], s[mf][1], acc[mf][0][2]);
+        acc[mf][0][3] = fmaf(p[mf][3], s[mf][1], acc[mf][0][3]);
+      }
+    } else {
+#pragma unroll
+      for (int c = 0; c < 4; ++c)
+        xa[c] = tok_g != nullptr ? st.x[((kb * 4 + c) * st.slots + g) * 4 + t] : make_uint4(0, 0, 0, 0);
+      block_partials_f16<MF>(v, xa, p);
+#pragma unroll
+      for (int mf = 0; mf < MF; ++mf) {
+        acc[mf][0][0] = fmaf(p[mf][0] * m0, s[mf][0], acc[mf][0][0]);
+        acc[mf][0][1] = fmaf(p[mf][1] * m1, s[mf][0], acc[mf][0][1]);
+        acc[mf][0][2] = fmaf(p[mf][2] * m0, s[mf][1], acc[mf][0][2]);
+        acc[mf][0][3] = fmaf(p[mf][3] * m1, s[mf][1], acc[mf][0][3]);
+      }
+    }
+  };
+  for (int kb = kb0; kb < KB;) {
+    step(b0, kb);
+    kb += WK;
+    if (kb >= KB) break;
+    step(b1, kb);
+    kb += WK;
   }
 }
 

@@ -24,11 +24,6 @@
 // WKS; 8 warps) where the routed items use WK = warps_along_k(K, 4): a shared item's warp accumulates
 // classes wk and wk + WK as separate chains, and the WKS partials are added in class order
 // (moe_fp8_shared_fusable: WKS / WK <= 2).
-// gate_up on f16 products (fp8_mma.cuh): the consumer warps stage x once as f16 x 2^e per scale block
-// and every block whose copy is exact runs block_partials_f16 and multiplies the partial by 2^-e (the
-// bf16 chain's partial, exactly); the other blocks run the bf16 chain on x itself. The same bits either
-// way; MOEFOLD_MOE_FP8_F16=0 keeps the bf16 chain everywhere (A/B runs). Down's A rows arrive one an item
-// with its weights, so converting them would cost what the f16 products save: down keeps the bf16 chain.
 // Down launches with kEarly: the weights and scales of its first S items are requested before
 // griddepcontrol.wait (they do not depend on gate_up; the plan was complete when gate_up passed its
 // own wait, and is read through L2), the act rows after it. Both kernels fit on an SM at once (gate_up
@@ -72,11 +67,6 @@ bool g_stream = [] {
   const char* v = std::getenv("MOEFOLD_MOE_FP8_STREAM");
   return !(v && std::string_view(v) == "0");
 }();
-// gate_up on f16 products (the same bits; MOEFOLD_MOE_FP8_F16=0: the bf16 chain, for A/B runs).
-const bool g_f16 = [] {
-  const char* v = std::getenv("MOEFOLD_MOE_FP8_F16");
-  return !(v && std::string_view(v) == "0");
-}();
 
 /// Shared-memory geometry of one kernel (host-computed; see the header).
 struct Geom {
@@ -87,7 +77,7 @@ struct Geom {
   uint32_t a_bytes = 0;     // down: the pair's act row (2 K); gate_up: 0
   uint32_t tx = 0;          // bytes an item's copies complete
   uint32_t stage = 0;       // bytes a stage (multiple of 128)
-  uint32_t x_off = 0, h_off = 0, red_off = 0, stage_off = 0;  // h: gate_up's f16 stage of x
+  uint32_t x_off = 0, red_off = 0, stage_off = 0;
   size_t smem = 0;
 };
 
@@ -107,14 +97,12 @@ Geom geom(bool gate_up, const MoeShape& s) {
   g.tx = g.w_span + g.s_bytes + g.a_bytes;
   g.stage = round128(g.w_span + g.s_bytes + g.a_bytes);
   const uint32_t x_bytes = gate_up ? round128(uint32_t(s.H) * 2u) : 0u;
-  const uint32_t h_bytes = gate_up ? round128(uint32_t(fp8mma::f16_stage_bytes(s.H, 1))) : 0u;
   // Partial sums an item's reduction gathers: sized for the shared items whether or not a launch has
   // them (one geometry per shape).
   const int classes = std::max(g.WK, g.WKS);
   const uint32_t red_bytes = classes > 1 ? round128(uint32_t(g.Q * (classes - 1) * 32 * g.parts * 4) * 4u) : 0u;
   g.x_off = kBarBytes;
-  g.h_off = g.x_off + x_bytes;
-  g.red_off = g.h_off + h_bytes;
+  g.red_off = g.x_off + x_bytes;
   g.stage_off = g.red_off + red_bytes;
   const uint32_t budget = gate_up ? kBudgetGateUp : kBudgetDown;
   const uint32_t fixed = g.stage_off + 128u;  // + alignment slack of the dynamic base
@@ -147,7 +135,6 @@ struct Args {
   const int32_t* live = nullptr;
   int H, I, groups;
   bool hint;           // weights and scales with an L2 evict_first policy
-  bool f16;            // gate_up: f16 products (fp8_mma.cuh) on x's exact blocks
   Geom g;
 };
 
@@ -268,17 +255,8 @@ __global__ void __launch_bounds__(kThreads, 2) moe_fp8_stream_kernel(const __gri
 
   // ---- consumers ----
   const int q = warp / WK, wk = warp % WK;
-  fp8mma::F16Stage hx{};
-  if constexpr (kGateUp) {
-    ptx::mbar_wait(x_full, 0);
-    if (a.f16) {  // x as f16 x 2^e per block, by all consumer warps (slots may leave some idle below)
-      hx = fp8mma::f16_stage_at(base + G.h_off, K, 1);
-      fp8mma::stage_tokens_f16(hx, reinterpret_cast<const bf16*>(base + G.x_off), K, 1, K, int(threadIdx.x),
-                               kConsumers * 32);
-      ptx::named_sync(15, kConsumers * 32);
-    }
-  }
   if (q >= Q) return;
+  if constexpr (kGateUp) ptx::mbar_wait(x_full, 0);
   const int g = lane >> 2, t = lane & 3;
   const int CL = max(WK, G.WKS);  // class slots of red a slot owns
   float* red = reinterpret_cast<float*>(base + G.red_off) + size_t(q) * (CL - 1) * 32 * P * 4;
@@ -318,23 +296,11 @@ __global__ void __launch_bounds__(kThreads, 2) moe_fp8_stream_kernel(const __gri
             v[p][h][c] = k0 + 16 * c < K ? lds128(st + size_t(row) * K + k0 + 16 * c) : make_uint4(0, 0, 0, 0);
           sc[p][h] = scl[row * KB + kb];
         }
+#pragma unroll
+      for (int c = 0; c < 4; ++c)
+        xa[c] = g < it.n && k0 + 8 * c < K ? lds128(xs + size_t(k0 + 8 * c) * 2) : make_uint4(0, 0, 0, 0);
       float pp[P][4];
-      // Every column of the fragment is the one token's x (or zero): one multiplier, warp-uniform.
-      const float m = kGateUp && a.f16 ? hx.mul[kb * fp8mma::kF16Slots] : 0.0f;
-      if (m != 0.0f) {  // f16 products on the block's exact f16 copy, then back to the bf16 chain's scale
-#pragma unroll
-        for (int c = 0; c < 4; ++c) xa[c] = g < it.n ? hx.x[(kb * 4 + c) * 4 + t] : make_uint4(0, 0, 0, 0);
-        fp8mma::block_partials_f16<P>(v, xa, pp);
-#pragma unroll
-        for (int p = 0; p < P; ++p)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) pp[p][i] *= m;
-      } else {
-#pragma unroll
-        for (int c = 0; c < 4; ++c)
-          xa[c] = g < it.n && k0 + 8 * c < K ? lds128(xs + size_t(k0 + 8 * c) * 2) : make_uint4(0, 0, 0, 0);
-        fp8mma::block_partials<P>(v, xa, pp);
-      }
+      fp8mma::block_partials<P>(v, xa, pp);
 #pragma unroll
       for (int p = 0; p < P; ++p) {
         acc[p][0] = fmaf(pp[p][0], sc[p][0], acc[p][0]);
@@ -422,7 +388,6 @@ void launch(const bf16* act_in, const uint8_t* w, const float* scale, const MoeS
   a.I = s.I;
   a.groups = kGateUp ? s.I / kRows : s.H / kRows;
   a.hint = l2_stream_hint() >= 1;
-  a.f16 = kGateUp && g_f16;
   a.g = geom(kGateUp, s);
   if (shared) {
     MOEFOLD_CHECK(moe_fp8_shared_fusable(s, shared->I) && num_rows && shared->gate_up && shared->gate_up_scale &&
