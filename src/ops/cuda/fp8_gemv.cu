@@ -7,7 +7,6 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
-#include <cstdlib>
 
 #include "core/error.h"
 #include "ops/cuda/fp8.cuh"
@@ -124,12 +123,8 @@ __device__ __forceinline__ void store_out(const MArgs& a, int64_t row, int64_t c
   }
 }
 
-// F16: the f16-product chain (fp8_mma.cuh; NT == 1, max_rows <= 8), the same bits: the tokens are staged
-// in shared memory (after the reduction buffer) by every block on its first column group, while its first
-// weight loads are in flight.
-template <int NT, class OutT, bool F16>
+template <int NT, class OutT>
 __global__ void __launch_bounds__(kThreads) fp8_mma_kernel(const MArgs a) {
-  static_assert(!F16 || NT == 1, "f16 products take one token fragment");
   pdl_begin();
   extern __shared__ float red[];
   const int live = int(live_count(a.live, a.max_rows));
@@ -138,9 +133,6 @@ __global__ void __launch_bounds__(kThreads) fp8_mma_kernel(const MArgs a) {
   const int WK = a.wk, WN = kWarps / WK, wk = warp % WK, wn = warp / WK;
   const int K = int(a.K), KB = (K + fp8mma::kBlockK - 1) / fp8mma::kBlockK;
   const int64_t groups = (a.N + WN * 16 - 1) / (WN * 16);
-  fp8mma::F16Stage st{};
-  bool staged = false;
-  if constexpr (F16) st = fp8mma::f16_stage_at(red + (WK - 1) * WN * 32 * 4, K, a.max_rows);
   for (int64_t grp = blockIdx.x; grp < groups; grp += gridDim.x) {
     const int64_t r0 = (grp * WN + wn) * 16;
     const uint8_t* row[1][2];
@@ -158,14 +150,7 @@ __global__ void __launch_bounds__(kThreads) fp8_mma_kernel(const MArgs a) {
         return p < live ? a.x + int64_t(p) * a.x_stride : nullptr;
       };
       float acc[1][NT][4];
-      if constexpr (F16) {
-        fp8mma::warp_mma_fp8_f16<1>(row, sc, st, tok(0), K, wk, WK, acc, [&] {
-          if (!staged) fp8mma::stage_tokens_f16(st, a.x, a.x_stride, live, K);  // block-uniform
-          staged = true;
-        });
-      } else {
-        fp8mma::warp_mma_fp8<1, NT>(row, sc, tok, nt_live, K, wk, WK, acc);
-      }
+      fp8mma::warp_mma_fp8<1, NT>(row, sc, tok, nt_live, K, wk, WK, acc);
       fp8mma::block_reduce<1, NT>(acc, red, WK, WN);
       if (wk == 0) {
 #pragma unroll
@@ -183,46 +168,21 @@ __global__ void __launch_bounds__(kThreads) fp8_mma_kernel(const MArgs a) {
   }
 }
 
-/// Whether fp8_gemv runs the f16-product chain where it applies (MOEFOLD_FP8_F16 unset or not "0"; read
-/// once). Off: the bf16 chain everywhere (the same bits; for A/B runs).
-bool f16_products_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("MOEFOLD_FP8_F16");
-    return !(v && v[0] == '0' && v[1] == '\0');
-  }();
-  return on;
-}
-
-// The f16 stage's shared memory is capped (K up to ~12k columns at 8 slots): past it the bf16 chain runs.
-constexpr size_t kF16StageMax = 96 * 1024;
-
-template <int NT, class OutT, bool F16>
+template <int NT, class OutT>
 void launch_mma(const MArgs& a, cudaStream_t stream) {
-  auto* kern = fp8_mma_kernel<NT, OutT, F16>;
+  auto* kern = fp8_mma_kernel<NT, OutT>;
   const int WN = kWarps / a.wk;
-  const size_t red = size_t(a.wk - 1) * WN * 32 * NT * 4 * sizeof(float);
-  const size_t smem = red + (F16 ? fp8mma::f16_stage_bytes(a.K, a.max_rows) : 0);
-  static const int sms = [&] {
-    int dev = 0, n = 0;
+  const size_t smem = size_t(a.wk - 1) * WN * 32 * NT * 4 * sizeof(float);
+  static const int per_sm = [&] {
+    int dev = 0, sms = 0, b = 0;
     MOEFOLD_CUDA_CHECK(cudaGetDevice(&dev));
-    MOEFOLD_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-    if (F16)
-      MOEFOLD_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                              int(kF16StageMax + 7 * 32 * 4 * sizeof(float))));
-    return n;
+    MOEFOLD_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    // The largest reduction buffer of this instantiation (WK 8, WN 1) bounds the occupancy.
+    MOEFOLD_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kern, kThreads, 7 * 32 * NT * 4 * 4));
+    return std::max(1, sms * std::max(1, b));
   }();
-  // Resident blocks per SM for this launch's shared memory (the grid walks the column groups).
-  static thread_local size_t last_smem = ~size_t(0);
-  static thread_local int last_per_sm = 1;
-  if (smem != last_smem) {
-    int b = 0;
-    MOEFOLD_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kern, kThreads, smem));
-    last_smem = smem;
-    last_per_sm = std::max(1, b);
-  }
   const int64_t groups = (a.N + WN * 16 - 1) / (WN * 16);
-  launch_pdl(kern, dim3(unsigned(std::min<int64_t>(groups, int64_t(sms) * last_per_sm))), dim3(kThreads), smem,
-             stream, a);
+  launch_pdl(kern, dim3(unsigned(std::min<int64_t>(groups, per_sm))), dim3(kThreads), smem, stream, a);
   MOEFOLD_CUDA_CHECK_LAUNCH();
 }
 
@@ -246,14 +206,11 @@ void run_mma(const char* name, const bf16* x, const uint8_t* w, const float* sca
                           rows * double(N) * sizeof(OutT),
                       2.0 * rows * double(K) * double(N)};
   });
-  // Token fragments per pass by the bucket, the f16-product chain where it applies (none changes a value:
-  // the order is fixed by K, and both chains give the same bits).
-  if (max_rows <= 8 && f16_products_enabled() && fp8mma::f16_stage_bytes(K, int(max_rows)) <= kF16StageMax)
-    launch_mma<1, OutT, true>(a, stream);
-  else if (max_rows <= 8) launch_mma<1, OutT, false>(a, stream);
-  else if (max_rows <= 16) launch_mma<2, OutT, false>(a, stream);
-  else if (max_rows <= 32) launch_mma<4, OutT, false>(a, stream);
-  else launch_mma<8, OutT, false>(a, stream);
+  // Token fragments per pass by the bucket (none changes a value: the order is fixed by K).
+  if (max_rows <= 8) launch_mma<1, OutT>(a, stream);
+  else if (max_rows <= 16) launch_mma<2, OutT>(a, stream);
+  else if (max_rows <= 32) launch_mma<4, OutT>(a, stream);
+  else launch_mma<8, OutT>(a, stream);
 }
 
 // One block per 128 x 128 block of one matrix: the max |v| (a max is order-free: the host's value),
