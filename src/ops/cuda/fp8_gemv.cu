@@ -7,8 +7,6 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
-#include <atomic>
-#include <cstdlib>
 
 #include "core/error.h"
 #include "ops/cuda/fp8.cuh"
@@ -125,153 +123,6 @@ __device__ __forceinline__ void store_out(const MArgs& a, int64_t row, int64_t c
   }
 }
 
-// Up to 8 rows (one token fragment): the warp's (column group, scale block) items as one sequence, in
-// the order of fp8mma::warp_mma_fp8 within each group, through a ring of two blocks that runs across the
-// group boundaries, so the next group's first weights are in flight while this group's partials are
-// reduced and stored (warp_mma_fp8 starts each group's loads only after the previous group's store). The
-// live rows of x are staged once per CTA in shared memory (while the first weights load), in the lane
-// order of the K permutation: xs[((kb * 4 + c) * slots + p) * 4 + t] = columns kb * 128 + 32 t + 8 c .. + 7
-// of row p (a warp's 16-byte reads of one (kb, c) are consecutive; columns >= K zero). The chain of every
-// output is warp_mma_fp8's (block_partials on the same values, the same fma order, block_reduce): the
-// same bits. Items past the CTA's last group load nothing.
-struct RingBlock {
-  uint4 v[2][2];  // rows g, g + 8: the lane's 32 bytes of the block
-  float s[2];
-};
-
-/// Shared-memory bytes of the staged rows (after the reduction buffer) for K columns and `slots` rows.
-constexpr size_t ring_x_bytes(int64_t K, int64_t slots) {
-  return size_t((K + fp8mma::kBlockK - 1) / fp8mma::kBlockK) * 16 * size_t(slots) * 16;
-}
-
-template <class OutT>
-__device__ __forceinline__ void mma_rows8_ring(const MArgs& a, int live, float* red) {
-  const int warp = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31), g = lane >> 2, t = lane & 3;
-  const int WK = a.wk, WN = kWarps / WK, wk = warp % WK, wn = warp / WK;
-  const int K = int(a.K), KB = (K + fp8mma::kBlockK - 1) / fp8mma::kBlockK, slots = a.max_rows;
-  const int64_t groups = (a.N + WN * 16 - 1) / (WN * 16);
-  const int nkb = (KB - wk + WK - 1) / WK;  // >= 1: warps_along_k leaves >= 2 blocks a warp
-  const int ng = int((groups - blockIdx.x + gridDim.x - 1) / gridDim.x);
-  const int total = ng * nkb;
-  uint4* xs = reinterpret_cast<uint4*>(red + (WK - 1) * WN * 32 * 4);
-  auto first_row = [&](int i) { return ((int64_t(blockIdx.x) + int64_t(i) * gridDim.x) * WN + wn) * 16; };
-  auto load = [&](RingBlock& b, int f) {
-    const int i = f / nkb, kb = wk + (f - i * nkb) * WK, k0 = kb * fp8mma::kBlockK + t * 32;
-    const int64_t r0 = first_row(i);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int64_t n = r0 + g + 8 * h;
-      const bool ok = f < total && n < a.N;
-      const uint8_t* row = a.w + n * a.K;
-#pragma unroll
-      for (int c = 0; c < 2; ++c)
-        b.v[h][c] = ok && k0 + 16 * c < K ? ptx::ld_stream16(row + k0 + 16 * c) : make_uint4(0, 0, 0, 0);
-      b.s[h] = ok ? __ldg(a.scale + n * KB + kb) : 0.0f;
-    }
-  };
-  float acc[1][1][4] = {};
-  auto step = [&](RingBlock& b, int f) {
-    uint4 v[1][2][2], xa[4];
-    float s[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      v[0][h][0] = b.v[h][0];
-      v[0][h][1] = b.v[h][1];
-      s[h] = b.s[h];
-    }
-    load(b, f + 2);  // refill while the mma work runs
-    const int kb = wk + (f % nkb) * WK;
-#pragma unroll
-    for (int c = 0; c < 4; ++c) xa[c] = g < live ? xs[((kb * 4 + c) * slots + g) * 4 + t] : make_uint4(0, 0, 0, 0);
-    float p[1][4];
-    fp8mma::block_partials<1>(v, xa, p);
-    acc[0][0][0] = fmaf(p[0][0], s[0], acc[0][0][0]);
-    acc[0][0][1] = fmaf(p[0][1], s[0], acc[0][0][1]);
-    acc[0][0][2] = fmaf(p[0][2], s[1], acc[0][0][2]);
-    acc[0][0][3] = fmaf(p[0][3], s[1], acc[0][0][3]);
-  };
-  RingBlock b0, b1;
-  load(b0, 0);
-  load(b1, 1);
-  {  // stage the live rows (16-byte chunks, four loads in flight a thread)
-    const int per_row = KB * 16, n = live * per_row;
-    for (int base = 0; base < n; base += 4 * kThreads) {
-      uint4 v[4];
-#pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        const int i = base + u * kThreads + int(threadIdx.x), p = i / per_row, col = (i - p * per_row) * 8;
-        v[u] = i < n && col < K ? __ldg(reinterpret_cast<const uint4*>(a.x + int64_t(p) * a.x_stride + col))
-                                : make_uint4(0, 0, 0, 0);
-      }
-#pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        const int i = base + u * kThreads + int(threadIdx.x);
-        if (i < n) {
-          const int p = i / per_row, j = i - p * per_row, kb = j >> 4, q = j & 15;
-          xs[((kb * 4 + (q & 3)) * slots + p) * 4 + (q >> 2)] = v[u];
-        }
-      }
-    }
-    __syncthreads();
-  }
-  int f = 0;
-  bool flip = false;  // item f sits in b1 when set (a group of odd length swaps the roles)
-  for (int i = 0; i < ng; ++i) {
-#pragma unroll
-    for (int q = 0; q < 4; ++q) acc[0][0][q] = 0.0f;
-    int j = 0;
-    if (!flip) {
-      for (; j + 1 < nkb; j += 2, f += 2) {
-        step(b0, f);
-        step(b1, f + 1);
-      }
-      if (j < nkb) {
-        step(b0, f++);
-        flip = true;
-      }
-    } else {
-      for (; j + 1 < nkb; j += 2, f += 2) {
-        step(b1, f);
-        step(b0, f + 1);
-      }
-      if (j < nkb) {
-        step(b1, f++);
-        flip = false;
-      }
-    }
-    fp8mma::block_reduce<1, 1>(acc, red, WK, WN);
-    if (wk == 0) {
-      const int64_t r0 = first_row(i);
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const int64_t n = r0 + g + 8 * h;
-          const int p = 2 * t + c;
-          if (n < a.N && p < live) store_out<OutT>(a, p, n, acc[0][0][2 * h + c]);
-        }
-    }
-  }
-}
-
-template <class OutT>
-__global__ void __launch_bounds__(kThreads, 2) fp8_mma_ring_kernel(const MArgs a) {
-  pdl_begin();
-  extern __shared__ float red[];
-  const int live = int(live_count(a.live, a.max_rows));
-  if (live <= 0) return;
-  mma_rows8_ring<OutT>(a, live, red);
-}
-
-// When up-to-8-row launches run mma_rows8_ring: Fp8GemvRing (MOEFOLD_FP8_GEMV_RING=0 off, unset auto,
-// 2 always; set_fp8_gemv_ring). Auto: where each block walks at least kRingMinGroups column groups (the
-// FP8 lm_head), since staging the rows costs a kernel with a few groups a block more than the ring saves.
-std::atomic<int> g_ring = [] {
-  const char* v = std::getenv("MOEFOLD_FP8_GEMV_RING");
-  return v && v[0] == '0' ? int(Fp8GemvRing::Off) : v && v[0] == '2' ? int(Fp8GemvRing::Always) : int(Fp8GemvRing::Auto);
-}();
-constexpr int64_t kRingMinGroups = 8;
-
 template <int NT, class OutT>
 __global__ void __launch_bounds__(kThreads) fp8_mma_kernel(const MArgs a) {
   pdl_begin();
@@ -335,36 +186,6 @@ void launch_mma(const MArgs& a, cudaStream_t stream) {
   MOEFOLD_CUDA_CHECK_LAUNCH();
 }
 
-// The staged rows' shared memory is capped (K up to 12,288 at 8 rows): past it warp_mma_fp8 runs.
-constexpr size_t kRingXMax = 96 * 1024;
-
-int sm_count() {
-  static const int n = [] {
-    int dev = 0, sms = 0;
-    MOEFOLD_CUDA_CHECK(cudaGetDevice(&dev));
-    MOEFOLD_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    return std::max(1, sms);
-  }();
-  return n;
-}
-
-template <class OutT>
-void launch_ring(const MArgs& a, cudaStream_t stream) {
-  auto* kern = fp8_mma_ring_kernel<OutT>;
-  const int WN = kWarps / a.wk;
-  const size_t smem = size_t(a.wk - 1) * WN * 32 * 4 * sizeof(float) + ring_x_bytes(a.K, a.max_rows);
-  static const int sms = [&] {
-    MOEFOLD_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            int(kRingXMax + 7 * 32 * 4 * sizeof(float))));
-    return sm_count();
-  }();
-  // Two blocks an SM (the kernel's register budget) where the staged rows fit twice, else one.
-  const int per_sm = 2 * (smem + 1024) <= 227 * 1024 ? 2 : 1;
-  const int64_t groups = (a.N + WN * 16 - 1) / (WN * 16);
-  launch_pdl(kern, dim3(unsigned(std::min<int64_t>(groups, int64_t(sms) * per_sm))), dim3(kThreads), smem, stream, a);
-  MOEFOLD_CUDA_CHECK_LAUNCH();
-}
-
 template <class OutT>
 void run_mma(const char* name, const bf16* x, const uint8_t* w, const float* scale, const void* bias, OutT* y,
              int64_t max_rows, int64_t K, int64_t N, const int32_t* live_rows, cudaStream_t stream, int64_t x_stride,
@@ -386,12 +207,7 @@ void run_mma(const char* name, const bf16* x, const uint8_t* w, const float* sca
                       2.0 * rows * double(K) * double(N)};
   });
   // Token fragments per pass by the bucket (none changes a value: the order is fixed by K).
-  const Fp8GemvRing ring = Fp8GemvRing(g_ring.load(std::memory_order_relaxed));
-  const int64_t groups = (N + (kWarps / a.wk) * 16 - 1) / ((kWarps / a.wk) * 16);
-  if (max_rows <= 8 && ring_x_bytes(K, max_rows) <= kRingXMax &&
-      (ring == Fp8GemvRing::Always || (ring == Fp8GemvRing::Auto && groups >= kRingMinGroups * 2 * sm_count())))
-    launch_ring<OutT>(a, stream);
-  else if (max_rows <= 8) launch_mma<1, OutT>(a, stream);
+  if (max_rows <= 8) launch_mma<1, OutT>(a, stream);
   else if (max_rows <= 16) launch_mma<2, OutT>(a, stream);
   else if (max_rows <= 32) launch_mma<4, OutT>(a, stream);
   else launch_mma<8, OutT>(a, stream);
@@ -439,8 +255,6 @@ int resident_blocks() {
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
 }  // namespace
-
-void set_fp8_gemv_ring(Fp8GemvRing mode) { g_ring.store(int(mode), std::memory_order_relaxed); }
 
 bool fp8_gemv_supported(int64_t K, const void* x, int64_t x_stride, const void* w) {
   return K >= 16 && K % 16 == 0 && aligned16(x) && aligned16(w) && (x_stride ? x_stride : K) % 8 == 0;

@@ -5,7 +5,7 @@
 //   fp8_gemv / fp8_gemv_f32out: tensor cores (mma.sync m16n8k16, fp32 accumulation, fp8_mma.cuh): each
 //     weight row streamed once from HBM for up to 64 rows (larger batches: 64 rows per pass, later
 //     passes from L2), one fp32 partial per 128-column scale block times its scale, one rounding per
-//     output; up to 8 rows over many column groups a block by the ring kernel (set_fp8_gemv_ring).
+//     output.
 //   fp8_gemv_simt: the CUDA-core kernel of before (fp8.cuh; 8 rows per pass), kept as the baseline of
 //     the benchmarks.
 //
@@ -40,13 +40,6 @@ bool fp8_gemv_supported(int64_t K, const void* x, int64_t x_stride, const void* 
 void fp8_gemv(const __nv_bfloat16* x, const uint8_t* w, const float* scale, const __nv_bfloat16* bias,
               __nv_bfloat16* y, int64_t max_rows, int64_t K, int64_t N, const int32_t* live_rows, cudaStream_t stream,
               int64_t x_stride = 0, int64_t y_stride = 0);
-
-/// Which kernel fp8_gemv runs for up to 8 rows (the same bits either way): one column group at a time
-/// (Off), or the ring kernel that streams a block's groups as one sequence with the rows staged in shared
-/// memory (Always; Auto where each block walks many groups, e.g. the lm_head). Default Auto, or
-/// MOEFOLD_FP8_GEMV_RING (0 = Off, 2 = Always) at start-up; tests set it here.
-enum class Fp8GemvRing { Off = 0, Auto = 1, Always = 2 };
-void set_fp8_gemv_ring(Fp8GemvRing mode);
 
 /// The same with fp32 outputs (the FP8 lm_head's logits): bias fp32 or null, y fp32 [max_rows, N].
 void fp8_gemv_f32out(const __nv_bfloat16* x, const uint8_t* w, const float* scale, const float* bias, float* y,
