@@ -5,6 +5,8 @@
 // equal to alone.
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -257,6 +259,54 @@ TEST(CudaForwardSmall, Fp8WeightsAndLmHeadWithDecodeGraphs) {
                              p90_row_error(g, r, V), 2e-2));
   EXPECT_NO_THROW(prof::require_kernels_ran(
       {"fp8_gemv_mma_kernel", "fp8_gemv_mma_kernel:f32out", "moe_fp8_mma_gate_up_kernel", "moe_fp8_mma_down_kernel"}));
+}
+
+// FP8 input projections fused (attention q|k|v; DeltaNet qkv|z in FP8 beside b|a in bf16, as FP8 releases
+// keep them) give the bits of the separate projections (MOEFOLD_FP8_FUSE=0): a 300-token prefill (each
+// FP8 part dequantised and run alone) and three decode steps as CUDA graphs (one fp8_gemv over the
+// stacked rows), logits byte for byte, with fewer FP8 GEMV launches.
+TEST(CudaForwardSmall, Fp8FusedProjectionsEqualSeparateBitwise) {
+  MOEFOLD_REQUIRE_GPU();
+  const std::string fam = "qwen3_5_moe";
+  struct Run {
+    std::vector<float> logits;
+    int64_t gemv_launches = 0;
+  };
+  auto run = [&](bool fuse) {
+    if (fuse) unsetenv("MOEFOLD_FP8_FUSE");
+    else setenv("MOEFOLD_FP8_FUSE", "0", 1);
+    CudaExecutorOptions o;
+    o.num_blocks = 64;
+    o.block_size = 16;
+    o.num_slots = 2;
+    o.max_rows = 512;
+    o.quantization = Quantization::Fp8;
+    prof::reset_launch_counts();
+    ModelRunner gpu(make_cuda_executor((kFixtures / fam).string(), LoadFormat::Safetensors, 0, o),
+                    RunnerOptions{64, 16, 2});
+    unsetenv("MOEFOLD_FP8_FUSE");
+    const int64_t V = gpu.executor().config().vocab_size;
+    std::vector<int32_t> ids(300);
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t((i * 37 + 5) % size_t(V));
+    const int32_t s = gpu.add_sequence(ids);
+    Run r;
+    r.logits = gpu.step({{s, int32_t(ids.size()), true}})[0];
+    for (int32_t tok : {11, 23, 5}) {
+      gpu.append_token(s, tok);
+      const auto g1 = gpu.step({{s, 1, true}})[0];
+      r.logits.insert(r.logits.end(), g1.begin(), g1.end());
+    }
+    r.gemv_launches = prof::find_kernel("fp8_gemv_mma_kernel").launches;
+    return r;
+  };
+  const Run sep = run(false), fused = run(true);
+  ASSERT_EQ(sep.logits.size(), fused.logits.size());
+  size_t diff = 0;
+  for (size_t i = 0; i < sep.logits.size(); ++i) diff += std::memcmp(&sep.logits[i], &fused.logits[i], 4) != 0;
+  EXPECT_TRUE(test::contract_exact("fp8_fused_projections_bitwise_vs_separate", fam + ",T=300+3", diff));
+  EXPECT_LT(fused.gemv_launches, sep.gemv_launches) << "the fused FP8 projections did not run";
+  std::printf("fp8_gemv_mma_kernel launches: separate %lld, fused %lld\n", (long long)sep.gemv_launches,
+              (long long)fused.gemv_launches);
 }
 
 // FP8 experts at prefill sizes: a step of more than kMoeFp8MaxRows (256) rows runs the routed experts as

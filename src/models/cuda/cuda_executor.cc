@@ -1,6 +1,9 @@
 #include "models/cuda/cuda_executor.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <string_view>
+#include <span>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -148,15 +151,29 @@ class CudaExecutor : public Executor {
     }
   }
 
+  /// Per layer: the fused input projection (attention q|k|v or DeltaNet qkv|z|b|a), `rows` output
+  /// columns: the FP8 parts' rows first (w8 [rows8, H] e4m3, s8 their scale rows, b8 their biases or null;
+  /// parts8 each part's rows), then the bf16 parts' (w [rows - rows8, H], b); both null when the parts
+  /// could not be fused (the layer then runs one GEMM per projection).
+  struct Fused {
+    const bf16* w = nullptr;
+    const bf16* b = nullptr;
+    int64_t rows = 0;
+    const uint8_t* w8 = nullptr;
+    const float* s8 = nullptr;
+    const bf16* b8 = nullptr;
+    int64_t rows8 = 0;
+    std::vector<int64_t> parts8;
+    bool any() const { return w || w8; }
+  };
   /// One device weight [sum of rows, in] made of `parts` stacked in order (all with the same `in` and
   /// either all with or all without a bias: nullptr otherwise); the parts' own device copies are freed.
   /// One GEMM then computes every projection of the same input.
-  const bf16* fuse_rows(std::initializer_list<const Linear*> parts, const bf16** bias) {
+  const bf16* fuse_rows(std::span<const Linear* const> parts, const bf16** bias) {
+    if (!fusable(parts, false)) return nullptr;
     int64_t rows = 0;
-    const int64_t in = (*parts.begin())->in;
-    const bool biased = !(*parts.begin())->b.empty();
-    for (const Linear* l : parts)
-      if (l->in != in || l->b.empty() == biased || !l->w.device || l->w.device_scale) return nullptr;
+    const int64_t in = parts.front()->in;
+    const bool biased = !parts.front()->b.empty();
     for (const Linear* l : parts) rows += l->out;
     DeviceBuffer<bf16> fused(size_t(rows * in)), fused_b(biased ? size_t(rows) : 0);
     int64_t r0 = 0;
@@ -181,6 +198,105 @@ class CudaExecutor : public Executor {
     return w;
   }
 
+  /// Whether `parts` (non-empty) can be stacked: the same `in`, all with or all without a bias, on the
+  /// device, and all block-scaled FP8 (fp8) or all bf16 (!fp8).
+  static bool fusable(std::span<const Linear* const> parts, bool fp8) {
+    if (parts.empty()) return false;
+    const int64_t in = parts.front()->in;
+    const bool biased = !parts.front()->b.empty();
+    for (const Linear* l : parts)
+      if (l->in != in || l->b.empty() == biased || !l->w.device || (l->w.device_scale != nullptr) != fp8) return false;
+    return true;
+  }
+
+  /// fuse_rows for FP8 parts: the stacked e4m3 rows (returned), their per-row block scales (*scale: the
+  /// format keeps a scale row per weight row, so stacking is exact) and biases (*bias, or null); the
+  /// parts' own device copies are freed.
+  const uint8_t* fuse_rows_fp8(std::span<const Linear* const> parts, const float** scale, const bf16** bias) {
+    if (!fusable(parts, true)) return nullptr;
+    const int64_t in = parts.front()->in, kb = (in + 127) / 128;
+    const bool biased = !parts.front()->b.empty();
+    int64_t rows = 0;
+    for (const Linear* l : parts) rows += l->out;
+    DeviceBuffer<uint8_t> q(size_t(rows * in));
+    DeviceBuffer<float> sc(size_t(rows * kb));
+    DeviceBuffer<bf16> b(biased ? size_t(rows) : 0);
+    int64_t r0 = 0;
+    for (const Linear* l : parts) {
+      MOEFOLD_CUDA_CHECK(cudaMemcpy(q.data() + r0 * in, l->w.device, size_t(l->out * in), cudaMemcpyDeviceToDevice));
+      MOEFOLD_CUDA_CHECK(cudaMemcpy(sc.data() + r0 * kb, l->w.device_scale, size_t(l->out * kb) * sizeof(float),
+                                    cudaMemcpyDeviceToDevice));
+      if (biased)
+        MOEFOLD_CUDA_CHECK(cudaMemcpy(b.data() + r0, l->b.device, size_t(l->out) * sizeof(bf16), cudaMemcpyDeviceToDevice));
+      r0 += l->out;
+    }
+    for (const Linear* l : parts) {
+      for (auto& buf : fp8_store_)
+        if (buf.data() == l->w.device) buf = DeviceBuffer<uint8_t>();
+      for (auto& buf : scale_store_)
+        if (buf.data() == l->w.device_scale) buf = DeviceBuffer<float>();
+      for (auto& buf : weights_store_)
+        if (biased && buf.data() == l->b.device) buf = DeviceBuffer<bf16>();
+    }
+    fp8_store_.push_back(std::move(q));
+    scale_store_.push_back(std::move(sc));
+    *scale = scale_store_.back().data();
+    *bias = nullptr;
+    if (biased) {
+      weights_store_.push_back(std::move(b));
+      *bias = weights_store_.back().data();
+    }
+    return fp8_store_.back().data();
+  }
+
+  /// The fused input projection of `parts` (one input): all bf16 as one weight, or a leading run of FP8
+  /// parts as one FP8 weight and the bf16 rest (the DeltaNet's in_proj_b / in_proj_a, which FP8
+  /// releases keep in bf16) as one bf16 weight. Leaves f empty where the parts do not allow it (the layer
+  /// then runs one GEMM per projection). MOEFOLD_FP8_FUSE=0 keeps FP8 parts unfused (A/B runs).
+  void fuse_projection(std::initializer_list<Linear*> parts, Fused& f) {
+    std::vector<const Linear*> p8, p16;
+    for (const Linear* l : parts) {
+      if (l->w.device_scale && !p16.empty()) return;  // FP8 after bf16: no single split
+      (l->w.device_scale ? p8 : p16).push_back(l);
+    }
+    const char* env = std::getenv("MOEFOLD_FP8_FUSE");
+    if (!p8.empty() && env && std::string_view(env) == "0") return;
+    if (!p8.empty() && !fusable(p8, true)) return;
+    if (!p16.empty() && (!fusable(p16, false) || p16.front()->in != parts.begin()[0]->in)) return;
+    if (!p8.empty()) {
+      f.w8 = fuse_rows_fp8(p8, &f.s8, &f.b8);
+      for (const Linear* l : p8) {
+        f.parts8.push_back(l->out);
+        f.rows8 += l->out;
+      }
+    }
+    if (!p16.empty()) f.w = fuse_rows(p16, &f.b);
+    f.rows = f.rows8;
+    for (const Linear* l : p16) f.rows += l->out;
+  }
+
+  /// y[T, f.rows] (row stride f.rows) = x . the fused projection's rows: the FP8 part as fp8_gemv (its
+  /// outputs' bits depend on K only: those of the separate projections), or, past fp8_gemv's rows, each
+  /// FP8 part dequantised and run alone as the unfused path does (the bf16 GEMMs' order depends on N);
+  /// then the bf16 part.
+  void fused_gemm(const Fused& f, const bf16* x, bf16* y, int64_t T) {
+    const int64_t H = cfg_.hidden_size, W = f.rows;
+    if (f.w8) {
+      if (T <= cuda::kFp8GemvMaxRows && cuda::fp8_gemv_supported(H, x, 0, f.w8)) {
+        cuda::fp8_gemv(x, f.w8, f.s8, f.b8, y, T, H, f.rows8, counts_.data(), stream_, 0, W);
+      } else {
+        int64_t r0 = 0;
+        for (int64_t out : f.parts8) {
+          const int64_t kb = (H + 127) / 128;
+          cuda::fp8_dequantize_bf16(f.w8 + r0 * H, f.s8 + r0 * kb, out, H, fp8_scratch(size_t(out * H)), stream_);
+          dense(x, fp8_scratch_.data(), f.b8 ? f.b8 + r0 : nullptr, y + r0, T, H, out, 0, W);
+          r0 += out;
+        }
+      }
+    }
+    if (f.w) dense(x, f.w, f.b, y + f.rows8, T, H, W - f.rows8, 0, W);
+  }
+
   void finish_load(ModelWeights w) {
     w_ = std::move(w);
     const ModelConfig& c = cfg_;
@@ -196,18 +312,18 @@ class CudaExecutor : public Executor {
       LayerWeights& L = w_.layers[l];
       Fused& f = fused_[l];
       if (c.layer_types[l] == LayerType::FullAttention) {
-        f.w = fuse_rows({&L.attn.q_proj, &L.attn.k_proj, &L.attn.v_proj}, &f.b);
-        f.rows = L.attn.q_proj.out + L.attn.k_proj.out + L.attn.v_proj.out;
+        fuse_projection({&L.attn.q_proj, &L.attn.k_proj, &L.attn.v_proj}, f);
       } else {
-        const DeltaNetWeights& g = L.gdn;
-        f.w = fuse_rows({&g.in_proj_qkv, &g.in_proj_z, &g.in_proj_b, &g.in_proj_a}, &f.b);
-        f.rows = g.in_proj_qkv.out + g.in_proj_z.out + g.in_proj_b.out + g.in_proj_a.out;
+        DeltaNetWeights& g = L.gdn;
+        fuse_projection({&g.in_proj_qkv, &g.in_proj_z, &g.in_proj_b, &g.in_proj_a}, f);
       }
-      if (!f.w) continue;
+      if (!f.any()) continue;
       fused_cols_ = std::max(fused_cols_, f.rows);
       for (Linear* part : {&L.attn.q_proj, &L.attn.k_proj, &L.attn.v_proj, &L.gdn.in_proj_qkv, &L.gdn.in_proj_z,
-                           &L.gdn.in_proj_b, &L.gdn.in_proj_a})
+                           &L.gdn.in_proj_b, &L.gdn.in_proj_a}) {
         part->w.device = part->b.device = nullptr;  // freed: only the fused copy remains
+        part->w.device_scale = nullptr;
+      }
     }
     // Scratch for dequantised FP8 weights (steps the FP8 kernels do not take), allocated here so that no
     // graph capture allocates.
@@ -216,6 +332,7 @@ class CudaExecutor : public Executor {
       for_each_linear(L, [&](const Linear& l) {
         if (l.w.device_scale) scratch = std::max(scratch, size_t(l.out * l.in));
       });
+      for (int64_t out : fused_[size_t(&L - w_.layers.data())].parts8) scratch = std::max(scratch, size_t(out * c.hidden_size));
       if (L.moe.gate_up.device_scale && opt_.max_rows > cuda::kMoeFp8MaxRows && !fp8_prefill_experts_)
         scratch = std::max(scratch, size_t(3 * c.num_experts * c.moe_intermediate_size * c.hidden_size));
     }
@@ -253,7 +370,7 @@ class CudaExecutor : public Executor {
     if (fused_cols_ > 0) proj_ = act(fused_cols_);
     bool unfused_attn = false, unfused_gdn = false;
     for (size_t l = 0; l < fused_.size(); ++l)
-      if (!fused_[l].w) (c.layer_types[l] == LayerType::FullAttention ? unfused_attn : unfused_gdn) = true;
+      if (!fused_[l].any()) (c.layer_types[l] == LayerType::FullAttention ? unfused_attn : unfused_gdn) = true;
     if (c.num_layers_of(LayerType::FullAttention)) {
       if (unfused_attn) {
         qg_ = act(c.q_proj_rows());
@@ -281,7 +398,7 @@ class CudaExecutor : public Executor {
           dgemm_bytes = std::max(dgemm_bytes, cuda::decode_gemm_workspace_bytes(cuda::kDecodeGemmMaxRows, out, in));
       };
       const LayerWeights& L = w_.layers[l];
-      if (fused_[l].w) need(fused_[l].rows, H);
+      if (fused_[l].any()) need(fused_[l].rows, H);
       for_each_linear(L, [&](const Linear& lin) { if (lin.w.device) need(lin.out, lin.in); });
     }
     dgemm_ws_ = DeviceBuffer<uint8_t>(std::max<size_t>(dgemm_bytes, 16));
@@ -587,13 +704,6 @@ class CudaExecutor : public Executor {
   DeviceBuffer<bf16> fp8_scratch_;                 // dequantised FP8 weights of a prefill step
   std::vector<DeviceBuffer<float>> fp32_store_;
   std::vector<const float*> a_log_, dt_bias_;
-  /// Per layer: the fused input projection (attention q|k|v or DeltaNet qkv|z|b|a) [rows, H], or null
-  /// when the parts could not be fused (the layer then runs one GEMM per projection).
-  struct Fused {
-    const bf16* w = nullptr;
-    const bf16* b = nullptr;
-    int64_t rows = 0;
-  };
   std::vector<Fused> fused_;
   int64_t fused_cols_ = 0;
   DeviceBuffer<bf16> proj_;  // [max_rows, fused_cols_]: the fused projections' output
@@ -1015,9 +1125,9 @@ void CudaExecutor::attention(size_t l, const StepDims& d) {
   bf16 *q = qg_.data(), *k = k_.data(), *v = v_.data();
   int64_t kv_stride = 0;
   const Fused& f = fused_[l];
-  if (f.w) {
+  if (f.any()) {
     const int64_t W = f.rows;
-    dense(x_.data(), f.w, f.b, proj_.data(), T, c.hidden_size, W, 0, W);
+    fused_gemm(f, x_.data(), proj_.data(), T);
     q = proj_.data();
     k = q + a.q_proj.out;
     v = k + a.k_proj.out;
@@ -1127,9 +1237,9 @@ void CudaExecutor::deltanet(size_t l, const StepDims& d) {
   const bf16 *mixed = mixed_.data(), *z = z_.data(), *gb = gb_.data(), *ga = ga_.data();
   int64_t W = 0;
   const Fused& f = fused_[l];
-  if (f.w) {
+  if (f.any()) {
     W = f.rows;
-    dense(x_.data(), f.w, f.b, proj_.data(), T, c.hidden_size, W, 0, W);
+    fused_gemm(f, x_.data(), proj_.data(), T);
     mixed = proj_.data();
     z = mixed + C;
     gb = z + g.in_proj_z.out;
