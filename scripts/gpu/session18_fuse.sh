@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Session 18: FP8 input projections fused (attention q|k|v; DeltaNet qkv|z in FP8 + b|a in bf16). Tests,
 # the end-to-end GPU suites, then bench offline -q fp8 A B B A (A: OLD_BIN, B: this tree), B with
-# MOEFOLD_FP8_FUSE=0, --fp8-lm-head, and bf16 beside it. (As run in session 18 it also measured fp8_gemv's
+# MOEFOLD_FP8_FUSE=0 (B:unfused) or MOEFOLD_FP8_FUSE_AUX=0 (B:noaux: the DeltaNet's bf16 b|a on the main
+# stream), --fp8-lm-head, and bf16 beside it. (As run in session 18 it also measured fp8_gemv's
 # ring kernel, commit 83e8c34, since reverted: the ring lines are gone.)
 # Usage: [RUNS='A B B A B:unfused'] [BATCHES=1,8,64] scripts/gpu/session18_fuse.sh BIN_DIR OLD_BIN OUT_DIR
 set -uo pipefail
@@ -23,7 +24,7 @@ i=0
 for run in ${RUNS:-A B B A B:unfused}; do
   i=$((i + 1))
   bin=$b/moefold envs=()
-  case $run in A) bin=$old ;; B:unfused) envs=(MOEFOLD_FP8_FUSE=0) ;; esac
+  case $run in A) bin=$old ;; B:unfused) envs=(MOEFOLD_FP8_FUSE=0) ;; B:noaux) envs=(MOEFOLD_FP8_FUSE_AUX=0) ;; esac
   env "${envs[@]}" "$bin" bench offline --model $model --load-format dummy --prefill 0 --decode-batch "${BATCHES:-1,8,64}" \
     --decode-steps 16 -q fp8 > "$out/plain_$i.log" 2>&1
   echo "$run: $(grep -E '^decode' "$out/plain_$i.log" | tr -s ' ' | cut -d' ' -f1-5 | tr '\n' ' ')"

@@ -90,6 +90,9 @@ class CudaExecutor : public Executor {
   CudaExecutor(ModelConfig cfg, const CudaExecutorOptions& opt) : cfg_(std::move(cfg)), opt_(opt) {
     MOEFOLD_CUDA_CHECK(cudaSetDevice(opt.device));
     MOEFOLD_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    MOEFOLD_CUDA_CHECK(cudaStreamCreateWithFlags(&aux_stream_, cudaStreamNonBlocking));
+    MOEFOLD_CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
+    MOEFOLD_CUDA_CHECK(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming));
   }
   ~CudaExecutor() override {
     if (kv_fp8_ && kv_saturated_.data()) {  // FP8 KV stores that saturated: said, never silent
@@ -99,6 +102,9 @@ class CudaExecutor : public Executor {
                              "saturated to +-448\n", n);
     }
     if (oob_host_) cudaFreeHost(oob_host_);
+    if (fork_) cudaEventDestroy(fork_);
+    if (join_) cudaEventDestroy(join_);
+    if (aux_stream_) cudaStreamDestroy(aux_stream_);
     if (stream_) cudaStreamDestroy(stream_);
   }
 
@@ -278,9 +284,22 @@ class CudaExecutor : public Executor {
   /// y[T, f.rows] (row stride f.rows) = x . the fused projection's rows: the FP8 part as fp8_gemv (its
   /// outputs' bits depend on K only: those of the separate projections), or, past fp8_gemv's rows, each
   /// FP8 part dequantised and run alone as the unfused path does (the bf16 GEMMs' order depends on N);
-  /// then the bf16 part.
+  /// and the bf16 part, which in a decode-sized step runs on aux_stream_ beside the FP8 GEMV (the same
+  /// kernels and bits; MOEFOLD_FP8_FUSE_AUX=0 keeps it on stream_).
   void fused_gemm(const Fused& f, const bf16* x, bf16* y, int64_t T) {
     const int64_t H = cfg_.hidden_size, W = f.rows;
+    static const bool aux_on = [] {
+      const char* v = std::getenv("MOEFOLD_FP8_FUSE_AUX");
+      return !(v && std::string_view(v) == "0");
+    }();
+    const bool aux = aux_on && f.w && f.w8 && T <= cuda::kFp8GemvMaxRows && opt_.batch_invariant &&
+                     decode_gemm_fits(x, f.w, H, 0);
+    if (aux) {  // the bf16 rows first on the side stream, so its few blocks start before the FP8 GEMV's
+      MOEFOLD_CUDA_CHECK(cudaEventRecord(fork_, stream_));
+      MOEFOLD_CUDA_CHECK(cudaStreamWaitEvent(aux_stream_, fork_, 0));
+      dense(x, f.w, f.b, y + f.rows8, T, H, W - f.rows8, 0, W, 0, aux_stream_);
+      MOEFOLD_CUDA_CHECK(cudaEventRecord(join_, aux_stream_));
+    }
     if (f.w8) {
       if (T <= cuda::kFp8GemvMaxRows && cuda::fp8_gemv_supported(H, x, 0, f.w8)) {
         cuda::fp8_gemv(x, f.w8, f.s8, f.b8, y, T, H, f.rows8, counts_.data(), stream_, 0, W);
@@ -294,7 +313,8 @@ class CudaExecutor : public Executor {
         }
       }
     }
-    if (f.w) dense(x, f.w, f.b, y + f.rows8, T, H, W - f.rows8, 0, W);
+    if (aux) MOEFOLD_CUDA_CHECK(cudaStreamWaitEvent(stream_, join_, 0));
+    else if (f.w) dense(x, f.w, f.b, y + f.rows8, T, H, W - f.rows8, 0, W);
   }
 
   void finish_load(ModelWeights w) {
@@ -613,13 +633,16 @@ class CudaExecutor : public Executor {
   /// with batch_invariant (default), every row count runs the decode GEMM's reduction order, which
   /// depends only on the weight's shape (the decode GEMM up to 256 rows, the prefill GEMM above, see
   /// invariant_gemm.h); otherwise up to 16 rows run the GEMV, the rest cuBLASLt.
+  /// On `on` (null: stream_); only the decode GEMM and the GEMV may run off stream_ (they share no state
+  /// with what runs beside them: the decode GEMM's workspace is used by one GEMM at a time).
   void dense(const bf16* x, const bf16* w, const bf16* b, bf16* y, int64_t T, int64_t in, int64_t out,
-             int64_t x_stride = 0, int64_t y_stride = 0, int live_index = 0) {
+             int64_t x_stride = 0, int64_t y_stride = 0, int live_index = 0, cudaStream_t on = nullptr) {
     const int32_t* live = counts_.data() + live_index;
+    cudaStream_t st = on ? on : stream_;
     if (opt_.batch_invariant && decode_gemm_fits(x, w, in, x_stride))  // decode GEMM, or its arithmetic above 256 rows
-      cuda::invariant_gemm_bf16(x, w, b, y, T, in, out, live, dgemm_ws_.data(), stream_, x_stride, y_stride);
+      cuda::invariant_gemm_bf16(x, w, b, y, T, in, out, live, dgemm_ws_.data(), st, x_stride, y_stride);
     else if (!opt_.batch_invariant && T <= kGemvRows)
-      cuda::gemv_bf16(x, w, b, y, T, in, out, live, stream_, x_stride, y_stride);
+      cuda::gemv_bf16(x, w, b, y, T, in, out, live, st, x_stride, y_stride);
     else
       cuda::gemm_bf16(x, w, b, y, T, in, out, stream_, false, x_stride, y_stride);
   }
@@ -697,6 +720,10 @@ class CudaExecutor : public Executor {
   ModelConfig cfg_;
   CudaExecutorOptions opt_;
   cudaStream_t stream_ = nullptr;
+  // A second stream for a small GEMM that may run beside the one on stream_ (fused_gemm), forked from and
+  // joined back into stream_ by the two events (inside a graph capture, they become the graph's edges).
+  cudaStream_t aux_stream_ = nullptr;
+  cudaEvent_t fork_ = nullptr, join_ = nullptr;
   ModelWeights w_;
   std::vector<DeviceBuffer<bf16>> weights_store_;
   std::vector<DeviceBuffer<uint8_t>> fp8_store_;   // e4m3 weights (Param::device_scale set)
