@@ -292,8 +292,9 @@ class CudaExecutor : public Executor {
       const char* v = std::getenv("MOEFOLD_FP8_FUSE_AUX");
       return !(v && std::string_view(v) == "0");
     }();
-    const bool aux = aux_on && f.w && f.w8 && T <= cuda::kFp8GemvMaxRows && opt_.batch_invariant &&
-                     decode_gemm_fits(x, f.w, H, 0);
+    const bool gemv8 = f.w8 && T <= cuda::kFp8GemvMaxRows && cuda::fp8_gemv_supported(H, x, 0, f.w8);
+    // (only beside fp8_gemv: the dequantised path's GEMMs share the decode GEMM's workspace)
+    const bool aux = aux_on && f.w && gemv8 && opt_.batch_invariant && decode_gemm_fits(x, f.w, H, 0);
     if (aux) {  // the bf16 rows first on the side stream, so its few blocks start before the FP8 GEMV's
       MOEFOLD_CUDA_CHECK(cudaEventRecord(fork_, stream_));
       MOEFOLD_CUDA_CHECK(cudaStreamWaitEvent(aux_stream_, fork_, 0));
@@ -301,7 +302,7 @@ class CudaExecutor : public Executor {
       MOEFOLD_CUDA_CHECK(cudaEventRecord(join_, aux_stream_));
     }
     if (f.w8) {
-      if (T <= cuda::kFp8GemvMaxRows && cuda::fp8_gemv_supported(H, x, 0, f.w8)) {
+      if (gemv8) {
         cuda::fp8_gemv(x, f.w8, f.s8, f.b8, y, T, H, f.rows8, counts_.data(), stream_, 0, W);
       } else {
         int64_t r0 = 0;
