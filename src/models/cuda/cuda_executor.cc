@@ -177,31 +177,31 @@ class CudaExecutor : public Executor {
   /// One GEMM then computes every projection of the same input.
   const bf16* fuse_rows(std::span<const Linear* const> parts, const bf16** bias) {
     if (!fusable(parts, false)) return nullptr;
+    const bf16* w = stack_rows(parts, weights_store_, parts.front()->in, [](const Linear& l) { return l.w.device; });
+    *bias = parts.front()->b.empty() ? nullptr
+                                     : stack_rows(parts, weights_store_, 1, [](const Linear& l) { return l.b.device; });
+    return w;
+  }
+
+  /// One array of `store` made of the parts' arrays src(part) ([part.out, per_row] elements each)
+  /// stacked in order; the parts' own arrays are freed from `store`.
+  template <class T, class Src>
+  const T* stack_rows(std::span<const Linear* const> parts, std::vector<DeviceBuffer<T>>& store, int64_t per_row,
+                      Src src) {
     int64_t rows = 0;
-    const int64_t in = parts.front()->in;
-    const bool biased = !parts.front()->b.empty();
     for (const Linear* l : parts) rows += l->out;
-    DeviceBuffer<bf16> fused(size_t(rows * in)), fused_b(biased ? size_t(rows) : 0);
+    DeviceBuffer<T> out(size_t(rows * per_row));
     int64_t r0 = 0;
     for (const Linear* l : parts) {
-      MOEFOLD_CUDA_CHECK(cudaMemcpy(fused.data() + r0 * in, l->w.device, size_t(l->out * in) * sizeof(bf16),
+      MOEFOLD_CUDA_CHECK(cudaMemcpy(out.data() + r0 * per_row, src(*l), size_t(l->out * per_row) * sizeof(T),
                                     cudaMemcpyDeviceToDevice));
-      if (biased)
-        MOEFOLD_CUDA_CHECK(cudaMemcpy(fused_b.data() + r0, l->b.device, size_t(l->out) * sizeof(bf16),
-                                      cudaMemcpyDeviceToDevice));
       r0 += l->out;
     }
     for (const Linear* l : parts)
-      for (auto& buf : weights_store_)
-        if (buf.data() == l->w.device || (biased && buf.data() == l->b.device)) buf = DeviceBuffer<bf16>();
-    weights_store_.push_back(std::move(fused));
-    const bf16* w = weights_store_.back().data();
-    *bias = nullptr;
-    if (biased) {
-      weights_store_.push_back(std::move(fused_b));
-      *bias = weights_store_.back().data();
-    }
-    return w;
+      for (auto& buf : store)
+        if (static_cast<const void*>(buf.data()) == src(*l)) buf = DeviceBuffer<T>();
+    store.push_back(std::move(out));
+    return store.back().data();
   }
 
   /// Whether `parts` (non-empty) can be stacked: the same `in`, all with or all without a bias, on the
@@ -220,39 +220,12 @@ class CudaExecutor : public Executor {
   /// parts' own device copies are freed.
   const uint8_t* fuse_rows_fp8(std::span<const Linear* const> parts, const float** scale, const bf16** bias) {
     if (!fusable(parts, true)) return nullptr;
-    const int64_t in = parts.front()->in, kb = (in + 127) / 128;
-    const bool biased = !parts.front()->b.empty();
-    int64_t rows = 0;
-    for (const Linear* l : parts) rows += l->out;
-    DeviceBuffer<uint8_t> q(size_t(rows * in));
-    DeviceBuffer<float> sc(size_t(rows * kb));
-    DeviceBuffer<bf16> b(biased ? size_t(rows) : 0);
-    int64_t r0 = 0;
-    for (const Linear* l : parts) {
-      MOEFOLD_CUDA_CHECK(cudaMemcpy(q.data() + r0 * in, l->w.device, size_t(l->out * in), cudaMemcpyDeviceToDevice));
-      MOEFOLD_CUDA_CHECK(cudaMemcpy(sc.data() + r0 * kb, l->w.device_scale, size_t(l->out * kb) * sizeof(float),
-                                    cudaMemcpyDeviceToDevice));
-      if (biased)
-        MOEFOLD_CUDA_CHECK(cudaMemcpy(b.data() + r0, l->b.device, size_t(l->out) * sizeof(bf16), cudaMemcpyDeviceToDevice));
-      r0 += l->out;
-    }
-    for (const Linear* l : parts) {
-      for (auto& buf : fp8_store_)
-        if (buf.data() == l->w.device) buf = DeviceBuffer<uint8_t>();
-      for (auto& buf : scale_store_)
-        if (buf.data() == l->w.device_scale) buf = DeviceBuffer<float>();
-      for (auto& buf : weights_store_)
-        if (biased && buf.data() == l->b.device) buf = DeviceBuffer<bf16>();
-    }
-    fp8_store_.push_back(std::move(q));
-    scale_store_.push_back(std::move(sc));
-    *scale = scale_store_.back().data();
-    *bias = nullptr;
-    if (biased) {
-      weights_store_.push_back(std::move(b));
-      *bias = weights_store_.back().data();
-    }
-    return fp8_store_.back().data();
+    const int64_t in = parts.front()->in;
+    const uint8_t* q = stack_rows(parts, fp8_store_, in, [](const Linear& l) { return l.w.device; });
+    *scale = stack_rows(parts, scale_store_, (in + 127) / 128, [](const Linear& l) { return l.w.device_scale; });
+    *bias = parts.front()->b.empty() ? nullptr
+                                     : stack_rows(parts, weights_store_, 1, [](const Linear& l) { return l.b.device; });
+    return q;
   }
 
   /// The fused input projection of `parts` (one input): all bf16 as one weight, or a leading run of FP8
@@ -307,9 +280,8 @@ class CudaExecutor : public Executor {
       } else {
         int64_t r0 = 0;
         for (int64_t out : f.parts8) {
-          const int64_t kb = (H + 127) / 128;
-          cuda::fp8_dequantize_bf16(f.w8 + r0 * H, f.s8 + r0 * kb, out, H, fp8_scratch(size_t(out * H)), stream_);
-          dense(x, fp8_scratch_.data(), f.b8 ? f.b8 + r0 : nullptr, y + r0, T, H, out, 0, W);
+          dense_dequantised(f.w8 + r0 * H, f.s8 + r0 * ((H + 127) / 128), f.b8 ? f.b8 + r0 : nullptr, x, y + r0, T, H,
+                            out, W);
           r0 += out;
         }
       }
@@ -622,8 +594,14 @@ class CudaExecutor : public Executor {
     const auto* sc = static_cast<const float*>(l.w.device_scale);
     if (T <= cuda::kFp8GemvMaxRows && cuda::fp8_gemv_supported(l.in, x, 0, w8))
       return cuda::fp8_gemv(x, w8, sc, b, y, T, l.in, l.out, counts_.data(), stream_);
-    cuda::fp8_dequantize_bf16(w8, sc, l.out, l.in, fp8_scratch(size_t(l.out * l.in)), stream_);
-    dense(x, fp8_scratch_.data(), b, y, T, l.in, l.out);
+    dense_dequantised(w8, sc, b, x, y, T, l.in, l.out);
+  }
+  /// y[T, out] (row stride y_stride, 0 = out) = x . w^T for a block-scaled FP8 weight w8 / sc [out, in]
+  /// through a bf16 copy in fp8_scratch_ and the bf16 GEMMs (the steps fp8_gemv does not take).
+  void dense_dequantised(const uint8_t* w8, const float* sc, const bf16* b, const bf16* x, bf16* y, int64_t T,
+                         int64_t in, int64_t out, int64_t y_stride = 0) {
+    cuda::fp8_dequantize_bf16(w8, sc, out, in, fp8_scratch(size_t(out * in)), stream_);
+    dense(x, fp8_scratch_.data(), b, y, T, in, out, 0, y_stride);
   }
   /// bf16 scratch of at least n elements for dequantised FP8 weights (prefill steps, never captured).
   bf16* fp8_scratch(size_t n) {
