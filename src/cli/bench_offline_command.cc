@@ -56,6 +56,9 @@ std::unique_ptr<BenchOfflineCommand> add_bench_offline_command(CLI::App& bench) 
                    "trace every kernel of the timed decode steps, inside CUDA graphs too (CUPTI, loaded at run "
                    "time), and print per kernel the time the step waited for it (docs/profiling.md)");
   b->app->add_option("--timeline-rows", b->timeline_rows, "kernels listed in each --timeline table (default 30)");
+  b->app->add_option("--timeline-csv", b->timeline_csv,
+                     "with --timeline: write every kernel of the first 2 traced steps of each batch size, in "
+                     "order, with start, end, idle gap and exposed time (CSV; a 'batch' column first)");
   b->app->add_flag("--timeline-host-calls", b->timeline_host_calls,
                    "with --timeline: also trace the host's CUDA runtime calls (CUPTI's instrumentation of them "
                    "slows graph launches far more than kernels; docs/profiling.md)");
@@ -122,6 +125,9 @@ int BenchOfflineCommand::run() {
   if (timeline) {
     MOEFOLD_CHECK(!decode_batch.empty(), "bench offline: --timeline traces decode steps; give --decode-batch");
     MOEFOLD_CHECK(!timeline_host_calls || timeline, "bench offline: --timeline-host-calls needs --timeline");
+  }
+  MOEFOLD_CHECK(timeline_csv.empty() || timeline, "bench offline: --timeline-csv needs --timeline");
+  if (timeline) {
     trace = cuda::KernelTrace::start(timeline_host_calls);
     std::printf("kernel trace: CUPTI from %s\n", trace->library().c_str());
   }
@@ -179,6 +185,7 @@ int BenchOfflineCommand::run() {
                                   {"fraction_of_bf16_peak", flops / med / peak}});
   }
   std::string timeline_text;  // printed after the table
+  std::string csv_text;       // --timeline-csv
   for (int B : decode_batch) {
     std::vector<int32_t> seqs;
     std::vector<ModelRunner::Work> work;
@@ -211,6 +218,17 @@ int BenchOfflineCommand::run() {
       const prof::TimelineSummary tl = prof::summarize_timeline(records.gpu, windows, records.host);
       timeline_text += "\ndecode batch " + std::to_string(B) + ":\n" + prof::format_timeline(tl, timeline_rows);
       timeline_json = prof::timeline_to_json(tl);
+      if (!timeline_csv.empty()) {
+        const std::string csv = prof::timeline_csv(records.gpu, windows, 2);
+        size_t line_start = 0;
+        for (size_t p = csv.find('\n'); p != std::string::npos; line_start = p + 1, p = csv.find('\n', line_start)) {
+          if (line_start == 0) {  // the header, once
+            if (csv_text.empty()) csv_text = "batch," + csv.substr(0, p + 1);
+            continue;
+          }
+          csv_text += std::to_string(B) + "," + csv.substr(line_start, p + 1 - line_start);
+        }
+      }
     }
     for (int32_t s : seqs) runner.release(s);
     // HBM floor of one step: every non-routed-expert weight once, the distinct routed experts a batch
@@ -242,6 +260,11 @@ int BenchOfflineCommand::run() {
                 timeline_text.c_str());
   }
   if (!json_out.empty()) std::ofstream(json_out) << results.dump(2) << "\n";
+  if (!timeline_csv.empty()) {
+    std::ofstream f(timeline_csv);
+    MOEFOLD_CHECK(f.good(), "bench offline: cannot write --timeline-csv {}", timeline_csv);
+    f << csv_text;
+  }
   return 0;
 }
 

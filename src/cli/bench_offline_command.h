@@ -27,6 +27,7 @@ struct BenchOfflineCommand {
   bool batch_invariant = true;
   bool timeline = false;  ///< --timeline: trace the timed decode steps' kernels (CUPTI) and print exposed time
   int timeline_rows = 30;  ///< --timeline-rows
+  std::string timeline_csv;  ///< --timeline-csv: every kernel of the first traced steps, in order (CSV)
   bool timeline_host_calls = false;  ///< --timeline-host-calls: also the host's CUDA runtime calls
   std::vector<int32_t> cuda_graph_sizes;  ///< empty: the executor's default buckets
   ParallelConfig parallel;  ///< -tp / --enable-expert-parallel / --expert-parallel-size (cli/tp_cuda.h)

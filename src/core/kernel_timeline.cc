@@ -11,26 +11,49 @@
 
 namespace moefold::prof {
 
-TimelineSummary summarize_timeline(std::span<const KernelRecord> records, std::span<const StepWindow> steps,
-                                   std::span<const HostCall> host_calls) {
-  std::vector<StepWindow> win(steps.begin(), steps.end());
+namespace {
+
+/// The windows sorted by begin (checked: each ends after it begins, none overlaps), and each window's
+/// kernels (those starting inside it) sorted by start, then end.
+struct StepKernels {
+  std::vector<StepWindow> win;
+  std::vector<std::vector<const KernelRecord*>> by_step;
+  /// The window holding time t, or -1.
+  int64_t window_of(int64_t t) const {
+    auto it = std::upper_bound(win.begin(), win.end(), t, [](int64_t x, const StepWindow& w) { return x < w.begin_ns; });
+    if (it == win.begin()) return -1;
+    --it;
+    return t < it->end_ns ? int64_t(it - win.begin()) : -1;
+  }
+};
+
+StepKernels step_kernels(std::span<const KernelRecord> records, std::span<const StepWindow> steps) {
+  StepKernels sk;
+  sk.win.assign(steps.begin(), steps.end());
+  auto& win = sk.win;
   std::sort(win.begin(), win.end(), [](const StepWindow& a, const StepWindow& b) { return a.begin_ns < b.begin_ns; });
   for (size_t i = 0; i < win.size(); ++i) {
     MOEFOLD_CHECK(win[i].end_ns >= win[i].begin_ns, "kernel timeline: a step window ends before it begins");
     MOEFOLD_CHECK(i == 0 || win[i].begin_ns >= win[i - 1].end_ns, "kernel timeline: step windows overlap");
   }
-  // The window holding time t, or -1.
-  auto window_of = [&](int64_t t) -> int64_t {
-    auto it = std::upper_bound(win.begin(), win.end(), t, [](int64_t x, const StepWindow& w) { return x < w.begin_ns; });
-    if (it == win.begin()) return -1;
-    --it;
-    return t < it->end_ns ? int64_t(it - win.begin()) : -1;
-  };
-  std::vector<std::vector<const KernelRecord*>> by_step(win.size());
+  sk.by_step.resize(win.size());
   for (const KernelRecord& r : records) {
-    if (const int64_t w = window_of(r.start_ns); w >= 0) by_step[size_t(w)].push_back(&r);
+    if (const int64_t w = sk.window_of(r.start_ns); w >= 0) sk.by_step[size_t(w)].push_back(&r);
   }
+  for (auto& ks : sk.by_step)
+    std::sort(ks.begin(), ks.end(), [](const KernelRecord* a, const KernelRecord* b) {
+      return a->start_ns != b->start_ns ? a->start_ns < b->start_ns : a->end_ns < b->end_ns;
+    });
+  return sk;
+}
 
+}  // namespace
+
+TimelineSummary summarize_timeline(std::span<const KernelRecord> records, std::span<const StepWindow> steps,
+                                   std::span<const HostCall> host_calls) {
+  const StepKernels sk = step_kernels(records, steps);
+  const auto& win = sk.win;
+  const auto& by_step = sk.by_step;
   using Key = std::tuple<std::string, std::array<int32_t, 3>, std::array<int32_t, 3>>;
   struct Acc {
     int32_t registers = 0;
@@ -41,11 +64,8 @@ TimelineSummary summarize_timeline(std::span<const KernelRecord> records, std::s
   TimelineSummary s;
   double wall = 0, span = 0, gap = 0, kernels = 0, graph = 0;
   for (size_t i = 0; i < win.size(); ++i) {
-    auto& ks = by_step[i];
+    const auto& ks = by_step[i];
     if (ks.empty()) continue;
-    std::sort(ks.begin(), ks.end(), [](const KernelRecord* a, const KernelRecord* b) {
-      return a->start_ns != b->start_ns ? a->start_ns < b->start_ns : a->end_ns < b->end_ns;
-    });
     ++s.steps;
     int64_t frontier = ks.front()->start_ns;
     const int64_t first = frontier;
@@ -91,7 +111,7 @@ TimelineSummary summarize_timeline(std::span<const KernelRecord> records, std::s
   });
   std::map<std::string, std::pair<int64_t, double>> calls;  // name -> (calls, ns)
   for (const HostCall& c : host_calls) {
-    const int64_t w = window_of(c.start_ns);
+    const int64_t w = sk.window_of(c.start_ns);
     if (w < 0 || by_step[size_t(w)].empty()) continue;
     auto& [count, ns] = calls[c.name];
     count += 1;
@@ -218,6 +238,37 @@ nlohmann::json timeline_to_json(const TimelineSummary& s) {
   return {{"steps", s.steps},         {"wall_us", s.wall_us}, {"span_us", s.span_us}, {"host_calls", host},
           {"idle_between_us", s.gap_us}, {"host_us", s.host_us}, {"kernels_per_step", s.kernels},
           {"graph_kernels_per_step", s.graph_kernels}, {"kernels", rows}};
+}
+
+std::string timeline_csv(std::span<const KernelRecord> records, std::span<const StepWindow> steps, int max_steps) {
+  const StepKernels sk = step_kernels(records, steps);
+  std::string out = "step,index,kernel,grid,start_us,end_us,gap_us,exposed_us\n";
+  char line[160];
+  int step = 0;
+  for (const auto& ks : sk.by_step) {
+    if (ks.empty()) continue;
+    if (step >= max_steps) break;
+    const int64_t first = ks.front()->start_ns;
+    int64_t frontier = first;
+    for (size_t i = 0; i < ks.size(); ++i) {
+      const KernelRecord& k = *ks[i];
+      const int64_t gap = std::max<int64_t>(0, k.start_ns - frontier);
+      frontier = std::max(frontier, k.start_ns);
+      const int64_t exposed = std::max<int64_t>(0, k.end_ns - frontier);
+      frontier = std::max(frontier, k.end_ns);
+      std::string name = k.name;
+      for (size_t p = name.find('"'); p != std::string::npos; p = name.find('"', p + 2)) name.insert(p, 1, '"');
+      std::snprintf(line, sizeof line, "%d,%zu,", step, i);
+      out += line;
+      out += '"' + name + '"';
+      std::snprintf(line, sizeof line, ",%dx%dx%d,%.3f,%.3f,%.3f,%.3f\n", k.grid[0], k.grid[1], k.grid[2],
+                    double(k.start_ns - first) / 1e3, double(k.end_ns - first) / 1e3, double(gap) / 1e3,
+                    double(exposed) / 1e3);
+      out += line;
+    }
+    ++step;
+  }
+  return out;
 }
 
 }  // namespace moefold::prof

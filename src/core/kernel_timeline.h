@@ -98,4 +98,10 @@ std::string format_timeline(const TimelineSummary& s, int rows = 30);
 /// The summary as JSON (every row).
 nlohmann::json timeline_to_json(const TimelineSummary& s);
 
+/// Every kernel of the first `max_steps` steps (by window order) as CSV, one line a kernel in order of
+/// its start: step, index in the step, name, grid, start and end in us from the step's first kernel
+/// start, the idle gap before it and its exposed time (the frontier walk of summarize_timeline). The
+/// header line first. Names are quoted (they hold commas).
+std::string timeline_csv(std::span<const KernelRecord> records, std::span<const StepWindow> steps, int max_steps);
+
 }  // namespace moefold::prof

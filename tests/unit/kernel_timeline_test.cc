@@ -134,3 +134,21 @@ TEST(KernelTimeline, HostCallsPerStep) {
   EXPECT_NE(prof::format_timeline(s).find("cudaMemcpyAsync"), std::string::npos);
   EXPECT_EQ(prof::timeline_to_json(s)["host_calls"].size(), 3u);
 }
+
+TEST(KernelTimeline, CsvListsEachStepsKernelsInOrderWithGapsAndExposedTime) {
+  // Step 0 [0, 10000): b (PDL, starts under a) and a gap before c; step 1 [20000, 30000): d; a kernel
+  // outside every window (e) is not listed; max_steps 1 drops step 1.
+  std::vector<KernelRecord> r = {rec("b", 1500, 6000, 4), rec("a,x<1, 2>", 1000, 5000), rec("c", 7000, 8000),
+                                 rec("d", 21000, 22000), rec("e", 15000, 16000)};
+  std::vector<StepWindow> w = {{20000, 30000}, {0, 10000}};
+  const std::string all = prof::timeline_csv(r, w, 10);
+  EXPECT_EQ(all,
+            "step,index,kernel,grid,start_us,end_us,gap_us,exposed_us\n"
+            "0,0,\"a,x<1, 2>\",1x1x1,0.000,4.000,0.000,4.000\n"
+            "0,1,\"b\",4x1x1,0.500,5.000,0.000,1.000\n"
+            "0,2,\"c\",1x1x1,6.000,7.000,1.000,1.000\n"
+            "1,0,\"d\",1x1x1,0.000,1.000,0.000,1.000\n");
+  const std::string one = prof::timeline_csv(r, w, 1);
+  EXPECT_EQ(one.find("\"d\""), std::string::npos);
+  EXPECT_NE(one.find("\"c\""), std::string::npos);
+}
