@@ -448,6 +448,107 @@ TEST(MoeFp8, SharedExpertInStreamEqualsDenseChainBitwise) {
   }
 }
 
+/// The plan, act, y and layer output of one moe_fp8_forward(_shared) call at capacity 1 (every workspace
+/// array poisoned first), as raw bytes.
+std::vector<uint8_t> routed_step_bytes(MoeCase& m, const DeviceBuffer<bf16>& x, const DeviceBuffer<bf16>& router,
+                                       int live_rows, bool renormalize, const MoeFp8SharedExpert* shared,
+                                       const DeviceBuffer<bf16>* gate) {
+  MoeShape s{1, m.E, m.k, m.H, m.I};
+  s.expert_tiles = kMoeExpertGemv;
+  DeviceBuffer<uint8_t> wsb(moe_workspace_bytes(s));
+  wsb.fill_bytes(0xA5);
+  MoeWorkspace ws = moe_workspace_bind(wsb.data(), wsb.size(), s);
+  DeviceBuffer<bf16> out(size_t(m.H));
+  out.fill_bytes(0xFF);
+  DeviceBuffer<int32_t> live(1);
+  live.upload(std::vector<int32_t>{live_rows});
+  if (shared) {
+    fill_device_bytes(shared->act, 0xFF, size_t(m.I) * 2, nullptr);
+    fill_device_bytes(shared->out, 0xFF, size_t(m.H) * 2, nullptr);
+    moe_fp8_forward_shared(x.data(), router.data(), m.dgu->q.data(), m.dgu->s.data(), m.ddn->q.data(), m.ddn->s.data(),
+                           *shared, gate->data(), x.data(), live.data(), s, renormalize, ws, out.data(), nullptr);
+  } else {
+    moe_fp8_forward(x.data(), router.data(), m.dgu->q.data(), m.dgu->s.data(), m.ddn->q.data(), m.ddn->s.data(),
+                    nullptr, nullptr, x.data(), live.data(), s, renormalize, ws, out.data(), nullptr);
+  }
+  MOEFOLD_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<uint8_t> bytes;
+  auto add = [&](const void* p, size_t n) {
+    const size_t at = bytes.size();
+    bytes.resize(at + n);
+    MOEFOLD_CUDA_CHECK(cudaMemcpy(bytes.data() + at, p, n, cudaMemcpyDeviceToHost));
+  };
+  const size_t k = size_t(m.k), E = size_t(m.E);
+  add(ws.ids, k * 4);
+  add(ws.weights, k * 4);
+  add(ws.counts, E * 4);
+  add(ws.offsets, (E + 1) * 4);
+  add(ws.pairs, k * 4);
+  add(ws.tiles, k * 8);
+  add(ws.num_tiles, 4);
+  add(ws.status, 4);
+  add(ws.act, k * size_t(m.I) * 2);
+  add(ws.y, k * size_t(m.H) * 2);
+  add(out.data(), size_t(m.H) * 2);
+  if (shared) {
+    add(shared->act, size_t(m.I) * 2);
+    add(shared->out, size_t(m.H) * 2);
+  }
+  return bytes;
+}
+
+// The route taken inside the one-token stream kernels (moe_route_token.cuh) against the route kernel:
+// the same bytes in ids, weights, the whole plan (counts, offsets, pairs, tiles, num_tiles, status), act,
+// y, the shared expert's rows and the layer output, with and without the shared expert and
+// renormalisation, at E 8 .. 256 and k 1 .. 8; router logits with NaN, +inf and ties among them (a NaN
+// router row, an infinite one, two equal rows); no live row. Proven to have run without a route kernel.
+TEST(MoeFp8, StreamRouteEqualsRouteKernelBitwise) {
+  MOEFOLD_REQUIRE_GPU();
+  std::vector<std::array<int, 4>> shapes = {{8, 2, 128, 64}, {16, 8, 256, 192}, {256, 8, 2048, 512},
+                                            {8, 1, 128, 2112}, {64, 8, 1024, 320}, {200, 5, 384, 128}};
+  if (small_only()) shapes = {{8, 2, 128, 64}, {16, 8, 256, 192}};
+  for (auto [E, k, H, I] : shapes) {
+    std::unique_ptr<MoeCase> own;
+    MoeCase& m = E == 256 ? real_shape() : *(own = std::make_unique<MoeCase>(E, k, H, I));
+    MoeShape s{1, E, k, H, I};
+    s.expert_tiles = kMoeExpertGemv;
+    ASSERT_TRUE(moe_fp8_stream_route_fusable(s, false)) << m.name(1, 1);
+    EXPECT_FALSE(moe_fp8_stream_route_fusable(s, true)) << "a replay must run the route kernel";
+    DevFp8 sgu(rand_fp8(2 * I, H, uint64_t(E + 201))), sdn(rand_fp8(H, I, uint64_t(E + 202)));
+    DeviceBuffer<bf16> sact{size_t(I)}, sout{size_t(I) > size_t(H) ? size_t(I) : size_t(H)};
+    const MoeFp8SharedExpert shared{sgu.q.data(), sgu.s.data(), sdn.q.data(), sdn.s.data(), I, sact.data(), sout.data()};
+    auto gate = test::dev_bf16(test::rand_bf16(size_t(H), 19, 1.0f / std::sqrt(float(H))));
+    // Router variants: as drawn; expert 1's row NaN, expert E-1's row huge (+inf logit), rows 2 and 3 equal.
+    std::vector<float> odd = m.router;
+    for (int h = 0; h < H; ++h) {
+      odd[size_t(1) * H + h] = NAN;
+      odd[size_t(E - 1) * H + h] = 3.0e38f;
+      if (E > 3) odd[size_t(3) * H + h] = odd[size_t(2) * H + h];
+    }
+    auto dodd = test::dev_bf16(odd);
+    for (int variant = 0; variant < 2; ++variant) {
+      const DeviceBuffer<bf16>& router = variant == 0 ? m.drouter : dodd;
+      for (int live_rows : {1, 0})
+        for (bool renorm : {true, false})
+          for (bool with_shared : {false, true}) {
+            const std::string tag = m.name(live_rows, 1) + (variant ? ",nan_inf_tie_logits" : "") +
+                                    (renorm ? ",renormalize" : "") + (with_shared ? ",shared" : "");
+            auto dx = test::dev_bf16(test::rand_bf16(size_t(H), uint64_t(E * 7 + H + variant)));
+            set_moe_fp8_stream_route(false);
+            const int64_t r0 = moe_fp8_stream_routed_launches();
+            const auto want = routed_step_bytes(m, dx, router, live_rows, renorm, with_shared ? &shared : nullptr, &gate);
+            EXPECT_EQ(moe_fp8_stream_routed_launches(), r0) << tag;
+            set_moe_fp8_stream_route(true);
+            const auto got = routed_step_bytes(m, dx, router, live_rows, renorm, with_shared ? &shared : nullptr, &gate);
+            EXPECT_EQ(moe_fp8_stream_routed_launches() - r0, 2) << tag << ": the in-kernel route did not run";
+            size_t diff = want.size() != got.size();
+            for (size_t i = 0; i < std::min(want.size(), got.size()); ++i) diff += want[i] != got[i];
+            EXPECT_TRUE(contract_exact("moe_fp8_stream:in_kernel_route_bitwise_vs_route_kernel", tag, diff));
+          }
+    }
+  }
+}
+
 // ---- decode-size bandwidth (MOEFOLD_FP8_BENCH=1) ---------------------------------------------------
 
 /// Median us of f() with L2 flushed (a 256 MiB memset) before every timed run.
