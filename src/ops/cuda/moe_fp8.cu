@@ -325,13 +325,10 @@ void moe_fp8_forward(const bf16* x, const bf16* w_router, const uint8_t* gate_up
   check(s, ws, "moe_fp8_forward");
   MOEFOLD_CHECK(num_rows && x && w_router && out, "moe_fp8_forward: null pointer (num_rows is a device int32)");
   moe_router_logits(x, w_router, num_rows, s, ws.logits, stream);
-  const bool stream_kernels = moe_fp8_stream_enabled() && moe_fp8_stream_supported(s);
-  const MoeFp8StreamRoute route{ws.logits, num_rows, renormalize};
-  const MoeFp8StreamRoute* own_route = stream_kernels && moe_fp8_stream_route_fusable(s, replay) ? &route : nullptr;
-  if (!own_route) moe_route(ws.logits, num_rows, s, renormalize, ws, stream, replay);
-  if (stream_kernels) {  // one token: the bulk-copy kernels, same bits
-    moe_fp8_stream_gate_up(x, gate_up, gate_up_scale, s, ws, stream, nullptr, num_rows, own_route);
-    moe_fp8_stream_down(down, down_scale, s, ws, stream, nullptr, num_rows, own_route);
+  moe_route(ws.logits, num_rows, s, renormalize, ws, stream, replay);
+  if (moe_fp8_stream_enabled() && moe_fp8_stream_supported(s)) {  // one token: the bulk-copy kernels, same bits
+    moe_fp8_stream_gate_up(x, gate_up, gate_up_scale, s, ws, stream);
+    moe_fp8_stream_down(down, down_scale, s, ws, stream);
   } else {
     moe_fp8_expert_gate_up(x, gate_up, gate_up_scale, s, ws, stream);
     moe_fp8_expert_down(down, down_scale, s, ws, stream);
@@ -353,11 +350,9 @@ void moe_fp8_forward_shared(const bf16* x, const bf16* w_router, const uint8_t* 
                 "(routed I={}); use moe_fp8_forward",
                 shared.I, s.capacity, s.I);
   moe_router_logits(x, w_router, num_rows, s, ws.logits, stream);
-  const MoeFp8StreamRoute route{ws.logits, num_rows, renormalize};
-  const MoeFp8StreamRoute* own_route = moe_fp8_stream_route_fusable(s, replay) ? &route : nullptr;
-  if (!own_route) moe_route(ws.logits, num_rows, s, renormalize, ws, stream, replay);
-  moe_fp8_stream_gate_up(x, gate_up, gate_up_scale, s, ws, stream, &shared, num_rows, own_route);
-  moe_fp8_stream_down(down, down_scale, s, ws, stream, &shared, num_rows, own_route);
+  moe_route(ws.logits, num_rows, s, renormalize, ws, stream, replay);
+  moe_fp8_stream_gate_up(x, gate_up, gate_up_scale, s, ws, stream, &shared, num_rows);
+  moe_fp8_stream_down(down, down_scale, s, ws, stream, &shared, num_rows);
   moe_combine(ws.weights, ws, shared.out, shared_gate_w, x, residual, num_rows, s, out, stream, next);
 }
 

@@ -61,29 +61,12 @@ struct MoeFp8SharedExpert {
 /// moefold::Error otherwise. Asynchronous. moe_fp8_stream_down must be launched right after
 /// moe_fp8_stream_gate_up on the same stream: it reads the plan and requests its weights before its PDL
 /// wait, which is safe only because gate_up's blocks passed theirs (so the route is complete).
-/// With `route` the kernels take the token's route themselves from the router logits (no moe_route
-/// before them; moe_fp8_stream_route_fusable(shape) must hold): gate_up's CTA 0 writes ws's ids, weights
-/// and plan with moe_route's bytes, for the combine; both kernels must get the same `route`.
-struct MoeFp8StreamRoute {
-  const float* logits = nullptr;      ///< [E] fp32: the router logits of the step's one token
-  const int32_t* num_rows = nullptr;  ///< device int32: the live rows (0 or 1)
-  bool renormalize = false;           ///< as moe_route's
-};
 void moe_fp8_stream_gate_up(const __nv_bfloat16* x, const uint8_t* gate_up, const float* gate_up_scale,
                             const MoeShape& shape, const MoeWorkspace& ws, cudaStream_t stream,
-                            const MoeFp8SharedExpert* shared = nullptr, const int32_t* num_rows = nullptr,
-                            const MoeFp8StreamRoute* route = nullptr);
+                            const MoeFp8SharedExpert* shared = nullptr, const int32_t* num_rows = nullptr);
 void moe_fp8_stream_down(const uint8_t* down, const float* down_scale, const MoeShape& shape, const MoeWorkspace& ws,
                          cudaStream_t stream, const MoeFp8SharedExpert* shared = nullptr,
-                         const int32_t* num_rows = nullptr, const MoeFp8StreamRoute* route = nullptr);
-/// Whether the stream kernels of `shape` can take the route themselves (moe_fp8_forward(_shared) then
-/// launch no route kernel): stream kernels enabled and supported, k <= 8, E <= 256, no replay (replayed
-/// ids run moe_route), and the in-kernel route enabled (default; MOEFOLD_MOE_STREAM_ROUTE=0 or the
-/// setter turns it off; the bits do not change).
-bool moe_fp8_stream_route_fusable(const MoeShape& shape, bool replay);
-void set_moe_fp8_stream_route(bool on);
-/// Stream-kernel launches that took the route themselves (tests: proof that the path ran).
-int64_t moe_fp8_stream_routed_launches();
+                         const int32_t* num_rows = nullptr);
 /// Whether a shared expert of intermediate size shared_I can run inside the stream kernels of `shape`
 /// (enabled and supported, shared_I == shape.I, and the dense chain's K split equal to the items').
 bool moe_fp8_shared_fusable(const MoeShape& shape, int shared_I);

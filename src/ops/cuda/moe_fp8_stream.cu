@@ -44,7 +44,6 @@
 #include "ops/cuda/moe_fp8.h"
 #include "ops/cuda/moe_gemm.cuh"
 #include "ops/cuda/moe_internal.h"
-#include "ops/cuda/moe_route_token.cuh"
 #include "ops/cuda/pdl.cuh"
 #include "ops/cuda/ptx.cuh"
 
@@ -60,17 +59,12 @@ constexpr int kRows = 16;                        // weight rows of a fragment
 constexpr int kMmaWarps = 4;                     // the register-fed kernels' block: their WK rule
 constexpr int kTilePairs = 8;                    // the plan's GEMV tiles
 constexpr int kMaxStages = 8;
-constexpr uint32_t kBarBytes = 256;  // 2 * kMaxStages + 1 mbarriers, then the in-kernel route's tiles
-constexpr uint32_t kRouteOff = 160;  // int tile experts [kTokenRouteMaxK], then their slots
+constexpr uint32_t kBarBytes = 256;  // 2 * kMaxStages + 1 mbarriers
 constexpr uint32_t kBudgetGateUp = 156 * 1024, kBudgetDown = 70 * 1024;
 
-std::atomic<int64_t> g_launches{0}, g_routed{0};
+std::atomic<int64_t> g_launches{0};
 bool g_stream = [] {
   const char* v = std::getenv("MOEFOLD_MOE_FP8_STREAM");
-  return !(v && std::string_view(v) == "0");
-}();
-bool g_route = [] {
-  const char* v = std::getenv("MOEFOLD_MOE_STREAM_ROUTE");
   return !(v && std::string_view(v) == "0");
 }();
 
@@ -139,14 +133,6 @@ struct Args {
   const bf16* sa = nullptr;
   bf16* sout = nullptr;
   const int32_t* live = nullptr;
-  // The in-kernel route (logits non-null; moe_route_token.cuh): every CTA takes the token's picks from
-  // the router logits [E] itself instead of reading a plan; gate_up's CTA 0 writes the plan (plan_out)
-  // for the combine. route_live: the step's live rows (0 or 1).
-  const float* logits = nullptr;
-  const int32_t* route_live = nullptr;
-  int E = 0, k = 0;
-  bool renormalize = false;
-  moe_detail::TokenPlanOut plan_out{};
   int H, I, groups;
   bool hint;           // weights and scales with an L2 evict_first policy
   Geom g;
@@ -163,26 +149,15 @@ __device__ __forceinline__ uint4 lds128(const unsigned char* p) { return *reinte
 
 struct Item {
   int expert, j0, n, grp;  // expert -1: the shared expert (token row 0)
-  int slot;                // the in-kernel route: the pair of the tile's one pair; else -1 (read the plan)
 };
-/// Item `item` of the (tile, group) list; `route` (shared memory, the in-kernel route's tile experts
-/// then slots) or null (the plan in device memory).
-__device__ __forceinline__ Item item_at(const Args& a, int item, int nt, const int* route) {
+__device__ __forceinline__ Item item_at(const Args& a, int item, int nt) {
   Item it;
   const int t = item / a.groups;
   it.grp = item - t * a.groups;
-  it.slot = -1;
   if (t >= nt) {
     it.expert = -1;
     it.j0 = 0;
     it.n = 1;
-    return it;
-  }
-  if (route) {
-    it.expert = route[t];
-    it.j0 = t;
-    it.n = 1;
-    it.slot = route[moe_detail::kTokenRouteMaxK + t];
     return it;
   }
   const int2 tile = __ldcg(a.plan.tiles + t);
@@ -205,6 +180,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_fp8_stream_kernel(const __gri
   auto full = [&](int s) { return sb + uint32_t(s) * 8u; };
   auto empty = [&](int s) { return sb + uint32_t(kMaxStages + s) * 8u; };
   const uint32_t x_full = sb + uint32_t(2 * kMaxStages) * 8u;
+  const int warp = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31);
   if (threadIdx.x == 0) {
     for (int s = 0; s < S; ++s) {
       ptx::mbar_init(full(s), 1);
@@ -213,24 +189,9 @@ __global__ void __launch_bounds__(kThreads, 2) moe_fp8_stream_kernel(const __gri
     ptx::mbar_init(x_full, 1);
     ptx::fence_mbar_init();
   }
-  const int warp = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31);
-  // The in-kernel route, by the producer warp (down: before its wait; the logits were complete when
-  // gate_up passed its own wait, and are read through L2).
-  int* route = a.logits ? reinterpret_cast<int*>(base + kRouteOff) : nullptr;
-  const int route_live = a.logits ? min(max(__ldcg(a.route_live), 0), 1) : 0;
-  if (route && warp == kConsumers) {
-    const moe_detail::TokenRoute r =
-        route_live ? moe_detail::route_token_warp(a.logits, a.E, a.k, a.renormalize) : moe_detail::TokenRoute{};
-    if (lane < a.k) {
-      route[lane] = r.tile_e;
-      route[moe_detail::kTokenRouteMaxK + lane] = r.tile_slot;
-    }
-    if constexpr (kGateUp)
-      if (blockIdx.x == 0) moe_detail::write_token_plan(r, route_live, a.E, a.k, a.plan_out);
-  }
   __syncthreads();
   // Routed plan tiles, then (with the shared expert and a live row) one tile of the token row.
-  const int nt = route ? route_live * a.k : __ldcg(a.plan.num_tiles);
+  const int nt = __ldcg(a.plan.num_tiles);
   const bool shared = a.sw != nullptr && __ldcg(a.live) > 0;
   const int total = (nt + (shared ? 1 : 0)) * a.groups;
   const int b = int(blockIdx.x), nb = int(gridDim.x);
@@ -243,7 +204,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_fp8_stream_kernel(const __gri
   if (warp == kConsumers) {  // ---- producer ----
     const uint64_t wpol = ptx::l2_policy(a.hint), apol = ptx::l2_policy(false);
     auto issue_w = [&](int j, int s) {  // weights and scales of item j into stage s
-      const Item it = item_at(a, b + j * nb, nt, route);
+      const Item it = item_at(a, b + j * nb, nt);
       const uint32_t st = sb + G.stage_off + uint32_t(s) * G.stage;
       if (lane == 0) ptx::mbar_arrive_expect_tx(full(s), G.tx);
       __syncwarp();
@@ -302,7 +263,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_fp8_stream_kernel(const __gri
 #pragma unroll 1
   for (int j = q; j < mine; j += Q) {
     const int s = j % S;
-    const Item it = item_at(a, b + j * nb, nt, route);
+    const Item it = item_at(a, b + j * nb, nt);
     ptx::mbar_wait(full(s), uint32_t((j / S) & 1));
     const unsigned char* st = base + G.stage_off + size_t(s) * G.stage;
     const float* scl = reinterpret_cast<const float*>(st + G.w_span);
@@ -390,8 +351,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_fp8_stream_kernel(const __gri
           for (int p = 0; p < it.n; ++p) a.out[int64_t(it.j0 + p) * a.I + row] = v;
         } else {
           const bf16 v = __float2bfloat16_rn(acc[0][2 * h]);
-          for (int p = 0; p < it.n; ++p)
-            a.out[int64_t(it.slot >= 0 ? it.slot : __ldcg(a.plan.pairs + it.j0 + p)) * a.H + row] = v;
+          for (int p = 0; p < it.n; ++p) a.out[int64_t(__ldcg(a.plan.pairs + it.j0 + p)) * a.H + row] = v;
         }
       }
     }
@@ -414,8 +374,7 @@ int sm_count() {
 
 template <bool kGateUp>
 void launch(const bf16* act_in, const uint8_t* w, const float* scale, const MoeShape& s, const MoeWorkspace& ws,
-            cudaStream_t stream, const MoeFp8SharedExpert* shared, const int32_t* num_rows,
-            const MoeFp8StreamRoute* route) {
+            cudaStream_t stream, const MoeFp8SharedExpert* shared, const int32_t* num_rows) {
   MOEFOLD_CHECK(moe_fp8_stream_supported(s), "moe_fp8_stream: unsupported shape capacity={} E={} k={} H={} I={}",
                 s.capacity, s.E, s.k, s.H, s.I);
   MOEFOLD_CHECK(act_in && w && scale, "moe_fp8_stream: null pointer");
@@ -442,16 +401,6 @@ void launch(const bf16* act_in, const uint8_t* w, const float* scale, const MoeS
     a.sout = kGateUp ? shared->act : shared->out;
     a.live = num_rows;
   }
-  if (route) {
-    MOEFOLD_CHECK(moe_fp8_stream_route_fusable(s, false) && route->logits && route->num_rows,
-                  "moe_fp8_stream: the in-kernel route does not take E={} k={} (or a null pointer)", s.E, s.k);
-    a.logits = route->logits;
-    a.route_live = route->num_rows;
-    a.E = s.E;
-    a.k = s.k;
-    a.renormalize = route->renormalize;
-    a.plan_out = {ws.ids, ws.weights, ws.counts, ws.offsets, ws.pairs, ws.tiles, ws.num_tiles, ws.status};
-  }
   auto* kern = moe_fp8_stream_kernel<kGateUp>;
   static size_t allowed = 0;  // the kernel's dynamic shared-memory limit as set so far
   if (a.g.smem > allowed) {
@@ -475,7 +424,6 @@ void launch(const bf16* act_in, const uint8_t* w, const float* scale, const MoeS
   launch_pdl(kern, dim3(unsigned(std::min<int64_t>(items, sm_count()))), dim3(kThreads), a.g.smem, stream, a);
   MOEFOLD_CUDA_CHECK_LAUNCH();
   g_launches.fetch_add(1, std::memory_order_relaxed);
-  if (route) g_routed.fetch_add(1, std::memory_order_relaxed);
 }
 
 }  // namespace
@@ -483,13 +431,6 @@ void launch(const bf16* act_in, const uint8_t* w, const float* scale, const MoeS
 void set_moe_fp8_stream(bool on) { g_stream = on; }
 bool moe_fp8_stream_enabled() { return g_stream; }
 int64_t moe_fp8_stream_launches() { return g_launches.load(std::memory_order_relaxed); }
-void set_moe_fp8_stream_route(bool on) { g_route = on; }
-int64_t moe_fp8_stream_routed_launches() { return g_routed.load(std::memory_order_relaxed); }
-
-bool moe_fp8_stream_route_fusable(const MoeShape& s, bool replay) {
-  return g_route && !replay && moe_fp8_stream_enabled() && moe_fp8_stream_supported(s) && s.k >= 1 &&
-         s.k <= moe_detail::kTokenRouteMaxK && s.E >= s.k && s.E <= moe_detail::kTokenRouteMaxE;
-}
 
 bool moe_fp8_stream_supported(const MoeShape& s) {
   if (s.capacity != 1 || s.H % 128 != 0 || s.I % 64 != 0 || s.H <= 0 || s.I <= 0) return false;
@@ -499,14 +440,13 @@ bool moe_fp8_stream_supported(const MoeShape& s) {
 
 void moe_fp8_stream_gate_up(const bf16* x, const uint8_t* gate_up, const float* gate_up_scale, const MoeShape& shape,
                             const MoeWorkspace& ws, cudaStream_t stream, const MoeFp8SharedExpert* shared,
-                            const int32_t* num_rows, const MoeFp8StreamRoute* route) {
-  launch<true>(x, gate_up, gate_up_scale, shape, ws, stream, shared, num_rows, route);
+                            const int32_t* num_rows) {
+  launch<true>(x, gate_up, gate_up_scale, shape, ws, stream, shared, num_rows);
 }
 
 void moe_fp8_stream_down(const uint8_t* down, const float* down_scale, const MoeShape& shape, const MoeWorkspace& ws,
-                         cudaStream_t stream, const MoeFp8SharedExpert* shared, const int32_t* num_rows,
-                         const MoeFp8StreamRoute* route) {
-  launch<false>(ws.act, down, down_scale, shape, ws, stream, shared, num_rows, route);
+                         cudaStream_t stream, const MoeFp8SharedExpert* shared, const int32_t* num_rows) {
+  launch<false>(ws.act, down, down_scale, shape, ws, stream, shared, num_rows);
 }
 
 bool moe_fp8_shared_fusable(const MoeShape& shape, int shared_I) {

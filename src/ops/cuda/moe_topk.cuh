@@ -94,15 +94,14 @@ __device__ __forceinline__ void topk_row(const float* __restrict__ l, int E, int
 /// The k rounds of topk_row_fast and topk_row_wide: every lane holds N keys sorted descending (distinct
 /// or 0); each round takes the warp's maximal head key by two redux.sync over its 32-bit halves (high
 /// word: number bit | p bits; low word: ~expert among the lanes with the maximal high word), and the
-/// winning lane drops its head. Lane s < min(k, 32) gets slot s in my_e / my_p; slots >= 32 go to
-/// out_ids / out_w (and s_ids when given) at once (they may be null when k <= 32). Weights renormalised
-/// by their fp64 sum in slot order.
+/// winning lane drops its head. Lane s < 32 writes slot s (slots >= 32 by lane s % 32 at once) of
+/// out_ids / out_w (and s_ids when given), weights renormalised by their fp64 sum in slot order.
 template <int N>
-__device__ __forceinline__ void pick_sorted_lanes(uint64_t (&key)[N], int k, bool renormalize, int& my_e, float& my_p,
-                                                  int32_t* out_ids, float* out_w, int* s_ids) {
+__device__ __forceinline__ void pick_sorted(uint64_t (&key)[N], int k, bool renormalize, int32_t* out_ids,
+                                            float* out_w, int* s_ids) {
   const int lane = threadIdx.x & 31;
-  my_e = 0;
-  my_p = 0.0f;
+  int my_e = 0;
+  float my_p = 0.0f;
   double sum = 0.0;
   for (int s = 0; s < k; ++s) {
     const uint32_t hi = uint32_t(key[0] >> 32), lo = uint32_t(key[0]);
@@ -131,74 +130,11 @@ __device__ __forceinline__ void pick_sorted_lanes(uint64_t (&key)[N], int k, boo
     if (lane < k) my_p = float(double(my_p) / sum);
     for (int s = 32 + lane; s < k; s += 32) out_w[s] = float(double(out_w[s]) / sum);
   }
-}
-
-/// pick_sorted_lanes, then lane s < k writes slot s of out_ids / out_w (and s_ids when given).
-template <int N>
-__device__ __forceinline__ void pick_sorted(uint64_t (&key)[N], int k, bool renormalize, int32_t* out_ids,
-                                            float* out_w, int* s_ids) {
-  const int lane = threadIdx.x & 31;
-  int my_e;
-  float my_p;
-  pick_sorted_lanes<N>(key, k, renormalize, my_e, my_p, out_ids, out_w, s_ids);
   if (lane < k) {
     out_ids[lane] = my_e;
     out_w[lane] = my_p;
     if (s_ids) s_ids[lane] = my_e;
   }
-}
-
-/// The ranking keys of topk_row for one row, each lane's VPT keys sorted descending (odd-even
-/// transposition network): lane l holds experts l, 32 + l, ..; the logits are read through L2 (__ldcg:
-/// a kernel may read them before its griddepcontrol.wait, see moe_fp8_stream.cu).
-template <int VPT>
-__device__ __forceinline__ void row_keys_sorted(const float* __restrict__ l, int E, uint64_t (&key)[VPT]) {
-  const int lane = threadIdx.x & 31;
-  float v[VPT];
-  uint32_t is_num = 0;  // bit i: expert i * 32 + lane exists and its logit is a number
-  float m = -INFINITY;
-#pragma unroll
-  for (int i = 0; i < VPT; ++i) {
-    const int e = i * 32 + lane;
-    v[i] = e < E ? __ldcg(l + e) : NAN;
-    if (e < E && !isnan(v[i])) {
-      m = fmaxf(m, v[i]);
-      is_num |= 1u << i;
-    }
-  }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-  double part = 0.0;
-#pragma unroll
-  for (int i = 0; i < VPT; ++i) {
-    const int e = i * 32 + lane;
-    float p = 0.0f;
-    if (e < E && !isnan(v[i]) && !isinf(m)) p = float(exp(double(v[i] - m)));
-    if (e < E) part += double(p);
-    v[i] = p;
-  }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) part += __shfl_xor_sync(0xffffffffu, part, o);
-  const double denom = part;
-#pragma unroll
-  for (int i = 0; i < VPT; ++i) {
-    const int e = i * 32 + lane;
-    if (e < E) {
-      const float p = denom > 0.0 ? float(double(v[i]) / denom) : 0.0f;
-      key[i] = (uint64_t((is_num >> i) & 1u) << 63) | (uint64_t(__float_as_uint(p)) << 32) | uint64_t(~uint32_t(e));
-    } else {
-      key[i] = 0;
-    }
-  }
-  // Descending sort of the lane's keys (keys are distinct or 0).
-#pragma unroll
-  for (int pass = 0; pass < VPT; ++pass)
-#pragma unroll
-    for (int i = pass & 1; i + 1 < VPT; i += 2) {
-      const uint64_t a = key[i], b = key[i + 1];
-      key[i] = a > b ? a : b;
-      key[i + 1] = a > b ? b : a;
-    }
 }
 
 /// topk_row's ids and weights, bit for bit (same keys, same picks in the same slot order, same fp64 sums),
@@ -220,8 +156,55 @@ __device__ __forceinline__ void topk_row_fast(const float* __restrict__ l, int E
     }
     return;
   }
+  const int lane = threadIdx.x & 31;
+  float v[VPT];
+  uint32_t is_num = 0;  // bit i: expert i * 32 + lane exists and its logit is a number
+  float m = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    const int e = i * 32 + lane;
+    v[i] = e < E ? l[e] : NAN;
+    if (e < E && !isnan(v[i])) {
+      m = fmaxf(m, v[i]);
+      is_num |= 1u << i;
+    }
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  double part = 0.0;
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    const int e = i * 32 + lane;
+    float p = 0.0f;
+    if (e < E && !isnan(v[i]) && !isinf(m)) p = float(exp(double(v[i] - m)));
+    if (e < E) part += double(p);
+    v[i] = p;
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) part += __shfl_xor_sync(0xffffffffu, part, o);
+  const double denom = part;
+
   uint64_t key[VPT];
-  row_keys_sorted<VPT>(l, E, key);
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    const int e = i * 32 + lane;
+    if (e < E) {
+      const float p = denom > 0.0 ? float(double(v[i]) / denom) : 0.0f;
+      key[i] = (uint64_t((is_num >> i) & 1u) << 63) | (uint64_t(__float_as_uint(p)) << 32) | uint64_t(~uint32_t(e));
+    } else {
+      key[i] = 0;
+    }
+  }
+  // Descending sort of the lane's keys (keys are distinct or 0).
+#pragma unroll
+  for (int pass = 0; pass < VPT; ++pass)
+#pragma unroll
+    for (int i = pass & 1; i + 1 < VPT; i += 2) {
+      const uint64_t a = key[i], b = key[i + 1];
+      key[i] = a > b ? a : b;
+      key[i + 1] = a > b ? b : a;
+    }
+
   pick_sorted<VPT>(key, k, renormalize, out_ids, out_w, s_ids);
 }
 

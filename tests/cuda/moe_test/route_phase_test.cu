@@ -1,22 +1,19 @@
 // moe_test: MoeRoutePhases.DISABLED_OneToken: where one token's route (softmax + top-k, E = 256, k = 8)
-// spends its time inside a kernel, as SM cycles from clock64 around each composite step of moe_topk.cuh and
-// moe_route_token.cuh (no launch cost in the numbers), beside the route kernel's time a launch in a graph.
+// spends its time inside a kernel, as SM cycles from clock64 around the top-k functions of moe_topk.cuh (no
+// launch cost in the numbers), beside the route kernel's time a launch in a graph.
 #include "cuda/moe_test/moe_test_util.h"
-#include "ops/cuda/moe_route_token.cuh"
 #include "ops/cuda/moe_topk.cuh"
 
 namespace moefold::cuda::moe_test {
 namespace {
 
-using moe_detail::kTokenRouteVpt;
+constexpr int kVpt = 8;  // E = 256
 
-enum Phase { kLoad, kExpOnly, kKeys, kKeysPick, kRouteWarp, kWide, kPhases };
+enum Phase { kLoad, kExpOnly, kFast, kWide, kPhases };
 const char* phase_name(int p) {
   static const char* n[kPhases] = {"logits load (__ldcg, 8 a lane) + warp max",
                                    "8 x float(exp(double)) a lane, registers only",
-                                   "row_keys_sorted (one warp)",
-                                   "row_keys_sorted + pick_sorted_lanes (one warp)",
-                                   "route_token_warp (one warp)",
+                                   "topk_row_fast<8> (one warp)",
                                    "topk_row_wide<8> (8 warps, 4 barriers)"};
   return n[p];
 }
@@ -34,38 +31,24 @@ __global__ void route_phase_kernel(const float* logits, int E, int k, int phase,
   switch (phase) {
     case kLoad: {
       float m = -INFINITY;
-      for (int i = 0; i < kTokenRouteVpt; ++i) m = fmaxf(m, __ldcg(logits + i * 32 + lane));
+      for (int i = 0; i < kVpt; ++i) m = fmaxf(m, __ldcg(logits + i * 32 + lane));
       m = detail::warp_max(m);
       acc = __float_as_int(m);
       break;
     }
     case kExpOnly: {
-      float v[kTokenRouteVpt];
-      for (int i = 0; i < kTokenRouteVpt; ++i) v[i] = -0.01f * float(i * 32 + lane + int(clock() & 1));
+      float v[kVpt];
+      for (int i = 0; i < kVpt; ++i) v[i] = -0.01f * float(i * 32 + lane + int(clock() & 1));
       double part = 0.0;
 #pragma unroll
-      for (int i = 0; i < kTokenRouteVpt; ++i) part += double(float(exp(double(v[i]))));
+      for (int i = 0; i < kVpt; ++i) part += double(float(exp(double(v[i]))));
       acc = int(part * 1000.0);
       break;
     }
-    case kKeys: {
-      uint64_t key[kTokenRouteVpt];
-      moe_detail::row_keys_sorted<kTokenRouteVpt>(logits, E, key);
-      acc = int(key[0] >> 40);
-      break;
-    }
-    case kKeysPick: {
-      uint64_t key[kTokenRouteVpt];
-      moe_detail::row_keys_sorted<kTokenRouteVpt>(logits, E, key);
-      int e;
-      float p;
-      moe_detail::pick_sorted_lanes<kTokenRouteVpt>(key, k, true, e, p, nullptr, nullptr, nullptr);
-      acc = e + __float_as_int(p);
-      break;
-    }
-    case kRouteWarp: {
-      const moe_detail::TokenRoute r = moe_detail::route_token_warp(logits, E, k, true);
-      acc = r.tile_e + r.tile_slot + __float_as_int(r.pick_w);
+    case kFast: {
+      moe_detail::topk_row_fast<kVpt>(logits, E, k, true, nullptr, ids, w, s_ids);
+      __syncwarp();
+      acc = ids[lane % 8];
       break;
     }
     case kWide: {
